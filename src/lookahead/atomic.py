@@ -1,0 +1,78 @@
+"""Outputs appear whole or not at all (DESIGN §10).
+
+Everything a stage writes goes to a temporary sibling first and is renamed into place on success,
+so an interrupted or failing stage leaves no half-written output behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _tmp_sibling(path: Path, is_dir: bool) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if is_dir:
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``path`` when the block succeeds."""
+    path = Path(path)
+    tmp = _tmp_sibling(path, is_dir=True)
+    try:
+        yield tmp
+        _remove(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary file path that replaces ``path`` when the block succeeds."""
+    path = Path(path)
+    tmp = _tmp_sibling(path, is_dir=False)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def write_csv(path: str | Path, rows: list[dict[str, Any]], fieldnames: list[str] | None = None) -> None:
+    """Write flat dicts as CSV, atomically. Columns: ``fieldnames``, else the first row's keys."""
+    import csv
+
+    fieldnames = fieldnames or (list(rows[0]) if rows else None)
+    if not fieldnames:
+        raise ValueError(f"{path}: no rows and no fieldnames to write")
+    with atomic_file(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,254 @@
+"""Strict, typed configuration (DESIGN §10, STYLE 2).
+
+Each stage's section of ``params.yaml`` loads into a dataclass defined next to the code that uses
+it. Loading is strict: an unknown key, a missing section, a value of the wrong type or out of range
+raises :class:`ConfigError` naming the full dotted key and what is allowed. Nothing falls back to a
+default silently for a misspelt key.
+
+Run ``python -m lookahead.config params.yaml`` to validate every section at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+# Top-level sections of params.yaml and the dataclass each loads into ("module:Class").
+# Kept as strings so that loading one stage's section imports only that stage's module.
+SECTIONS: dict[str, str] = {
+    "corpus": "lookahead.corpus:CorpusConfig",
+    "wordnet": "lookahead.wordnet:WordNetConfig",
+    "tokenizer": "lookahead.tokenizer:TokenizerConfig",
+    "base": "lookahead.base:BaseConfig",
+}
+
+
+class ConfigError(ValueError):
+    """A params value is unknown, missing, of the wrong type or out of range."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        self.message = message
+        super().__init__(f"{key}: {message}" if key else message)
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error with ``prefix`` prepended to its key."""
+        key = f"{prefix}.{self.key}" if self.key else prefix
+        return ConfigError(key, self.message)
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise ``ConfigError(key, message)`` unless ``condition`` holds (for ``__post_init__``)."""
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (converted where lossless)."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ConfigError(key, f"must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise ConfigError(key, " or ".join(errors))
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"must be a list; got {value!r}")
+        (item,) = get_args(tp)[:1] or (Any,)
+        items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"must be a mapping of {_type_name(tp)} fields; got {value!r}")
+        try:
+            return from_dict(tp, value)
+        except ConfigError as err:
+            raise err.under(key) from None
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false; got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer; got {value!r}")
+        return value
+    if tp is float:
+        # YAML 1.1 reads `3e-4` (no dot) as a string: accept numeric strings, reject anything else.
+        if isinstance(value, bool):
+            raise ConfigError(key, f"must be a number; got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(key, f"must be a number; got {value!r}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string; got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build dataclass ``cls`` from ``data`` strictly; errors name keys relative to ``cls``."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"must be a mapping; got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key; allowed keys are {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = _coerce(data[name], hints[name], name)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(name, f"missing (required, type {_type_name(hints[name])})")
+    return cls(**kwargs)
+
+
+def read_params(path: str | Path) -> dict[str, Any]:
+    """Read a params file; unknown top-level sections are an error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("", f"params file {path} not found")
+    with path.open(encoding="utf-8") as f:
+        params = yaml.safe_load(f) or {}
+    if not isinstance(params, dict):
+        raise ConfigError("", f"{path} must hold a mapping of sections")
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown section in {path}; allowed sections are {', '.join(SECTIONS)}")
+    return params
+
+
+def section_class(section: str) -> type:
+    module, _, name = SECTIONS[section].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_section(path: str | Path, section: str, cls: type[T] | None = None, partial: bool = False) -> T:
+    """Load and validate one section of a params file into its dataclass.
+
+    With ``partial=True``, ``cls`` is a view of some of the section's keys (e.g. the tokenizer
+    stage reads only ``base.source``...): keys that are not fields of ``cls`` are left for the
+    section's own stage to validate.
+    """
+    params = read_params(path)
+    cls = cls or section_class(section)
+    if section not in params:
+        raise ConfigError(section, f"section missing from {path}")
+    values = params[section]
+    if partial and isinstance(values, dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if k in names}
+    try:
+        return from_dict(cls, values)
+    except ConfigError as err:
+        raise err.under(section) from None
+
+
+def validate_all(path: str | Path) -> dict[str, Any]:
+    """Validate every section of a params file; return {section: config}."""
+    params = read_params(path)
+    missing = [s for s in SECTIONS if s not in params]
+    if missing:
+        raise ConfigError(missing[0], f"section missing from {path}")
+    return {section: load_section(path, section) for section in SECTIONS}
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A dataclass config as plain YAML/JSON-able data (tuples become lists)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (for MLflow params)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | None = None) -> argparse.Namespace:
+    """The shared command line of a stage script: ``--params``, ``--dry-run`` and its paths.
+
+    ``paths`` maps each path option (without ``--``) to its help text. dvc.yaml passes them all;
+    they may be left out only with ``--dry-run``.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    for name, help_text in paths.items():
+        parser.add_argument(f"--{name}", help=help_text)
+    args = parser.parse_args(argv)
+    missing = [f"--{n}" for n in paths if getattr(args, n.replace("-", "_")) is None]
+    if missing and not args.dry_run:
+        parser.error(f"missing {', '.join(missing)} (dvc.yaml passes them)")
+    return args
+
+
+def print_config(configs: dict[str, Any]) -> None:
+    """Print resolved configs as YAML (``--dry-run``)."""
+    yaml.safe_dump({k: to_dict(v) for k, v in configs.items()}, sys.stdout, sort_keys=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Validate every section of a params file.")
+    parser.add_argument("params", nargs="?", default="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        validate_all(args.params)
+    except ConfigError as err:
+        print(f"{args.params}: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.params}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""MLflow tracking: one parent run per pipeline run, one child run per stage (DESIGN §8).
+
+- Store: ``MLFLOW_TRACKING_URI`` when set; else a SQLite file ``mlflow.db`` at the project root,
+  addressed by an absolute URI. Inside a DVC experiment workspace (``.dvc/tmp/exps/<tmp>/`` of
+  ``dvc exp run --temp``/``--queue``) the project root is the repository that owns that
+  workspace, so queued experiments land in the same store as ``dvc repro``.
+- Experiment: ``lookahead`` (``MLFLOW_EXPERIMENT_NAME`` overrides).
+- Pipeline id: ``DVC_EXP_NAME`` inside ``dvc exp run``; else the git revision plus a hash of
+  params.yaml. Stages of one pipeline run attach to the parent run carrying that id.
+- Params are logged prefixed by the stage name; a tracking failure warns and never fails a stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lookahead.config import flatten
+from lookahead.paths import project_root
+
+# MLflow must work offline: no telemetry, no pip look-ups.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
+
+EXPERIMENT = "lookahead"
+TAG_PIPELINE = "lookahead.pipeline_id"
+TAG_ROLE = "lookahead.role"
+TAG_STAGE = "lookahead.stage"
+EXP_WORKSPACE = os.path.join(".dvc", "tmp", "exps")
+
+
+def home_root(root: str | Path) -> Path:
+    """The repository that owns ``root``: itself, or the repo above a DVC experiment workspace."""
+    root = Path(root).resolve()
+    text = str(root)
+    marker = os.sep + EXP_WORKSPACE + os.sep
+    if marker in text + os.sep:
+        return Path(text[: (text + os.sep).index(marker)])
+    return root
+
+
+def tracking_uri(root: str | Path) -> str:
+    """``MLFLOW_TRACKING_URI`` or the absolute SQLite URI of the project's local store."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{home_root(root) / 'mlflow.db'}"
+
+
+def pipeline_id(root: str | Path, params_file: str | Path = "params.yaml") -> str:
+    """``DVC_EXP_NAME``, or ``<git revision>-<params hash>`` grouping the stages of one run."""
+    exp = os.environ.get("DVC_EXP_NAME")
+    if exp:
+        return exp
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+        ).stdout.strip() or "norev"
+    except (OSError, subprocess.SubprocessError):
+        rev = "norev"
+    params = Path(root) / params_file
+    digest = hashlib.sha256(params.read_bytes()).hexdigest()[:10] if params.is_file() else "noparams"
+    return f"{rev}-{digest}"
+
+
+class StageRun:
+    """A child MLflow run for one stage. Every method warns instead of raising."""
+
+    def __init__(self, client, run_id: str | None, stage: str):
+        self._client = client
+        self.run_id = run_id
+        self.stage = stage
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None
+
+    def _safely(self, what: str, fn, *args, **kwargs) -> None:
+        if not self.active:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as err:  # tracking must never fail a stage (DESIGN §8)
+            warnings.warn(f"MLflow {what} failed for stage {self.stage!r}: {err}; tracking disabled for this stage", stacklevel=3)
+            self.run_id = None
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log a nested config under ``<stage>.`` (MLflow refuses to change a logged param)."""
+        from mlflow.entities import Param
+
+        flat = flatten(params, self.stage)
+        batch = [Param(k, str(v)[:6000]) for k, v in flat.items()]
+        for i in range(0, len(batch), 100):
+            self._safely("log_params", self._client.log_batch, self.run_id, params=batch[i : i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if items:
+            self._safely("log_metrics", self._client.log_batch, self.run_id, metrics=items)
+
+    def log_artifact(self, path: str | Path) -> None:
+        if Path(path).exists():
+            self._safely("log_artifact", self._client.log_artifact, self.run_id, str(path))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self._safely("set_tag", self._client.set_tag, self.run_id, key, value)
+
+
+def _experiment_id(client, root: Path, uri: str) -> str:
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    # With the local store, keep artifacts beside it (a relative default would land in DVC's temp
+    # experiment workspace and be lost with it); a server decides for itself.
+    location = (home_root(root) / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:
+        exp = client.get_experiment_by_name(name)  # created concurrently by a parallel stage
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _parent_run(client, experiment_id: str, pid: str) -> str:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_PIPELINE}` = '{pid}' and tags.`{TAG_ROLE}` = 'pipeline'",
+        max_results=1,
+    )
+    if runs:
+        return runs[0].info.run_id
+    run = client.create_run(
+        experiment_id, run_name=f"pipeline {pid}", tags={TAG_PIPELINE: pid, TAG_ROLE: "pipeline"}
+    )
+    return run.info.run_id
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None) -> Iterator[StageRun]:
+    """Open the stage's child run under its pipeline's parent run; yields a :class:`StageRun`.
+
+    The child ends FINISHED, or FAILED if the block raises (the exception propagates).
+    """
+    root = Path(root) if root else project_root()
+    client = run = None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        uri = tracking_uri(root)
+        client = MlflowClient(tracking_uri=uri)
+        experiment_id = _experiment_id(client, root, uri)
+        pid = pipeline_id(root)
+        parent = _parent_run(client, experiment_id, pid)
+        run = client.create_run(
+            experiment_id,
+            run_name=stage,
+            tags={
+                "mlflow.parentRunId": parent,
+                TAG_PIPELINE: pid,
+                TAG_ROLE: "stage",
+                TAG_STAGE: stage,
+                "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+            },
+        )
+    except Exception as err:
+        warnings.warn(f"MLflow tracking unavailable for stage {stage!r}: {err}; the stage runs untracked", stacklevel=3)
+    tracker = StageRun(client, run.info.run_id if run else None, stage)
+    tracker.log_params(config)
+    status = "FAILED"
+    try:
+        yield tracker
+        status = "FINISHED"
+    finally:
+        tracker._safely("set_terminated", client.set_terminated if client else None, tracker.run_id, status)

@@ -1,0 +1,167 @@
+"""WordNet 3.0 through nltk, found without network access (DESIGN §5).
+
+Search order:
+
+1. ``wordnet.path`` from params, a directory of WordNet 3.0 database files (``data.noun``, ...);
+2. nltk's own data path (users who ran ``nltk.download('wordnet')``);
+3. the files the Debian/Ubuntu packages ``wordnet-base`` and ``wordnet-sense-index`` install.
+
+Cases 1 and 3 are assembled into a project-local nltk data directory (``.nltk_data/`` at the
+project root): nltk 3.10 refuses to read files outside its data roots (even through symlinks) and
+its reader needs a ``lexnames`` file that the Debian packages lack. Its 45 lines are the standard
+WordNet lexicographer file list, written here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+from lookahead.config import require
+from lookahead.paths import project_root
+
+LOCAL_DATA_DIR = ".nltk_data"
+
+MISSING_MESSAGE = (
+    "WordNet 3.0 not found. Install it one of two ways:\n"
+    "  (a) Debian/Ubuntu packages: apt-get install wordnet-base wordnet-sense-index\n"
+    "  (b) nltk's data: python -c \"import nltk; nltk.download('wordnet')\"\n"
+    "or point params `wordnet.path` at a directory holding the WordNet 3.0 database files."
+)
+
+# The standard WordNet lexicographer files, in file-number order: (name, part-of-speech number).
+LEXNAMES: tuple[tuple[str, int], ...] = (
+    ("adj.all", 3), ("adj.pert", 3), ("adv.all", 4), ("noun.Tops", 1), ("noun.act", 1),
+    ("noun.animal", 1), ("noun.artifact", 1), ("noun.attribute", 1), ("noun.body", 1),
+    ("noun.cognition", 1), ("noun.communication", 1), ("noun.event", 1), ("noun.feeling", 1),
+    ("noun.food", 1), ("noun.group", 1), ("noun.location", 1), ("noun.motive", 1),
+    ("noun.object", 1), ("noun.person", 1), ("noun.phenomenon", 1), ("noun.plant", 1),
+    ("noun.possession", 1), ("noun.process", 1), ("noun.quantity", 1), ("noun.relation", 1),
+    ("noun.shape", 1), ("noun.state", 1), ("noun.substance", 1), ("noun.time", 1),
+    ("verb.body", 2), ("verb.change", 2), ("verb.cognition", 2), ("verb.communication", 2),
+    ("verb.competition", 2), ("verb.consumption", 2), ("verb.contact", 2), ("verb.creation", 2),
+    ("verb.emotion", 2), ("verb.motion", 2), ("verb.perception", 2), ("verb.possession", 2),
+    ("verb.social", 2), ("verb.stative", 2), ("verb.weather", 2), ("adj.ppl", 3),
+)
+
+# Files nltk's WordNetCorpusReader reads; the first group is required.
+REQUIRED_FILES = tuple(f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv"))
+OPTIONAL_FILES = ("adj.exc", "adv.exc", "noun.exc", "verb.exc", "cntlist.rev", "index.sense", "lexnames")
+
+
+class WordNetMissing(RuntimeError):
+    """WordNet 3.0 could not be found by any route of DESIGN §5."""
+
+
+@dataclasses.dataclass
+class WordNetConfig:
+    """Where WordNet comes from (DESIGN §5)."""
+
+    path: str | None = None
+    """Directory of WordNet 3.0 database files; null = nltk's data path, then the Debian packages."""
+
+    def __post_init__(self) -> None:
+        require(self.path is None or self.path.strip() != "", "path", "must be null or a directory")
+
+
+def write_lexnames(path: Path) -> None:
+    lines = [f"{i:02d}\t{name}\t{pos}\n" for i, (name, pos) in enumerate(LEXNAMES)]
+    path.write_text("".join(lines), encoding="ascii")
+
+
+def debian_wordnet_dir() -> Path | None:
+    """The directory where the Debian package ``wordnet-base`` put ``data.noun``, if installed."""
+    if shutil.which("dpkg") is None:
+        return None
+    try:
+        listing = subprocess.run(
+            ["dpkg", "-L", "wordnet-base"], capture_output=True, text=True, check=False, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in listing.splitlines():
+        if line.endswith("/data.noun") and Path(line).is_file():
+            return Path(line).parent
+    return None
+
+
+def _is_wordnet_dir(path: Path) -> bool:
+    return all((path / name).is_file() for name in REQUIRED_FILES)
+
+
+def assemble(source: Path, data_root: Path) -> Path:
+    """Copy the WordNet files of ``source`` into ``data_root/corpora/wordnet`` (nltk's layout).
+
+    Idempotent: files already copied (same size) are kept. Returns ``data_root``.
+    """
+    if not _is_wordnet_dir(source):
+        missing = [n for n in REQUIRED_FILES if not (source / n).is_file()]
+        raise WordNetMissing(f"{source} is not a WordNet 3.0 directory (missing {', '.join(missing)}).\n" + MISSING_MESSAGE)
+    target = data_root / "corpora" / "wordnet"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in REQUIRED_FILES + OPTIONAL_FILES:
+        src, dst = source / name, target / name
+        if src.is_file() and not (dst.is_file() and dst.stat().st_size == src.stat().st_size):
+            tmp = dst.with_suffix(dst.suffix + ".tmp")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+    if not (target / "lexnames").is_file():
+        write_lexnames(target / "lexnames")
+    return data_root
+
+
+def _reader(data_root: Path | None):
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    if data_root is not None and str(data_root) not in nltk.data.path:
+        nltk.data.path.insert(0, str(data_root))
+    root = nltk.data.find("corpora/wordnet")
+    with warnings.catch_warnings():
+        # "The multilingual functions are not available": no Open Multilingual Wordnet, by design.
+        warnings.simplefilter("ignore", UserWarning)
+        return WordNetCorpusReader(root, None)
+
+
+def open_wordnet(path: str | Path | None = None, root: str | Path | None = None):
+    """The nltk WordNet reader found by the DESIGN §5 search.
+
+    Args:
+        path: a directory of WordNet 3.0 database files (params ``wordnet.path``), or None.
+        root: where the project-local nltk data directory lives (default: :func:`project_root`).
+    Raises:
+        WordNetMissing: naming both install routes, when no route finds WordNet 3.0.
+    """
+    local = (Path(root) if root else project_root()) / LOCAL_DATA_DIR
+    if path is not None:
+        return _reader(assemble(Path(path), local))
+    if (local / "corpora" / "wordnet" / "data.noun").is_file():
+        return _reader(local)
+    try:
+        return _reader(None)
+    except LookupError:
+        pass
+    debian = debian_wordnet_dir()
+    if debian is None:
+        raise WordNetMissing(MISSING_MESSAGE)
+    return _reader(assemble(debian, local))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lookahead.wordnet``: check that WordNet opens, print its version."""
+    try:
+        wn = open_wordnet()
+    except WordNetMissing as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"WordNet {wn.get_version()} found ({wn.root})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

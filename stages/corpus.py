@@ -1,0 +1,25 @@
+"""DVC stage `corpus`: one document per line, deterministically split into train and val."""
+
+from lookahead.atomic import write_json
+from lookahead.config import load_section, parse_stage_args, print_config, to_dict
+from lookahead.corpus import CorpusConfig, build_corpus
+from lookahead.tracking import stage_run
+from lookahead.wordnet import WordNetConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {"out": "corpus directory (train.txt, val.txt)", "metrics": "metrics json"}, argv)
+    configs = {
+        "corpus": load_section(args.params, "corpus", CorpusConfig),
+        "wordnet": load_section(args.params, "wordnet", WordNetConfig),
+    }
+    if args.dry_run:
+        return print_config(configs)
+    with stage_run("corpus", {k: to_dict(v) for k, v in configs.items()}) as run:
+        metrics = build_corpus(configs["corpus"], args.out, wordnet_path=configs["wordnet"].path)
+        write_json(args.metrics, metrics)
+        run.log_metrics(metrics)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""DVC stage `tokenizer`: byte-level BPE on the train split (or the base model's own tokenizer),
+and the tokenized train/val streams."""
+
+from lookahead.atomic import write_json
+from lookahead.config import load_section, parse_stage_args, print_config, to_dict
+from lookahead.source import ModelSource
+from lookahead.tokenizer import TokenizerConfig, build_tokenizer, train_bpe
+from lookahead.tracking import stage_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "corpus": "corpus directory (input)",
+        "tokenizer": "tokenizer directory (output)",
+        "tokens": "token streams directory (output)",
+        "metrics": "metrics json",
+    }, argv)
+    configs = {
+        "tokenizer": load_section(args.params, "tokenizer", TokenizerConfig),
+        "base": load_section(args.params, "base", ModelSource, partial=True),
+    }
+    if args.dry_run:
+        return print_config(configs)
+    cfg, source = configs["tokenizer"], configs["base"]
+    with stage_run("tokenizer", {k: to_dict(v) for k, v in configs.items()}) as run:
+        if source.source == "scratch":
+            tok = train_bpe(f"{args.corpus}/train.txt", cfg)
+        else:
+            tok = source.load_tokenizer()
+        metrics = build_tokenizer(tok, args.corpus, args.tokenizer, args.tokens, cfg.batch_lines)
+        write_json(args.metrics, metrics)
+        run.log_metrics(metrics)
+
+
+if __name__ == "__main__":
+    main()
