@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 
 from lookahead.atomic import write_csv, write_json
 from lookahead.base import BaseConfig, build_base
-from lookahead.config import load_section, parse_stage_args, print_config, to_dict
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.plots import plot_training_curves
 from lookahead.tracking import stage_run
 
@@ -40,4 +40,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

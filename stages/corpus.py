@@ -1,7 +1,7 @@
 """DVC stage `corpus`: one document per line, deterministically split into train and val."""
 
 from lookahead.atomic import write_json
-from lookahead.config import load_section, parse_stage_args, print_config, to_dict
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.corpus import CorpusConfig, build_corpus
 from lookahead.tracking import stage_run
 from lookahead.wordnet import WordNetConfig
@@ -22,4 +22,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -2,7 +2,7 @@
 and the tokenized train/val streams."""
 
 from lookahead.atomic import write_json
-from lookahead.config import load_section, parse_stage_args, print_config, to_dict
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.source import ModelSource
 from lookahead.tokenizer import TokenizerConfig, build_tokenizer, train_bpe
 from lookahead.tracking import stage_run
@@ -33,4 +33,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -33,7 +33,12 @@ SECTIONS: dict[str, str] = {
 }
 
 
-class ConfigError(ValueError):
+class LookaheadError(Exception):
+    """An error the user can fix (bad params, missing data, diverged training): a stage prints
+    its message alone, without a traceback, and exits non-zero."""
+
+
+class ConfigError(LookaheadError, ValueError):
     """A params value is unknown, missing, of the wrong type or out of range."""
 
     def __init__(self, key: str, message: str):
@@ -230,6 +235,16 @@ def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | 
     if missing and not args.dry_run:
         parser.error(f"missing {', '.join(missing)} (dvc.yaml passes them)")
     return args
+
+
+def cli(main) -> None:
+    """Run a stage's ``main()``; a :class:`LookaheadError` prints one message and exits 2."""
+    try:
+        main()
+    except LookaheadError as err:
+        kind = "params" if isinstance(err, ConfigError) else type(err).__name__
+        print(f"error ({kind}): {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def print_config(configs: dict[str, Any]) -> None:

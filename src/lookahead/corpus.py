@@ -15,12 +15,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lookahead.atomic import atomic_dir
-from lookahead.config import require
+from lookahead.config import LookaheadError, require
 
 SPLITS = ("train", "val")
 
 
-class CorpusError(ValueError):
+class CorpusError(LookaheadError, ValueError):
     """A corpus source is empty, missing or not valid UTF-8."""
 
 

@@ -82,23 +82,26 @@ class StageRun:
     def active(self) -> bool:
         return self.run_id is not None
 
-    def _safely(self, what: str, fn, *args, **kwargs) -> None:
+    def _safely(self, what: str, call) -> None:
+        """Run ``call()`` (a client call) if tracking is active; on failure warn and go inactive."""
         if not self.active:
             return
         try:
-            fn(*args, **kwargs)
+            call()
         except Exception as err:  # tracking must never fail a stage (DESIGN §8)
             warnings.warn(f"MLflow {what} failed for stage {self.stage!r}: {err}; tracking disabled for this stage", stacklevel=3)
             self.run_id = None
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Log a nested config under ``<stage>.`` (MLflow refuses to change a logged param)."""
+        """Log ``{section: config}`` as ``<stage>/<section>.<key>`` (MLflow refuses to change a
+        logged param, so each stage's keys stay its own)."""
         from mlflow.entities import Param
 
-        flat = flatten(params, self.stage)
-        batch = [Param(k, str(v)[:6000]) for k, v in flat.items()]
+        flat = flatten(params)
+        batch = [Param(f"{self.stage}/{k}", str(v)[:6000]) for k, v in flat.items()]
         for i in range(0, len(batch), 100):
-            self._safely("log_params", self._client.log_batch, self.run_id, params=batch[i : i + 100])
+            chunk = batch[i : i + 100]
+            self._safely("log_params", lambda: self._client.log_batch(self.run_id, params=chunk))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
@@ -106,14 +109,14 @@ class StageRun:
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step or 0) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if items:
-            self._safely("log_metrics", self._client.log_batch, self.run_id, metrics=items)
+            self._safely("log_metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
 
     def log_artifact(self, path: str | Path) -> None:
         if Path(path).exists():
-            self._safely("log_artifact", self._client.log_artifact, self.run_id, str(path))
+            self._safely("log_artifact", lambda: self._client.log_artifact(self.run_id, str(path)))
 
     def set_tag(self, key: str, value: str) -> None:
-        self._safely("set_tag", self._client.set_tag, self.run_id, key, value)
+        self._safely("set_tag", lambda: self._client.set_tag(self.run_id, key, value))
 
 
 def _experiment_id(client, root: Path, uri: str) -> str:
@@ -177,10 +180,13 @@ def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None
     except Exception as err:
         warnings.warn(f"MLflow tracking unavailable for stage {stage!r}: {err}; the stage runs untracked", stacklevel=3)
     tracker = StageRun(client, run.info.run_id if run else None, stage)
+    parent_run = StageRun(client, parent if run else None, "pipeline")
     tracker.log_params(config)
     status = "FAILED"
     try:
         yield tracker
         status = "FINISHED"
     finally:
-        tracker._safely("set_terminated", client.set_terminated if client else None, tracker.run_id, status)
+        tracker._safely("set_terminated", lambda: client.set_terminated(tracker.run_id, status))
+        # the parent shows the state of the pipeline's latest stage
+        parent_run._safely("set_terminated", lambda: client.set_terminated(parent_run.run_id, status))

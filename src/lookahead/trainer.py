@@ -23,12 +23,12 @@ from typing import Any, Literal, Protocol
 import torch
 from tqdm import tqdm
 
-from lookahead.config import require, to_dict
+from lookahead.config import LookaheadError, require, to_dict
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
-class NonFiniteLoss(FloatingPointError):
+class NonFiniteLoss(LookaheadError, FloatingPointError):
     """A loss or gradient norm became NaN or infinite; the stage stops."""
 
 

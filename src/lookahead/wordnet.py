@@ -22,7 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from lookahead.config import require
+from lookahead.config import LookaheadError, require
 from lookahead.paths import project_root
 
 LOCAL_DATA_DIR = ".nltk_data"
@@ -49,12 +49,15 @@ LEXNAMES: tuple[tuple[str, int], ...] = (
     ("verb.social", 2), ("verb.stative", 2), ("verb.weather", 2), ("adj.ppl", 3),
 )
 
-# Files nltk's WordNetCorpusReader reads; the first group is required.
-REQUIRED_FILES = tuple(f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv"))
-OPTIONAL_FILES = ("adj.exc", "adv.exc", "noun.exc", "verb.exc", "cntlist.rev", "index.sense", "lexnames")
+# Files nltk's WordNetCorpusReader reads; the first group is required (index.sense comes from
+# the Debian package wordnet-sense-index).
+REQUIRED_FILES = tuple(
+    f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv")
+) + tuple(f"{pos}.exc" for pos in ("noun", "verb", "adj", "adv")) + ("index.sense",)
+OPTIONAL_FILES = ("cntlist.rev", "lexnames")
 
 
-class WordNetMissing(RuntimeError):
+class WordNetMissing(LookaheadError, RuntimeError):
     """WordNet 3.0 could not be found by any route of DESIGN §5."""
 
 

@@ -1,0 +1,69 @@
+"""`dvc repro` wall time of a profile (DESIGN §6), in a fresh temporary copy of the repository.
+
+Prints one JSON line: the full repro time, the no-op repro time and the base model's headline
+metrics.
+
+    python benchmarks/pipeline_repro.py                 # the embedded default (params.yaml)
+    python benchmarks/pipeline_repro.py --profile tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], cwd: Path, env: dict) -> float:
+    tic = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    return time.perf_counter() - tic
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None, help="profiles/<name>.yaml instead of params.yaml")
+    args = parser.parse_args()
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    with tempfile.TemporaryDirectory(prefix="lookahead-bench-") as tmp:
+        dest = Path(tmp) / "repo"
+        for name in files:
+            if (REPO / name).is_file() and not name.startswith(("metrics/", "data/", "models/")) and name != "dvc.lock":
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, dest / name)
+        if args.profile:
+            shutil.copy(dest / "profiles" / f"{args.profile}.yaml", dest / "params.yaml")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+        env["DVC_NO_ANALYTICS"] = "true"
+        for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=b", "-c", "user.email=b@example.com", "commit", "-qm", "bench"]):
+            run(cmd, dest, env)
+        repro_s = run(["dvc", "repro"], dest, env)
+        noop_s = run(["dvc", "repro"], dest, env)
+        base = json.loads((dest / "metrics" / "base.json").read_text())
+    print(json.dumps({
+        "profile": args.profile or "params.yaml",
+        "cpu_count": os.cpu_count(),
+        "repro_s": round(repro_s, 1),
+        "noop_repro_s": round(noop_s, 2),
+        "base_val_nll": round(base["val_nll"], 4),
+        "base_val_unigram_nll": round(base["val_unigram_nll"], 4),
+        "base_val_nll_below_unigram": round(base["val_nll_below_unigram"], 4),
+        "base_train_tokens_per_s": round(base["train_tokens_per_s"], 1) if base["train_tokens_per_s"] else None,
+        "base_layers_x_heads": f"{base['n_layers']}x{base['n_heads']}",
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Strict configuration: every bad value is an error naming its key (DESIGN §10, STYLE 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lookahead.base import BaseConfig
+from lookahead.config import ConfigError, load_section, validate_all
+from lookahead.source import ModelSource
+
+
+def write_params(tmp_path, params):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def default_params(repo_root):
+    return yaml.safe_load((repo_root / "params.yaml").read_text())
+
+
+def test_every_profile_validates(repo_root):
+    for profile in sorted((repo_root / "profiles").glob("*.yaml")) + [repo_root / "params.yaml"]:
+        configs = validate_all(profile)
+        assert set(configs) == {"corpus", "wordnet", "tokenizer", "base"}
+
+
+def test_default_profile_is_params_yaml(repo_root):
+    default = yaml.safe_load((repo_root / "profiles" / "default.yaml").read_text())
+    assert default == yaml.safe_load((repo_root / "params.yaml").read_text())
+
+
+def test_embedded_default_is_at_least_4x4_olmo2(repo_root):
+    base = load_section(repo_root / "params.yaml", "base")
+    assert base.source == "scratch"
+    assert base.arch.n_layers >= 4 and base.arch.n_heads >= 4
+
+
+@pytest.mark.parametrize(
+    "edit, key, fragment",
+    [
+        (lambda p: p["base"]["train"].update(lr_typo=1e-3), "base.train.lr_typo", "unknown key"),
+        (lambda p: p["base"]["arch"].update(n_heads=5), "base.arch.n_heads", "must divide hidden_size (128)"),
+        (lambda p: p["base"]["arch"].update(n_layers="four"), "base.arch.n_layers", "must be an integer"),
+        (lambda p: p["base"]["train"].update(steps=0), "base.train.steps", "must be >= 1"),
+        (lambda p: p["base"]["train"].update(device="tpu"), "base.train.device", "'auto', 'cpu', 'cuda'"),
+        (lambda p: p["base"].update(source="scratch", model="x"), "base.model", "must be null"),
+        (lambda p: p["base"].update(source="path", model=None), "base.model", "must name a directory"),
+        (lambda p: p["corpus"].update(val_fraction=1.5), "corpus.val_fraction", "must be in (0, 1)"),
+        (lambda p: p["corpus"].update(source="web"), "corpus.source", "'wordnet', 'files', 'hf:<dataset id>'"),
+        (lambda p: p["corpus"].update(source="files", files=[]), "corpus.files", "at least one file"),
+        (lambda p: p["tokenizer"].update(vocab_size=100), "tokenizer.vocab_size", "must be in [300"),
+        (lambda p: p["base"]["train"].update(grad_clip=True), "base.train.grad_clip", "must be a number"),
+        (lambda p: p.update(phase9={}), "phase9", "unknown section"),
+        (lambda p: p["base"]["arch"].pop("n_layers") and p["base"].pop("arch") and p.pop("base"), "base", "section missing"),
+    ],
+)
+def test_bad_values_name_their_key(tmp_path, default_params, edit, key, fragment):
+    edit(default_params)
+    path = write_params(tmp_path, default_params)
+    with pytest.raises(ConfigError) as info:
+        validate_all(path)
+    assert info.value.key == key
+    assert fragment in str(info.value)
+
+
+def test_numeric_strings_are_read_as_floats(tmp_path, default_params):
+    # PyYAML reads `3e-4` (no dot) as a string; it is still a valid float.
+    default_params["base"]["train"]["lr"] = "3e-4"
+    cfg = load_section(write_params(tmp_path, default_params), "base", BaseConfig)
+    assert cfg.train.lr == pytest.approx(3e-4)
+
+
+def test_partial_view_reads_only_its_keys(tmp_path, default_params):
+    default_params["base"]["arch"]["hidden_size"] = 130  # invalid for BaseConfig, not for the view
+    source = load_section(write_params(tmp_path, default_params), "base", ModelSource, partial=True)
+    assert source.source == "scratch"
+    with pytest.raises(ConfigError):
+        load_section(write_params(tmp_path, default_params), "base", BaseConfig)
+
+
+def test_dry_run_prints_resolved_config_and_does_no_work(repo_root, tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(repo_root / "stages" / "base.py"), "--dry-run"],
+        cwd=repo_root, capture_output=True, text=True, check=True,
+    ).stdout
+    printed = yaml.safe_load(out)
+    assert printed["base"]["arch"]["n_layers"] == load_section(repo_root / "params.yaml", "base").arch.n_layers
+    assert printed["base"]["train"]["lr"] == pytest.approx(3e-3)
+
+
+def test_stage_rejects_bad_params_before_work(repo_root, tmp_path, default_params):
+    default_params["base"]["arch"]["n_heads"] = 3
+    path = write_params(tmp_path, default_params)
+    proc = subprocess.run(
+        [sys.executable, str(repo_root / "stages" / "base.py"), "--params", str(path), "--tokenizer", "t", "--tokens", "t",
+         "--out", str(tmp_path / "b"), "--metrics", "m", "--train-curve", "a", "--val-curve", "b", "--figure", "f",
+         "--checkpoints", "c"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert proc.returncode != 0
+    assert proc.returncode == 2
+    assert "base.arch.n_heads" in proc.stderr and "must divide hidden_size" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,43 @@
+"""Batches as pure functions of the step, evaluation windows, the unigram reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead import data
+
+
+def test_train_batches_depend_only_on_seed_step_rank():
+    stream = np.arange(10_000, dtype=np.uint16)
+    a = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
+    b = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
+    assert torch.equal(a, b) and a.shape == (4, 17) and a.dtype == torch.int64
+    # windows are contiguous slices of the stream
+    assert torch.equal(a[:, 1:] - a[:, :-1], torch.ones(4, 16, dtype=torch.int64))
+    assert not torch.equal(a, data.train_batch(stream, step=8, batch_size=4, seq_len=16, seed=3))
+    assert not torch.equal(a, data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3, rank=1))
+
+
+def test_eval_windows_score_every_target_once():
+    stream = np.arange(1000, dtype=np.uint16)
+    w = data.eval_windows(stream, seq_len=10, max_tokens=0)
+    assert w.shape == (99, 11)
+    targets = w[:, 1:].flatten()
+    assert torch.equal(targets, torch.arange(1, 991))
+    assert data.eval_windows(stream, seq_len=10, max_tokens=100).shape == (10, 11)
+
+
+def test_too_short_streams_are_errors():
+    with pytest.raises(ValueError, match="shorter than one window"):
+        data.train_batch(np.arange(10), 0, 2, 16, 0)
+    with pytest.raises(ValueError, match="shorter than one window"):
+        data.eval_windows(np.arange(10), 16, 0)
+
+
+def test_unigram_nll_closed_form():
+    train = np.array([0, 0, 0, 1])  # add-one counts: 4, 2, 1 over vocab 3 -> p = 4/7, 2/7, 1/7
+    targets = np.array([0, 1, 2])
+    expected = -(np.log(4 / 7) + np.log(2 / 7) + np.log(1 / 7)) / 3
+    assert data.unigram_nll(train, targets, vocab_size=3) == pytest.approx(expected)

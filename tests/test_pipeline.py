@@ -1,0 +1,146 @@
+"""End to end: `dvc repro` of the tiny profile in a temporary copy of the repository.
+
+Checks what a researcher relies on: outputs and metrics appear, a changed `base` param reruns only
+`base`, reverting it restores the old outputs from DVC's run-cache without training, plots render,
+MLflow groups the stages, and a queued experiment (`dvc exp run --queue` + `dvc queue start`)
+lands in the same MLflow store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
+    return out
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stage_runs(repo: Path) -> list:
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("lookahead")
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+@pytest.fixture(scope="module")
+def repo(repo_root, tmp_path_factory):
+    """A fresh git + DVC repository holding the project's files, with the tiny profile as params."""
+    dest = tmp_path_factory.mktemp("pipeline") / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo_root,
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    for name in files:
+        src = repo_root / name
+        if src.is_file() and not name.startswith(("metrics/", "data/", "models/")) and name != "dvc.lock":
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    shutil.copy(dest / "profiles" / "tiny.yaml", dest / "params.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` = this venv's
+    env["DVC_NO_ANALYTICS"] = "true"
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
+                ["git", "config", "user.name", "test"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        sh(cmd, dest, env)
+    return dest, env
+
+
+def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
+    path, env = repo
+    out = sh(["dvc", "repro"], path, env)
+    for stage in ("corpus", "tokenizer", "base"):
+        assert f"Running stage '{stage}'" in out
+    base = json.loads((path / "metrics" / "base.json").read_text())
+    assert {"val_nll", "val_ppl", "val_unigram_nll", "train_tokens_per_s"} <= set(base)
+    assert (path / "models" / "base" / "model.safetensors").is_file()
+    assert (path / "metrics" / "base_curves.png").stat().st_size > 1000
+    assert json.loads((path / "metrics" / "corpus.json").read_text())["train"]["lines"] > 0
+    weights = digest(path / "models" / "base" / "model.safetensors")
+    base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
+    assert base_runs() == 1
+
+    # nothing changed: nothing runs
+    out = sh(["dvc", "repro"], path, env)
+    assert "Running stage" not in out
+
+    # one base param changed: base alone reruns
+    params = yaml.safe_load((path / "params.yaml").read_text())
+    original = (path / "params.yaml").read_text()
+    params["base"]["train"]["lr"] = 0.002
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh(["dvc", "repro"], path, env)
+    assert "Running stage 'base'" in out
+    assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
+    assert digest(path / "models" / "base" / "model.safetensors") != weights
+    assert base_runs() == 2
+
+    # reverted: DVC's run-cache restores the first outputs; nothing trains, nothing is logged
+    (path / "params.yaml").write_text(original)
+    out = sh(["dvc", "repro"], path, env)
+    assert "Stage 'base' is cached - skipping run, checking out outputs" in out
+    assert "Running stage" not in out
+    assert digest(path / "models" / "base" / "model.safetensors") == weights
+    assert base_runs() == 2
+
+    # MLflow: one parent per pipeline run (params differ -> pipeline ids differ), children under it
+    runs = stage_runs(path)
+    parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
+    children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
+    assert len(parents) == 2 and len(children) == 4
+    assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
+
+
+def test_plots_render(repo):
+    path, env = repo
+    if not (path / "metrics" / "base_train.csv").is_file():
+        sh(["dvc", "repro"], path, env)
+    out = sh(["dvc", "plots", "show", "--json"], path, env)
+    shown = json.loads(out)
+    assert "metrics/base_train.csv" in json.dumps(shown) and "metrics/base_val.csv" in json.dumps(shown)
+    sh(["dvc", "plots", "show", "-o", "plots_html"], path, env)
+    assert (path / "plots_html" / "index.html").is_file()
+
+
+def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
+    path, env = repo
+    sh(["git", "add", "-A"], path, env)
+    sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
+    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lr", "-S", "base.train.lr=0.004"], path, env)
+    sh(["dvc", "queue", "start", "-j", "1"], path, env)
+    deadline = time.time() + 300
+    status = ""
+    while time.time() < deadline:
+        status = sh(["dvc", "queue", "status"], path, env)
+        if "queued-lr" in status and ("Success" in status or "Failed" in status):
+            break
+        time.sleep(3)
+    assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lr"], path, env, check=False)
+    queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lr"]
+    assert {r.data.tags.get("lookahead.stage") for r in queued} == {None, "base"}  # parent + base
+    (base,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "base"]
+    assert base.data.params["base/base.train.lr"] == "0.004"
+    assert "val_nll" in base.data.metrics
+    # nothing was written inside DVC's temporary workspace
+    assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
+    shown = sh(["dvc", "exp", "show", "--json"], path, env)
+    assert "queued-lr" in shown and "val_nll" in shown

@@ -1,0 +1,95 @@
+"""MLflow tracking: parent run per pipeline, child run per stage, failures only warn (DESIGN §8)."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lookahead import tracking
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "params.yaml").write_text("corpus: {}\n")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-test")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def runs(uri):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(tracking.EXPERIMENT)
+    return client, client.search_runs([exp.experiment_id])
+
+
+def test_stages_group_under_one_parent_in_the_local_store(project):
+    with tracking.stage_run("corpus", {"corpus": {"max_lines": 5, "nested": {"a": 1}}}) as run:
+        run.log_metrics({"train": {"lines": 10}}, step=0)
+    with tracking.stage_run("base", {"base": {"train": {"lr": 0.01}}}) as run:
+        run.log_metrics({"val_nll": 3.5}, step=7)
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    assert tracking.tracking_uri(project) == uri  # absolute, inside the project
+    client, found = runs(uri)
+    parents = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "pipeline"]
+    stages = {r.data.tags[tracking.TAG_STAGE]: r for r in found if r.data.tags[tracking.TAG_ROLE] == "stage"}
+    assert len(parents) == 1 and parents[0].data.tags[tracking.TAG_PIPELINE] == "exp-test"
+    assert set(stages) == {"corpus", "base"}
+    for run in stages.values():
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert run.info.status == "FINISHED"
+    assert stages["corpus"].data.params == {"corpus/corpus.max_lines": "5", "corpus/corpus.nested.a": "1"}
+    assert stages["corpus"].data.metrics == {"train.lines": 10.0}
+    assert stages["base"].data.params == {"base/base.train.lr": "0.01"}
+    history = client.get_metric_history(stages["base"].info.run_id, "val_nll")
+    assert [(m.step, m.value) for m in history] == [(7, 3.5)]
+    # artifacts live beside the store, not in a (temporary) working directory
+    exp = client.get_experiment_by_name(tracking.EXPERIMENT)
+    assert exp.artifact_location == (project / "mlartifacts").as_uri()
+
+
+def test_failed_stage_is_marked_failed_and_raises(project):
+    with pytest.raises(ZeroDivisionError):
+        with tracking.stage_run("base", {}):
+            1 / 0
+    _, found = runs(f"sqlite:///{project / 'mlflow.db'}")
+    (stage,) = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "stage"]
+    assert stage.info.status == "FAILED"
+
+
+def test_tracking_uri_environment_variable_is_honoured(project, tmp_path_factory, monkeypatch):
+    other = tmp_path_factory.mktemp("server") / "other.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")
+    with tracking.stage_run("corpus", {}):
+        pass
+    assert other.is_file() and not (project / "mlflow.db").exists()
+    _, found = runs(f"sqlite:///{other}")
+    assert len(found) == 2
+
+
+def test_unreachable_store_warns_and_the_stage_still_runs(project, monkeypatch):
+    # a store that cannot be created: its parent "directory" is a file
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project}/params.yaml/x.db")
+    done = []
+    with pytest.warns(UserWarning, match="MLflow tracking unavailable for stage 'base'"):
+        with tracking.stage_run("base", {"base": {"a": 1}}) as run:
+            run.log_metrics({"x": 1.0})
+            done.append(True)
+    assert done == [True] and not run.active
+
+
+def test_experiment_workspace_resolves_to_its_repository(tmp_path):
+    workspace = tmp_path / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    workspace.mkdir(parents=True)
+    assert tracking.home_root(workspace) == tmp_path.resolve()
+    assert tracking.home_root(tmp_path) == tmp_path.resolve()
+
+
+def test_pipeline_id_without_dvc_exp_is_revision_and_params_hash(project, monkeypatch):
+    monkeypatch.delenv("DVC_EXP_NAME")
+    first = tracking.pipeline_id(project)
+    (project / "params.yaml").write_text("corpus: {max_lines: 3}\n")
+    second = tracking.pipeline_id(project)
+    assert first.split("-")[0] == second.split("-")[0] and first != second

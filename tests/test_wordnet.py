@@ -1,0 +1,53 @@
+"""Finding WordNet 3.0 offline (DESIGN §5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lookahead import wordnet
+from lookahead.wordnet import LEXNAMES, WordNetMissing, assemble, open_wordnet
+
+
+def test_lexnames_is_the_standard_45_line_list():
+    assert len(LEXNAMES) == 45
+    assert LEXNAMES[0] == ("adj.all", 3) and LEXNAMES[3] == ("noun.Tops", 1) and LEXNAMES[44] == ("adj.ppl", 3)
+    assert {pos for _, pos in LEXNAMES} == {1, 2, 3, 4}
+
+
+def test_reader_matches_known_wordnet_30_facts(wn):
+    assert wn.get_version() == "3.0"
+    dog, cat = wn.synset("dog.n.01"), wn.synset("cat.n.01")
+    assert dog.lexname() == "noun.animal"
+    assert dog.wup_similarity(cat) == pytest.approx(0.8571428571428571)
+    assert len(list(wn.all_synsets())) == 117659
+
+
+def test_explicit_path_is_assembled_into_a_project_local_data_dir(wn, tmp_path):
+    # wordnet.path: a plain directory of WordNet files (here, the ones nltk already reads).
+    source = tmp_path / "wn-files"
+    source.mkdir()
+    for name in wordnet.REQUIRED_FILES:
+        (source / name).write_bytes(Path(wn.root.path, name).read_bytes())
+    reader = open_wordnet(path=source, root=tmp_path / "project")
+    local = tmp_path / "project" / wordnet.LOCAL_DATA_DIR / "corpora" / "wordnet"
+    assert (local / "lexnames").read_text().count("\n") == 45
+    assert reader.synset("dog.n.01").definition() == wn.synset("dog.n.01").definition()
+
+
+def test_missing_wordnet_names_both_install_routes(tmp_path, monkeypatch):
+    import nltk
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "empty")])
+    monkeypatch.setattr(wordnet, "debian_wordnet_dir", lambda: None)
+    with pytest.raises(WordNetMissing) as info:
+        open_wordnet(root=tmp_path)
+    message = str(info.value)
+    assert "apt-get install wordnet-base wordnet-sense-index" in message
+    assert "nltk.download('wordnet')" in message
+
+
+def test_bad_explicit_path_is_a_clear_error(tmp_path):
+    with pytest.raises(WordNetMissing, match="is not a WordNet 3.0 directory"):
+        assemble(tmp_path, tmp_path / "data")
