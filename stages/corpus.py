@@ -4,14 +4,14 @@ from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.corpus import CorpusConfig, build_corpus
 from lookahead.tracking import stage_run
-from lookahead.wordnet import WordNetConfig
+from lookahead.wordnet_data import WordNetSource
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {"out": "corpus directory (train.txt, val.txt)", "metrics": "metrics json"}, argv)
     configs = {
         "corpus": load_section(args.params, "corpus", CorpusConfig),
-        "wordnet": load_section(args.params, "wordnet", WordNetConfig),
+        "wordnet": load_section(args.params, "wordnet", WordNetSource, partial=True),
     }
     if args.dry_run:
         return print_config(configs)

@@ -28,7 +28,7 @@ def seed() -> int:
 @pytest.fixture(scope="session")
 def wn():
     """The real WordNet 3.0 (installed by `make test`'s set-up)."""
-    from lookahead.wordnet import open_wordnet
+    from lookahead.wordnet_data import open_wordnet
 
     return open_wordnet(root=REPO)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lookahead import wordnet
-from lookahead.wordnet import LEXNAMES, WordNetMissing, assemble, open_wordnet
+from lookahead import wordnet_data as wordnet
+from lookahead.wordnet_data import LEXNAMES, WordNetMissing, assemble, open_wordnet
 
 
 def test_lexnames_is_the_standard_45_line_list():

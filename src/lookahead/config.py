@@ -27,7 +27,7 @@ T = TypeVar("T")
 # Kept as strings so that loading one stage's section imports only that stage's module.
 SECTIONS: dict[str, str] = {
     "corpus": "lookahead.corpus:CorpusConfig",
-    "wordnet": "lookahead.wordnet:WordNetConfig",
+    "wordnet": "lookahead.wordnet_data:WordNetSource",
     "tokenizer": "lookahead.tokenizer:TokenizerConfig",
     "base": "lookahead.base:BaseConfig",
 }

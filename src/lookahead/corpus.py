@@ -101,7 +101,7 @@ def split_of(line: str, val_fraction: float, salt: str) -> str:
 
 def source_lines(cfg: CorpusConfig, wordnet_path: str | None = None) -> Iterator[str]:
     if cfg.source == "wordnet":
-        from lookahead.wordnet import open_wordnet
+        from lookahead.wordnet_data import open_wordnet
 
         return wordnet_lines(open_wordnet(wordnet_path))
     if cfg.source == "files":

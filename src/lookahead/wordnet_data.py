@@ -62,8 +62,9 @@ class WordNetMissing(LookaheadError, RuntimeError):
 
 
 @dataclasses.dataclass
-class WordNetConfig:
-    """Where WordNet comes from (DESIGN §5)."""
+class WordNetSource:
+    """Where WordNet comes from (DESIGN §5): the `wordnet.path` key, read by every stage that
+    opens WordNet."""
 
     path: str | None = None
     """Directory of WordNet 3.0 database files; null = nltk's data path, then the Debian packages."""
@@ -156,7 +157,7 @@ def open_wordnet(path: str | Path | None = None, root: str | Path | None = None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lookahead.wordnet``: check that WordNet opens, print its version."""
+    """``python -m lookahead.wordnet_data_data``: check that WordNet opens, print its version."""
     try:
         wn = open_wordnet()
     except WordNetMissing as err:
