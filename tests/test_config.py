@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from lookahead.base import BaseConfig
-from lookahead.config import ConfigError, load_section, validate_all
+from lookahead.config import ConfigError, load_section
+from lookahead.sections import validate_all
 from lookahead.source import ModelSource
 
 
@@ -36,7 +37,7 @@ def test_default_profile_is_params_yaml(repo_root):
 
 
 def test_embedded_default_is_at_least_4x4_olmo2(repo_root):
-    base = load_section(repo_root / "params.yaml", "base")
+    base = load_section(repo_root / "params.yaml", "base", BaseConfig)
     assert base.source == "scratch"
     assert base.arch.n_layers >= 4 and base.arch.n_heads >= 4
 
@@ -57,6 +58,8 @@ def test_embedded_default_is_at_least_4x4_olmo2(repo_root):
         (lambda p: p["tokenizer"].update(vocab_size=100), "tokenizer.vocab_size", "must be in [300"),
         (lambda p: p["base"]["train"].update(grad_clip=True), "base.train.grad_clip", "must be a number"),
         (lambda p: p.update(phase9={}), "phase9", "unknown section"),
+        (lambda p: p["wordnet"].update(n_anchors=1), "wordnet.n_anchors", "must be >= 2"),
+        (lambda p: p["wordnet"].update(path=""), "wordnet.path", "must be null or a directory"),
         (lambda p: p["base"]["arch"].pop("n_layers") and p["base"].pop("arch") and p.pop("base"), "base", "section missing"),
     ],
 )
@@ -90,7 +93,7 @@ def test_dry_run_prints_resolved_config_and_does_no_work(repo_root, tmp_path):
         cwd=repo_root, capture_output=True, text=True, check=True,
     ).stdout
     printed = yaml.safe_load(out)
-    assert printed["base"]["arch"]["n_layers"] == load_section(repo_root / "params.yaml", "base").arch.n_layers
+    assert printed["base"]["arch"]["n_layers"] == load_section(repo_root / "params.yaml", "base", BaseConfig).arch.n_layers
     assert printed["base"]["train"]["lr"] == pytest.approx(3e-3)
 
 

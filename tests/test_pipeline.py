@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -68,13 +69,16 @@ def repo(repo_root, tmp_path_factory):
 def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     path, env = repo
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("corpus", "tokenizer", "base"):
+    for stage in ("corpus", "tokenizer", "base", "wordnet"):
         assert f"Running stage '{stage}'" in out
     base = json.loads((path / "metrics" / "base.json").read_text())
     assert {"val_nll", "val_ppl", "val_unigram_nll", "train_tokens_per_s"} <= set(base)
     assert (path / "models" / "base" / "model.safetensors").is_file()
     assert (path / "metrics" / "base_curves.png").stat().st_size > 1000
     assert json.loads((path / "metrics" / "corpus.json").read_text())["train"]["lines"] > 0
+    wordnet = json.loads((path / "metrics" / "wordnet.json").read_text())
+    assert wordnet["anchors"] == 32 and wordnet["matched_tokens"] >= 32
+    assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (32, 32)
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
     assert base_runs() == 1
@@ -91,6 +95,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage 'base'" in out
     assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
+    assert "Running stage 'wordnet'" not in out
     assert digest(path / "models" / "base" / "model.safetensors") != weights
     assert base_runs() == 2
 
@@ -102,11 +107,21 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert digest(path / "models" / "base" / "model.safetensors") == weights
     assert base_runs() == 2
 
+    # a wordnet param: wordnet alone reruns
+    params = yaml.safe_load(original)
+    params["wordnet"]["n_anchors"] = 16
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh(["dvc", "repro"], path, env)
+    assert "Running stage 'wordnet'" in out and out.count("Running stage") == 1
+    assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (16, 16)
+    (path / "params.yaml").write_text(original)
+    sh(["dvc", "repro"], path, env)
+
     # MLflow: one parent per pipeline run (params differ -> pipeline ids differ), children under it
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 2 and len(children) == 4
+    assert len(parents) == 3 and len(children) == 6
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
 
 

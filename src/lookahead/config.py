@@ -5,14 +5,15 @@ it. Loading is strict: an unknown key, a missing section, a value of the wrong t
 raises :class:`ConfigError` naming the full dotted key and what is allowed. Nothing falls back to a
 default silently for a misspelt key.
 
-Run ``python -m lookahead.config params.yaml`` to validate every section at once.
+Run ``python -m lookahead.config params.yaml`` to validate every section at once (the registry of
+sections lives in :mod:`lookahead.sections`, so that adding a stage does not touch this module and
+rerun every stage that imports it).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
 import types
 import typing
@@ -22,16 +23,6 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import yaml
 
 T = TypeVar("T")
-
-# Top-level sections of params.yaml and the dataclass each loads into ("module:Class").
-# Kept as strings so that loading one stage's section imports only that stage's module.
-SECTIONS: dict[str, str] = {
-    "corpus": "lookahead.corpus:CorpusConfig",
-    "wordnet": "lookahead.wordnet_data:WordNetSource",
-    "tokenizer": "lookahead.tokenizer:TokenizerConfig",
-    "base": "lookahead.base:BaseConfig",
-}
-
 
 class LookaheadError(Exception):
     """An error the user can fix (bad params, missing data, diverged training): a stage prints
@@ -146,7 +137,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 
 
 def read_params(path: str | Path) -> dict[str, Any]:
-    """Read a params file; unknown top-level sections are an error."""
+    """Read a params file: a mapping of sections."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("", f"params file {path} not found")
@@ -154,18 +145,10 @@ def read_params(path: str | Path) -> dict[str, Any]:
         params = yaml.safe_load(f) or {}
     if not isinstance(params, dict):
         raise ConfigError("", f"{path} must hold a mapping of sections")
-    unknown = sorted(set(params) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(unknown[0], f"unknown section in {path}; allowed sections are {', '.join(SECTIONS)}")
     return params
 
 
-def section_class(section: str) -> type:
-    module, _, name = SECTIONS[section].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_section(path: str | Path, section: str, cls: type[T] | None = None, partial: bool = False) -> T:
+def load_section(path: str | Path, section: str, cls: type[T], partial: bool = False) -> T:
     """Load and validate one section of a params file into its dataclass.
 
     With ``partial=True``, ``cls`` is a view of some of the section's keys (e.g. the tokenizer
@@ -173,7 +156,6 @@ def load_section(path: str | Path, section: str, cls: type[T] | None = None, par
     section's own stage to validate.
     """
     params = read_params(path)
-    cls = cls or section_class(section)
     if section not in params:
         raise ConfigError(section, f"section missing from {path}")
     values = params[section]
@@ -184,15 +166,6 @@ def load_section(path: str | Path, section: str, cls: type[T] | None = None, par
         return from_dict(cls, values)
     except ConfigError as err:
         raise err.under(section) from None
-
-
-def validate_all(path: str | Path) -> dict[str, Any]:
-    """Validate every section of a params file; return {section: config}."""
-    params = read_params(path)
-    missing = [s for s in SECTIONS if s not in params]
-    if missing:
-        raise ConfigError(missing[0], f"section missing from {path}")
-    return {section: load_section(path, section) for section in SECTIONS}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -253,6 +226,8 @@ def print_config(configs: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lookahead.sections import validate_all
+
     parser = argparse.ArgumentParser(description="Validate every section of a params file.")
     parser.add_argument("params", nargs="?", default="params.yaml")
     args = parser.parse_args(argv)
