@@ -20,6 +20,7 @@ SECTIONS: dict[str, str] = {
     "wordnet": "lookahead.wordnet:WordNetConfig",
     "tokenizer": "lookahead.tokenizer:TokenizerConfig",
     "base": "lookahead.base:BaseConfig",
+    "probe": "lookahead.probe:ProbeConfig",
 }
 
 

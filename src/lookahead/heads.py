@@ -1,0 +1,109 @@
+"""Per-head probes of a causal LM with ``o_proj`` attention outputs (OLMo2, Llama-style models).
+
+The input of each layer's ``o_proj`` is the concatenation of the heads' outputs (B, T, H·dh). A
+forward pre-hook there reads each head's slice and multiplies it by a per-head mask, which gives:
+
+- output norm: E‖W_O[h] z_h‖ over tokens (the head's write into the residual stream);
+- importance (Michel et al. 2019): E|∂L/∂mask_h| at mask = 1;
+- ablation: NLL(mask_h = 0) − NLL(dense), one head at a time;
+- affinity: Pearson correlation across tokens of the heads' output norms, (L·H, L·H).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def attention_layers(model) -> list:
+    """The attention modules (each with ``o_proj``) of a decoder, in layer order."""
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") and hasattr(layer.self_attn, "o_proj") for layer in layers):
+        raise TypeError(f"{type(model).__name__}: head probes need decoder layers with self_attn.o_proj")
+    return [layer.self_attn for layer in layers]
+
+
+class HeadMasks(contextlib.AbstractContextManager):
+    """Hooks every ``o_proj``: scales head slices by ``mask`` (L, H) and records per-head outputs.
+
+    After a forward pass, ``norms`` is a list over layers of (B, T, H) output norms.
+    """
+
+    def __init__(self, model, n_heads: int, mask: torch.Tensor):
+        self.attn = attention_layers(model)
+        self.n_heads = n_heads
+        self.mask = mask
+        self.norms: list[torch.Tensor] = []
+        self.handles = []
+
+    def __enter__(self):
+        for layer, attn in enumerate(self.attn):
+            self.handles.append(attn.o_proj.register_forward_pre_hook(self._hook(layer)))
+        return self
+
+    def _hook(self, layer: int):
+        def hook(module, args):
+            (z,) = args  # (B, T, H*dh)
+            b, t, width = z.shape
+            heads = z.view(b, t, self.n_heads, width // self.n_heads)  # (B, T, H, dh)
+            heads = heads * self.mask[layer].view(1, 1, -1, 1).to(heads.dtype)
+            w = module.weight.view(module.weight.shape[0], self.n_heads, -1)  # (d, H, dh)
+            with torch.no_grad():
+                out = torch.einsum("bthk,dhk->bthd", heads.detach(), w.detach())  # (B, T, H, d)
+                self.norms.append(out.norm(dim=-1))
+            return (heads.reshape(b, t, width),)
+
+        return hook
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        return False
+
+
+def _nll(model, windows: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=windows[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+
+
+def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
+    """Head statistics of ``model`` over ``batches`` of token windows (B, T+1).
+
+    Returns arrays: ``output_norm``, ``importance``, ``ablation_dnll`` (L, H); ``affinity``
+    (L·H, L·H); and ``dense_nll`` (scalar array).
+    """
+    n_layers = len(attention_layers(model))
+    n_heads = model.config.num_attention_heads
+    model.eval()
+    norms, grads, dense = [], torch.zeros(n_layers, n_heads), []
+    for windows in batches:
+        mask = torch.ones(n_layers, n_heads, requires_grad=True)
+        with HeadMasks(model, n_heads, mask) as hooks:
+            loss = _nll(model, windows)
+        (grad,) = torch.autograd.grad(loss, mask)
+        grads += grad.abs()
+        dense.append(loss.item())
+        norms.append(torch.stack(hooks.norms, dim=2).flatten(0, 1))  # (B*T, L, H)
+    norms_all = torch.cat(norms).flatten(1)  # (tokens, L*H)
+    ablation = torch.zeros(n_layers, n_heads)
+    with torch.no_grad():
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                mask = torch.ones(n_layers, n_heads)
+                mask[layer, head] = 0.0
+                with HeadMasks(model, n_heads, mask):
+                    ablated = [_nll(model, w).item() for w in batches]
+                ablation[layer, head] = float(np.mean(ablated) - np.mean(dense))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        affinity = np.corrcoef(norms_all.T.double().numpy())
+    affinity = np.nan_to_num(affinity, nan=0.0)  # a head with constant output norm correlates with nothing
+    return {
+        "output_norm": norms_all.mean(0).view(n_layers, n_heads).numpy(),
+        "importance": (grads / len(batches)).numpy(),
+        "ablation_dnll": ablation.numpy(),
+        "affinity": affinity.astype(np.float32),
+        "dense_nll": np.array(np.mean(dense)),
+    }

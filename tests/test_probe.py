@@ -1,0 +1,84 @@
+"""Head probes and the probe stage's measures on constructed models with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Olmo2Config, Olmo2ForCausalLM
+
+from lookahead.heads import HeadMasks, probe_heads
+from lookahead.probe import ProbeConfig, embedding_geometry, load_model, relational_alignment, weight_geometry
+
+
+@pytest.fixture
+def tiny_lm(seed):
+    cfg = Olmo2Config(vocab_size=60, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=16, pad_token_id=0, eos_token_id=0)
+    return Olmo2ForCausalLM(cfg).eval()
+
+
+def test_masks_of_one_change_nothing(tiny_lm):
+    w = torch.randint(0, 60, (2, 10))
+    with torch.no_grad():
+        ref = tiny_lm(w).logits
+        with HeadMasks(tiny_lm, 4, torch.ones(2, 4)):
+            out = tiny_lm(w).logits
+    assert torch.equal(ref, out)
+
+
+def test_a_head_with_zero_output_is_unimportant_and_ablating_it_changes_nothing(tiny_lm):
+    with torch.no_grad():  # head 2 of layer 1 writes nothing: its W_O columns are zero
+        tiny_lm.model.layers[1].self_attn.o_proj.weight.view(32, 4, 8)[:, 2, :] = 0.0
+    batches = [torch.randint(0, 60, (3, 11)) for _ in range(2)]
+    stats = probe_heads(tiny_lm, batches)
+    assert stats["importance"][1, 2] == 0.0
+    assert stats["ablation_dnll"][1, 2] == pytest.approx(0.0, abs=1e-6)
+    assert stats["output_norm"][1, 2] == 0.0
+    assert (stats["importance"][0] > 0).all() and (np.abs(stats["ablation_dnll"][0]) > 1e-6).all()
+    assert stats["affinity"].shape == (8, 8)
+    live = [i for i in range(8) if i != 6]
+    assert np.allclose(np.diag(stats["affinity"])[live], 1.0)
+    assert np.allclose(stats["affinity"], stats["affinity"].T)
+
+
+def test_ablation_equals_a_forward_pass_with_the_head_zeroed(tiny_lm):
+    batches = [torch.randint(0, 60, (2, 9))]
+    stats = probe_heads(tiny_lm, batches)
+    import torch.nn.functional as F
+
+    def nll(model):
+        with torch.no_grad():
+            logits = model(batches[0][:, :-1]).logits
+        return F.cross_entropy(logits.flatten(0, 1), batches[0][:, 1:].flatten()).item()
+
+    dense = nll(tiny_lm)
+    with torch.no_grad():
+        tiny_lm.model.layers[0].self_attn.o_proj.weight.view(32, 4, 8)[:, 1, :] = 0.0
+    assert stats["ablation_dnll"][0, 1] == pytest.approx(nll(tiny_lm) - dense, abs=1e-5)
+
+
+def test_relational_alignment_of_vectors_built_from_the_similarity():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(40, 8))
+    pairs = np.array([(i, j) for i in range(40) for j in range(i + 1, 40)])
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    cos = np.einsum("nd,nd->n", unit[pairs[:, 0]], unit[pairs[:, 1]])
+    sim = (cos + 1) / 2  # a monotone function of the cosine: Spearman = 1
+    out, bands = relational_alignment(vectors, pairs, sim, seeds=[0, 1, 2])
+    assert out["spearman"]["mean"] == pytest.approx(1.0) and out["pearson"]["mean"] == pytest.approx(1.0)
+    assert sum(b["n"] for b in bands) == len(pairs)
+
+
+def test_packaged_minilm_is_a_trained_network_not_a_gaussian():
+    name, model, tokenizer, causal = load_model("minilm", base_dir="unused")
+    assert not causal and model.config.hidden_size == 384
+    cfg = ProbeConfig(seeds=[0, 1, 2], cosine_pairs=2000, pentachora=200)
+    emb, spectrum = embedding_geometry(model.get_input_embeddings().weight.detach().numpy(), cfg)
+    assert emb["cv_ratio"]["mean"] > 2.0  # simplex volumes far more varied than in a Gaussian cloud
+    assert emb["pr_over_dim"] < 0.8
+    gauss, _ = embedding_geometry(np.random.default_rng(0).normal(size=(5000, 384)), cfg)
+    assert gauss["pr_over_dim"] > 0.9 and abs(gauss["cv_ratio"]["mean"] - 1) < 0.3
+    weights = weight_geometry(model)
+    assert len(weights["qk"]["qk_symmetry_deviation"]) == 6
+    assert len(weights["attention.self.query"]["stable_rank"]) == 6
