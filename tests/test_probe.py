@@ -82,3 +82,12 @@ def test_packaged_minilm_is_a_trained_network_not_a_gaussian():
     weights = weight_geometry(model)
     assert len(weights["qk"]["qk_symmetry_deviation"]) == 6
     assert len(weights["attention.self.query"]["stable_rank"]) == 6
+
+
+def test_a_model_directory_is_probed_as_a_causal_lm(tmp_path, tiny_lm, tiny_tokenizer):
+    tiny_lm.save_pretrained(tmp_path / "lm")
+    tiny_tokenizer.save_pretrained(tmp_path / "lm")
+    name, model, tokenizer, causal = load_model(str(tmp_path / "lm"), base_dir="unused")
+    assert causal and name == str(tmp_path / "lm")
+    for (key, a), (_, b) in zip(tiny_lm.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a, b), key
