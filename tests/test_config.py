@@ -28,7 +28,7 @@ def default_params(repo_root):
 def test_every_profile_validates(repo_root):
     for profile in sorted((repo_root / "profiles").glob("*.yaml")) + [repo_root / "params.yaml"]:
         configs = validate_all(profile)
-        assert set(configs) == {"corpus", "wordnet", "tokenizer", "base", "probe"}
+        assert set(configs) == {"corpus", "wordnet", "tokenizer", "base", "probe", "init", "predictor"}
 
 
 def test_default_profile_is_params_yaml(repo_root):
@@ -59,6 +59,9 @@ def test_embedded_default_is_at_least_4x4_olmo2(repo_root):
         (lambda p: p["base"]["train"].update(grad_clip=True), "base.train.grad_clip", "must be a number"),
         (lambda p: p.update(phase9={}), "phase9", "unknown section"),
         (lambda p: p["wordnet"].update(n_anchors=1), "wordnet.n_anchors", "must be >= 2"),
+        (lambda p: p["init"].update(softmax_temp=0), "init.softmax_temp", "must be > 0"),
+        (lambda p: p["predictor"].update(rank=0), "predictor.rank", "must be >= 1"),
+        (lambda p: p["probe"].update(seeds=[1, 1]), "probe.seeds", "distinct seeds"),
         (lambda p: p["wordnet"].update(path=""), "wordnet.path", "must be null or a directory"),
         (lambda p: p["base"]["arch"].pop("n_layers") and p["base"].pop("arch") and p.pop("base"), "base", "section missing"),
     ],

@@ -69,7 +69,7 @@ def repo(repo_root, tmp_path_factory):
 def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     path, env = repo
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("corpus", "tokenizer", "base", "wordnet", "probe"):
+    for stage in ("corpus", "tokenizer", "base", "wordnet", "probe", "init"):
         assert f"Running stage '{stage}'" in out
     base = json.loads((path / "metrics" / "base.json").read_text())
     assert {"val_nll", "val_ppl", "val_unigram_nll", "train_tokens_per_s"} <= set(base)
@@ -82,6 +82,8 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     probe = json.loads((path / "metrics" / "probe.json").read_text())
     assert set(probe) == {"base", "minilm"} and "heads" in probe["base"]
     assert (path / "data" / "probe" / "heads.safetensors").is_file()
+    init = json.loads((path / "metrics" / "init.json").read_text())
+    assert init["n_geo"] == 8 and init["nodes"] == 1 + 2 * 2
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
     assert base_runs() == 1
@@ -90,13 +92,14 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage" not in out
 
-    # one base param changed: base and its dependant probe rerun, nothing upstream
+    # one base param changed: base and its dependants (probe, init) rerun, nothing upstream
     params = yaml.safe_load((path / "params.yaml").read_text())
     original = (path / "params.yaml").read_text()
     params["base"]["train"]["lr"] = 0.002
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'base'" in out and "Running stage 'probe'" in out and out.count("Running stage") == 2
+    assert "Running stage 'base'" in out and "Running stage 'probe'" in out and "Running stage 'init'" in out
+    assert out.count("Running stage") == 3
     assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
     assert "Running stage 'wordnet'" not in out
     assert digest(path / "models" / "base" / "model.safetensors") != weights
@@ -115,8 +118,19 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     params["wordnet"]["n_anchors"] = 16
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'wordnet'" in out and "Running stage 'probe'" in out and out.count("Running stage") == 2
+    assert "Running stage 'wordnet'" in out and "Running stage 'probe'" in out and "Running stage 'init'" in out
+    assert out.count("Running stage") == 3
     assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (16, 16)
+    (path / "params.yaml").write_text(original)
+    sh(["dvc", "repro"], path, env)
+
+    # init.n_geo: init alone reruns (nothing depends on it yet)
+    params = yaml.safe_load(original)
+    params["init"]["n_geo"] = 4
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh(["dvc", "repro"], path, env)
+    assert "Running stage 'init'" in out and out.count("Running stage") == 1
+    assert json.loads((path / "metrics" / "init.json").read_text())["n_geo"] == 4
     (path / "params.yaml").write_text(original)
     sh(["dvc", "repro"], path, env)
 
@@ -124,7 +138,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 3 and len(children) == 9
+    assert len(parents) == 4 and len(children) == 13
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
 
 
@@ -155,7 +169,7 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lr"], path, env, check=False)
     queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lr"]
     stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    assert None in stages and {"base", "probe"} <= stages  # the parent run, and the stages the change reran
+    assert None in stages and {"base", "probe", "init"} <= stages  # the parent run, and the stages the change reran
     (base,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "base"]
     assert base.data.params["base/base.train.lr"] == "0.004"
     assert "val_nll" in base.data.metrics

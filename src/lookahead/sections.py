@@ -21,6 +21,8 @@ SECTIONS: dict[str, str] = {
     "tokenizer": "lookahead.tokenizer:TokenizerConfig",
     "base": "lookahead.base:BaseConfig",
     "probe": "lookahead.probe:ProbeConfig",
+    "init": "lookahead.init:InitConfig",
+    "predictor": "lookahead.init:PredictorConfig",
 }
 
 

@@ -1,0 +1,31 @@
+"""DVC stage `init`: geometric token embeddings (eigendecomposition of the WordNet matrix), their
+Procrustes alignment to the base model's residual stream, and the predictor's initial factors."""
+
+from lookahead.atomic import write_json
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.init import InitConfig, PredictorConfig, build_init
+from lookahead.tracking import stage_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "wordnet": "wordnet stage directory (input)",
+        "heads": "probe head statistics (input)",
+        "out": "init safetensors (output)",
+        "metrics": "metrics json",
+    }, argv)
+    configs = {
+        "init": load_section(args.params, "init", InitConfig),
+        "predictor": load_section(args.params, "predictor", PredictorConfig, partial=True),
+    }
+    if args.dry_run:
+        return print_config(configs)
+    with stage_run("init", {k: to_dict(v) for k, v in configs.items()}) as run:
+        metrics = build_init(configs["init"], configs["predictor"], args.base, args.wordnet, args.heads, args.out)
+        write_json(args.metrics, metrics)
+        run.log_metrics(metrics)
+
+
+if __name__ == "__main__":
+    cli(main)
