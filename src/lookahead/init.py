@@ -152,7 +152,7 @@ def build_init(cfg: InitConfig, predictor: PredictorConfig, base_dir, wordnet_di
 
     from lookahead.atomic import atomic_file
     from lookahead.config import to_dict
-    from lookahead.probe import ProbeConfig, encode_texts
+    from lookahead.probe import encode_texts
     from lookahead.wordnet import read_tsv
 
     wordnet_dir = Path(wordnet_dir)
@@ -179,8 +179,7 @@ def build_init(cfg: InitConfig, predictor: PredictorConfig, base_dir, wordnet_di
     mask[matched_ids] = 1.0
 
     # (b) Procrustes from geometric space to the residual subspace of the glosses' encodings
-    enc_cfg = ProbeConfig(encode_batch_size=encode_batch_size, max_text_tokens=max_text_tokens)
-    resid = encode_texts(model, tokenizer, [a["gloss"] for a in anchors], enc_cfg).astype(np.float64)
+    resid = encode_texts(model, tokenizer, [a["gloss"] for a in anchors], encode_batch_size, max_text_tokens).astype(np.float64)
     fit = procrustes_projection(anchor_emb, resid, cfg.n_geo)
     metrics = {
         "anchors": len(anchors), "matched_tokens": len(matched), "n_geo": cfg.n_geo,
@@ -192,7 +191,8 @@ def build_init(cfg: InitConfig, predictor: PredictorConfig, base_dir, wordnet_di
     if cfg.heldout_tokens and len(held):
         rng = np.random.default_rng([cfg.seed, 30])
         pick = np.sort(rng.choice(held, size=min(cfg.heldout_tokens, len(held)), replace=False))
-        held_resid = encode_texts(model, tokenizer, [matched[i]["gloss"] for i in pick], enc_cfg).astype(np.float64)
+        held_resid = encode_texts(model, tokenizer, [matched[i]["gloss"] for i in pick], encode_batch_size,
+                                  max_text_tokens).astype(np.float64)
         metrics["alignment_cosine_heldout"] = alignment_cosine(table[matched_ids[pick]].astype(np.float64), held_resid, fit)
         metrics["heldout_tokens"] = int(len(pick))
 
@@ -214,5 +214,5 @@ def build_init(cfg: InitConfig, predictor: PredictorConfig, base_dir, wordnet_di
         "pca_components": fit["components"].astype(np.float32), "U0": u0, "V0": v0,
     }
     with atomic_file(out_file) as tmp:
-        save_file(tensors, str(tmp), metadata={"config": json.dumps(config)})
+        save_file(tensors, str(tmp), metadata={"config": json.dumps(config, sort_keys=True)})  # one key: stable bytes
     return metrics

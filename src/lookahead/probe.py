@@ -10,6 +10,7 @@ Sampled statistics are repeated over ``probe.seeds`` and reported as mean and 95
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -175,12 +176,13 @@ def mlp_neurons(model, batches: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def encode_texts(model, tokenizer, texts: list[str], cfg: ProbeConfig) -> np.ndarray:
-    """Mean-pooled last hidden state of each text (padding excluded). (n, d) float32."""
+def encode_texts(model, tokenizer, texts: list[str], batch_size: int = 64, max_tokens: int = 64) -> np.ndarray:
+    """Mean-pooled last hidden state of each text (padding excluded), texts truncated to
+    ``max_tokens`` tokens. (n, d) float32."""
     out = []
-    for i in range(0, len(texts), cfg.encode_batch_size):
-        enc = tokenizer(texts[i : i + cfg.encode_batch_size], return_tensors="pt", padding=True, truncation=True,
-                        max_length=cfg.max_text_tokens, add_special_tokens=True)
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True,
+                        max_length=max_tokens, add_special_tokens=True)
         kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
         hidden = model(**kwargs, output_hidden_states=True).hidden_states[-1]  # (B, T, d)
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -220,7 +222,7 @@ def relational_alignment(vectors: np.ndarray, pairs: np.ndarray, path_sim: np.nd
 
 
 def hypernym_chains(wn, synset_names: list[str], depth: int) -> list[list]:
-    """For each synset, its ancestors along the first hypernym path, 1..depth steps up."""
+    """For each synset, its ancestors 1..depth steps up, following the hypernym with the smallest name."""
     chains = []
     for name in synset_names:
         s, chain = wn.synset(name), []
@@ -228,7 +230,7 @@ def hypernym_chains(wn, synset_names: list[str], depth: int) -> list[list]:
             ups = s.hypernyms() + s.instance_hypernyms()
             if not ups:
                 break
-            s = ups[0]
+            s = min(ups, key=lambda u: u.name())  # deterministic: nltk's order can vary between processes
             chain.append(s)
         chains.append(chain)
     return chains
@@ -245,7 +247,7 @@ def chain_decay(model, tokenizer, wn, anchors: list[dict], depth: int, cfg: Prob
         if not rows:
             break
         ups = [chains[i][k] for i in rows]
-        ctx = encode_texts(model, tokenizer, [u.definition() for u in ups], cfg)
+        ctx = encode_texts(model, tokenizer, [u.definition() for u in ups], cfg.encode_batch_size, cfg.max_text_tokens)
         static = static_texts(model, tokenizer, [" " + u.lemma_names()[0].replace("_", " ") for u in ups])
         out["contextual"].append(float(_cos(anchor_ctx[rows], ctx).mean()))
         out["static"].append(float(_cos(anchor_static[rows], static).mean()))
@@ -271,7 +273,7 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
     pairs = np.array([[int(r["i"]), int(r["j"])] for r in pair_rows], dtype=np.int64)
     path_sim = np.array([float(r["path_similarity"]) for r in pair_rows])
     glosses = [a["gloss"] for a in anchors]
-    ctx = encode_texts(model, tokenizer, glosses, cfg)
+    ctx = encode_texts(model, tokenizer, glosses, cfg.encode_batch_size, cfg.max_text_tokens)
     static = static_texts(model, tokenizer, [" " + a["lemma"] for a in anchors])
     align, bands = {}, []
     for kind, vectors in (("static", static), ("contextual", ctx)):
@@ -336,8 +338,11 @@ def save_head_stats(path: str | Path, heads: dict, model_name: str) -> None:
                for k in ("affinity", "importance", "ablation_dnll", "output_norm")}
     n_layers, n_heads = heads["importance"].shape
     with atomic_file(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"model": model_name, "n_layers": str(n_layers), "n_heads": str(n_heads),
-                                               "node_order": "head h of layer l at l*n_heads + h (source node excluded)"})
+        # one metadata key: safetensors writes several in a random order, which would change the
+        # file's hash (and rerun init) at every run
+        info = {"model": model_name, "n_layers": n_layers, "n_heads": n_heads,
+                "node_order": "head h of layer l at l*n_heads + h (source node excluded)"}
+        save_file(tensors, str(tmp), metadata={"lookahead": json.dumps(info, sort_keys=True)})
 
 
 def plot_summary(path, spectra: dict, head_rows_: list[dict], bands: list[dict]) -> None:
