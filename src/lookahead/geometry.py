@@ -14,6 +14,16 @@ VARIANCE_LEVELS = (0.8, 0.9, 0.95, 0.99)
 SPARSITY_THRESHOLDS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` scaled to unit norm (zero rows stay zero)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``a`` with the same row of ``b``. (n,)"""
+    return np.einsum("nd,nd->n", unit_rows(a), unit_rows(b))
+
+
 def norm_percentiles(x: np.ndarray, percentiles=(5, 25, 50, 75, 95)) -> dict[str, float]:
     """Percentiles of the row norms of ``x`` (n, d)."""
     norms = np.linalg.norm(x, axis=1)
@@ -25,8 +35,7 @@ def sampled_cosines(x: np.ndarray, n_pairs: int, rng: np.random.Generator) -> np
     n = len(x)
     i = rng.integers(0, n, size=n_pairs)
     j = (i + rng.integers(1, n, size=n_pairs)) % n  # j != i
-    unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    return np.einsum("pd,pd->p", unit[i], unit[j])
+    return row_cosines(x[i], x[j])
 
 
 def eigenspectrum(x: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lookahead.config import LookaheadError, require
+from lookahead.geometry import row_cosines, unit_rows
 
 
 class InitError(LookaheadError, ValueError):
@@ -59,10 +60,6 @@ class PredictorConfig:
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
 
 
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def eigen_embedding(sim: np.ndarray, n_geo: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows = anchors: top ``n_geo`` eigenvectors of the symmetrised ``sim`` scaled by
     sqrt(eigenvalue) (negative eigenvalues clipped to 0), rows normalised. Returns (emb (n, n_geo),
@@ -74,12 +71,12 @@ def eigen_embedding(sim: np.ndarray, n_geo: int) -> tuple[np.ndarray, np.ndarray
     order = np.argsort(values)[::-1][:n_geo]
     values = values[order]
     emb = vectors[:, order] * np.sqrt(np.clip(values, 0.0, None))
-    return _unit_rows(emb), values
+    return unit_rows(emb), values
 
 
 def reconstruction_correlation(sim: np.ndarray, emb: np.ndarray) -> float:
     """Pearson correlation, off the diagonal, between ``sim`` and the embeddings' cosine matrix."""
-    cos = _unit_rows(emb) @ _unit_rows(emb).T
+    cos = unit_rows(emb) @ unit_rows(emb).T
     off = ~np.eye(len(sim), dtype=bool)
     return float(np.corrcoef(((sim + sim.T) / 2)[off], cos[off])[0, 1])
 
@@ -89,12 +86,12 @@ def extend_by_neighbors(anchor_emb: np.ndarray, anchor_static: np.ndarray, token
     """Geometric embedding of each token: softmax(cos/temp)-weighted mean of its k nearest anchors'
     embeddings, in static-embedding cosine space, rows normalised. (m, n_geo)"""
     k = min(k, len(anchor_emb))
-    cos = _unit_rows(token_static) @ _unit_rows(anchor_static).T  # (m, n)
+    cos = unit_rows(token_static) @ unit_rows(anchor_static).T  # (m, n)
     nearest = np.argpartition(-cos, k - 1, axis=1)[:, :k]  # (m, k)
     top = np.take_along_axis(cos, nearest, axis=1) / temp
     w = np.exp(top - top.max(axis=1, keepdims=True))
     w /= w.sum(axis=1, keepdims=True)
-    return _unit_rows(np.einsum("mk,mkd->md", w, anchor_emb[nearest]))
+    return unit_rows(np.einsum("mk,mkd->md", w, anchor_emb[nearest]))
 
 
 def pca(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -116,14 +113,14 @@ def procrustes_projection(geo: np.ndarray, resid: np.ndarray, n_geo: int) -> dic
         raise InitError(f"init.n_geo is {n_geo} but the residual encodings span at most {min(resid.shape)} dimensions")
     mean, comps = pca(resid, n_geo)
     pcs = (resid - mean) @ comps.T  # (n, n_geo)
-    rotation, _ = orthogonal_procrustes(geo, _unit_rows(pcs))
+    rotation, _ = orthogonal_procrustes(geo, unit_rows(pcs))
     return {"mean": mean, "components": comps, "rotation": rotation, "projection": rotation @ comps}
 
 
 def alignment_cosine(geo: np.ndarray, resid: np.ndarray, fit: dict) -> dict[str, float]:
     """Cosine between rotated geometric embeddings and the residual encodings' PCA coordinates."""
     pcs = (resid - fit["mean"]) @ fit["components"].T
-    cos = np.einsum("nd,nd->n", _unit_rows(geo @ fit["rotation"]), _unit_rows(pcs))
+    cos = row_cosines(geo @ fit["rotation"], pcs)
     return {"mean": float(cos.mean()), "std": float(cos.std())}
 
 

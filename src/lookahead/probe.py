@@ -198,16 +198,12 @@ def static_texts(model, tokenizer, texts: list[str]) -> np.ndarray:
     return torch.stack([emb[torch.tensor(i or [0])].mean(0) for i in ids]).numpy().astype(np.float32)
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.einsum("nd,nd->n", a, b) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-
-
 def relational_alignment(vectors: np.ndarray, pairs: np.ndarray, path_sim: np.ndarray, seeds: list[int]) -> tuple[dict, list]:
     """Correlation of pair cosines with WordNet path similarity (bootstrap over seeds), and the
     mean cosine per similarity band."""
     from scipy import stats
 
-    cos = _cos(vectors[pairs[:, 0]], vectors[pairs[:, 1]])
+    cos = geometry.row_cosines(vectors[pairs[:, 0]], vectors[pairs[:, 1]])
     per_seed: dict[str, list] = {"pearson": [], "spearman": []}
     for seed in seeds:
         idx = np.random.default_rng([seed, 20]).integers(0, len(cos), size=len(cos))
@@ -249,8 +245,8 @@ def chain_decay(model, tokenizer, wn, anchors: list[dict], depth: int, cfg: Prob
         ups = [chains[i][k] for i in rows]
         ctx = encode_texts(model, tokenizer, [u.definition() for u in ups], cfg.encode_batch_size, cfg.max_text_tokens)
         static = static_texts(model, tokenizer, [" " + u.lemma_names()[0].replace("_", " ") for u in ups])
-        out["contextual"].append(float(_cos(anchor_ctx[rows], ctx).mean()))
-        out["static"].append(float(_cos(anchor_static[rows], static).mean()))
+        out["contextual"].append(float(geometry.row_cosines(anchor_ctx[rows], ctx).mean()))
+        out["static"].append(float(geometry.row_cosines(anchor_static[rows], static).mean()))
     return out
 
 
