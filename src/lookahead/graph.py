@@ -1,0 +1,68 @@
+"""The head graph of a decoder (DESIGN §4): nodes, allowed edges and their storage formats.
+
+Node 0 is the token-embedding source; node ``1 + l·H + h`` is head h of layer l (N = 1 + L·H).
+An edge i → j is allowed when layer(i) < layer(j), the source being at layer −1: the mask is block
+upper-triangular, so every allowed adjacency is acyclic by construction.
+
+Three interchangeable forms of one topology:
+
+- dense adjacency (…, N, N), zero outside the allowed mask;
+- the allowed-edge vector (…, E): the mask's True entries in row-major order;
+- bit-packed bytes (…, ceil(E / 8)) of a hard edge vector (numpy ``packbits``, big bit order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def n_nodes(n_layers: int, n_heads: int) -> int:
+    return 1 + n_layers * n_heads
+
+
+def node_index(layer: int, head: int, n_heads: int) -> int:
+    """Index of head ``head`` of layer ``layer``."""
+    return 1 + layer * n_heads + head
+
+
+def node_layers(n_layers: int, n_heads: int) -> torch.Tensor:
+    """Layer of every node, the source at −1. (N,) int64"""
+    return torch.cat([torch.tensor([-1]), torch.arange(n_layers).repeat_interleave(n_heads)])
+
+
+def allowed_mask(n_layers: int, n_heads: int) -> torch.Tensor:
+    """Allowed edges i → j (layer(i) < layer(j)). (N, N) bool"""
+    layer = node_layers(n_layers, n_heads)
+    return layer[:, None] < layer[None, :]
+
+
+def n_edges(n_layers: int, n_heads: int) -> int:
+    """Number of allowed edges: H from the source to each head, plus H² for each pair of layers."""
+    return n_layers * n_heads + n_heads**2 * n_layers * (n_layers - 1) // 2
+
+
+def to_edges(adjacency: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Dense (…, N, N) → allowed-edge vector (…, E)."""
+    return adjacency[..., mask]
+
+
+def to_dense(edges: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Allowed-edge vector (…, E) → dense (…, N, N), zero outside the mask."""
+    n = mask.shape[0]
+    dense = edges.new_zeros(*edges.shape[:-1], n, n)
+    dense[..., mask] = edges
+    return dense
+
+
+def pack_bits(edges: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Hard edge vector(s) (…, E) of 0/1 → bytes (…, ceil(E / 8)) uint8."""
+    bits = edges.detach().cpu().numpy() if isinstance(edges, torch.Tensor) else np.asarray(edges)
+    if not np.isin(bits, (0, 1)).all():
+        raise ValueError("pack_bits takes a hard topology: every edge must be 0 or 1")
+    return np.packbits(bits.astype(np.uint8), axis=-1)
+
+
+def unpack_bits(packed: np.ndarray, n_edges_: int) -> np.ndarray:
+    """Bytes (…, ceil(E / 8)) → edge vector(s) (…, E) uint8."""
+    return np.unpackbits(np.asarray(packed, dtype=np.uint8), axis=-1, count=n_edges_)
