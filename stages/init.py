@@ -3,7 +3,7 @@ Procrustes alignment to the base model's residual stream, and the predictor's in
 
 from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.init import InitConfig, PredictorConfig, build_init
+from lookahead.init import FactorsConfig, InitConfig, build_init
 from lookahead.tracking import stage_run
 
 
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     }, argv)
     configs = {
         "init": load_section(args.params, "init", InitConfig),
-        "predictor": load_section(args.params, "predictor", PredictorConfig, partial=True),
+        "predictor": load_section(args.params, "predictor", FactorsConfig, partial=True),
     }
     if args.dry_run:
         return print_config(configs)

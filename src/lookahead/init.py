@@ -50,8 +50,8 @@ class InitConfig:
 
 
 @dataclasses.dataclass
-class PredictorConfig:
-    """The lookahead structure predictor (DESIGN §4); so far, what init reads of it."""
+class FactorsConfig:
+    """What init reads of the ``predictor`` section (the whole section: lookahead.predictor)."""
 
     rank: int = 8
     """Rank r of the per-token node factors U, V (N × r)."""
@@ -140,7 +140,7 @@ def head_factors(affinity: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarra
     return u.astype(np.float32), v.astype(np.float32)
 
 
-def build_init(cfg: InitConfig, predictor: PredictorConfig, base_dir, wordnet_dir, heads_file, out_file,
+def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir, heads_file, out_file,
                encode_batch_size: int = 64, max_text_tokens: int = 64) -> dict:
     """Compute (a), (b), (c) and write one safetensors file; return metrics."""
     import torch

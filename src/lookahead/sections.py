@@ -22,7 +22,7 @@ SECTIONS: dict[str, str] = {
     "base": "lookahead.base:BaseConfig",
     "probe": "lookahead.probe:ProbeConfig",
     "init": "lookahead.init:InitConfig",
-    "predictor": "lookahead.init:PredictorConfig",
+    "predictor": "lookahead.predictor:PredictorConfig",
 }
 
 

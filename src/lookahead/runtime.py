@@ -1,0 +1,342 @@
+"""The head-graph runtime (DESIGN §4): an OLMo2 forward pass in which every attention head reads
+its own input stream, built from the outputs of the heads that feed it.
+
+For head j of layer l (node 1 + l·H + h) the input is
+
+    x_j = A[0, j] · e + Σ_{l' < l} m_{l'} + Σ_{i a head of an earlier layer} A[i, j] · o_i
+
+with e the token embedding, m the MLP contributions and o the head contributions. q_j, k_j, v_j are
+head j's own slices of the projections applied to x_j. OLMo2 normalises q and k over the full width
+(QK-norm): here the mean square is taken over the concatenation of the heads' own slices, each
+head weighted by its gate — the stock function when every gate is 1, the mean over the heads that
+run when gates are hard (so a soft pass with hard gates equals a hard pass that skips work).
+
+Head contribution: o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms_l, where rms_l is the RMS of the layer's
+gated attention sum Σ_j g_j W_O[j] z_j, computed as OLMo2's post-attention RMSNorm does it:
+sqrt(mean(s²) + eps) with the model's own eps. The eps is the near-zero choice: a layer whose heads
+are all off at a position contributes exactly 0 there, the division is always defined, and o is
+continuous in g. Σ_j o_j is then exactly the stock post-attention norm of the attention output.
+
+The MLP of layer l and the final norm see the standard stream e + Σ o + Σ m of gated contributions.
+A head that is off at a position (g = 0) has no query, key or value there: the other positions'
+attention for that head excludes it. Soft gates enter the attention logits of key position t' as
+log g_j(t'), whose limit at g = 0 is that exclusion.
+
+``hard=True`` executes the same function without the work of (head, position) pairs whose gate is
+0: with a shared topology the off heads' projections and attention are simply not computed; with
+per-position topologies each head's active positions are packed (per batch row) and only they get
+q/k/v/o projections and attention. The mixing that builds x (a weighted sum of earlier outputs,
+the cheap part) is still computed for every pair in the per-position case.
+
+With adjacency = the allowed mask and gates = 1 the logits equal the stock Hugging Face forward
+(tests/test_runtime.py, max abs difference ≤ 1e-5 in fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lookahead.config import LookaheadError
+from lookahead.graph import allowed_mask, n_nodes
+
+
+class TopologyError(LookaheadError, ValueError):
+    """An adjacency, gates or model that the runtime cannot execute."""
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def check_model(model) -> tuple[int, int]:
+    """(n_layers, n_heads) of a transformers OLMo2 causal LM the runtime can rewire."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) != "olmo2" or not hasattr(model, "lm_head"):
+        raise TopologyError(f"forward_with_topology runs transformers Olmo2ForCausalLM models; got {type(model).__name__}")
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        raise TopologyError("grouped-query attention (num_key_value_heads < num_attention_heads) shares keys "
+                            "between heads and has no per-head input stream; use a model with one KV head per head")
+    if cfg.attention_bias:
+        raise TopologyError("attention_bias=True is not supported: the output projection's bias belongs to no head")
+    return cfg.num_hidden_layers, cfg.num_attention_heads
+
+
+def default_gates(adjacency: torch.Tensor) -> torch.Tensor:
+    """Gates implied by an adjacency: 1 for a head with any incoming weight, else 0. (…, N)"""
+    gates = (adjacency.sum(-2) > 0).to(adjacency.dtype)
+    gates[..., 0] = 1.0
+    return gates
+
+
+def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: torch.Tensor,
+              n_layers: int, n_heads: int) -> torch.Tensor:
+    n = n_nodes(n_layers, n_heads)
+    if input_ids.dim() != 2:
+        raise TopologyError(f"input_ids must be (B, T); got shape {tuple(input_ids.shape)}")
+    b, t = input_ids.shape
+    if adjacency.shape not in ((n, n), (b, t, n, n)):
+        raise TopologyError(f"adjacency must be ({n}, {n}) shared or ({b}, {t}, {n}, {n}) per position for this "
+                            f"model ({n_layers} layers x {n_heads} heads) and input; got {tuple(adjacency.shape)}")
+    mask = allowed_mask(n_layers, n_heads).to(adjacency.device)
+    if bool((adjacency.detach() * ~mask).any()):
+        raise TopologyError("adjacency has weight on edges that are not allowed (layer(i) >= layer(j)); "
+                            "mask it with lookahead.graph.allowed_mask")
+    if gates is not None and gates.shape != adjacency.shape[:-1]:
+        raise TopologyError(f"gates must have shape {tuple(adjacency.shape[:-1])} to match the adjacency; "
+                            f"got {tuple(gates.shape)}")
+    return mask
+
+
+def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
+                          gates: torch.Tensor | None = None, hard: bool = False) -> torch.Tensor:
+    """Logits (B, T, V) of an OLMo2 causal LM run over a head graph.
+
+    Args:
+        model: a transformers ``Olmo2ForCausalLM`` (frozen or trainable; gradients flow to its
+            weights and to ``adjacency`` / ``gates``).
+        input_ids: (B, T) token ids.
+        adjacency: edge weights A[i, j], zero outside ``graph.allowed_mask``: (N, N) shared by all
+            positions or (B, T, N, N) per position.
+        gates: head gates g, (N,) or (B, T, N) like the adjacency's leading dims; entry 0 (the
+            source) is ignored. None: 1 for every head with incoming weight, 0 otherwise.
+        hard: skip the work of (head, position) pairs whose gate is 0 (same function).
+    """
+    n_layers, n_heads = check_model(model)
+    _validate(adjacency, gates, input_ids, n_layers, n_heads)
+    if gates is None:
+        gates = default_gates(adjacency.detach())
+    shared = adjacency.dim() == 2
+    all_on = bool((gates[..., 1:] == 1).all())
+    core = model.model
+
+    # Tensors of heads are head-first, (h, B, T, ·): mixing is then one matmul per source block.
+    e = core.embed_tokens(input_ids)  # (B, T, d)
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
+    a = adjacency.to(e.dtype)  # (N, N) | (B, T, N, N)
+    g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
+    stream = e  # the standard stream e + Σ o + Σ m
+    msum = torch.zeros_like(e)  # Σ m over the layers so far
+    # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts: _mix)
+    src0 = torch.zeros(1, dtype=torch.long, device=e.device)
+    blocks = [(src0, e[None] if shared else e.reshape(-1, 1, e.shape[-1]))]
+
+    for layer_idx, layer in enumerate(core.layers[:n_layers]):
+        cols = 1 + layer_idx * n_heads + torch.arange(n_heads, device=e.device)
+        if hard and shared and not all_on:
+            cols = cols[gates[cols] > 0]  # the heads that run at all
+        out = None
+        if len(cols):
+            x = _mix(a, cols, msum, blocks)  # (h, B, T, d)
+            g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
+            if g is not None and shared and bool((g == 1).all()):
+                g = None
+            heads = cols - 1 - layer_idx * n_heads
+            if hard and not shared and not all_on:
+                out = _packed_heads(layer, heads, x, g, cos, sin)
+            else:
+                out = _heads(layer, heads, x, g, cos, sin)
+        if out is not None:
+            o = out[0] if shared else out[0].permute(1, 2, 0, 3).reshape(-1, len(cols), e.shape[-1])
+            blocks.append((cols, o))
+            stream = stream + out[1]
+        mlp = layer.post_feedforward_layernorm(layer.mlp(stream))
+        stream = stream + mlp
+        msum = msum + mlp
+    return model.lm_head(core.norm(stream))
+
+
+def _mix(a, cols, msum, blocks) -> torch.Tensor:
+    """Input streams of heads ``cols``: Σ m + Σ_i A[i, j] o_i over the source and earlier heads.
+
+    a: the adjacency, (N, N) shared or (B, T, N, N) per position. blocks: (node ids (s,),
+    outputs), the first being the source (node 0, the embedding); outputs are (s, B, T, d) for a
+    shared adjacency, token-first (B·T, s, d) per position. Returns (h, B, T, d).
+    """
+    h = len(cols)
+    if a.dim() == 2:
+        x = msum.reshape(1, -1)  # broadcast over the heads by the first addmm
+        for src, o in blocks:
+            x = torch.addmm(x, a[src][:, cols].T, o.reshape(len(src), -1))  # one matmul per block
+        return x.view(h, *msum.shape)
+    bsz, t, d = msum.shape
+    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, h, -1)  # (B·T, h, N)
+    x = None
+    for src, o in blocks:  # one batched matmul per block, (B·T, h, s) @ (B·T, s, d)
+        x = torch.bmm(ac[..., src], o) if x is None else torch.baddbmm(x, ac[..., src], o)
+    return (x.view(bsz, t, h, d) + msum[:, :, None]).permute(2, 0, 1, 3)
+
+
+def _weights(layer, heads: torch.Tensor):
+    """Per-head slices of one layer's attention weights for heads ``heads``: W_qkv (h, d, 3D),
+    W_O (h, D, d), q/k norm weights (h, 2, D)."""
+    attn = layer.self_attn
+    d_head = attn.head_dim
+    hidden = attn.q_proj.weight.shape[1]
+    h_all = attn.q_proj.weight.shape[0] // d_head
+    full = len(heads) == h_all
+
+    def pick(w):  # (H·D, d) → (h, D, d)
+        w = w.view(h_all, d_head, hidden)
+        return w if full else w[heads]
+
+    w_qkv = torch.cat([pick(attn.q_proj.weight), pick(attn.k_proj.weight), pick(attn.v_proj.weight)], dim=1)
+    w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
+    qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
+    if not full:
+        w_o, qk_w = w_o[heads], qk_w[heads]
+    return w_qkv.transpose(1, 2), w_o, qk_w
+
+
+def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-head matmul: (h, …, in) @ (h, in, out) → (h, …, out)."""
+    return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+
+
+def _qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, ms: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OLMo2's q/k RMSNorm with a given mean square, then RoPE; q and k together.
+
+    qk (h, B, S, 2, D), weight (h, 2, D), ms (…, 2) broadcastable to (h, B, S, 2), cos/sin
+    broadcastable to (h, B, S, D). Returns q, k as (B, h, S, D).
+    """
+    normed = qk.float() * torch.rsqrt(ms + eps)[..., None]
+    qk = (weight[:, None, None] * normed).to(qk.dtype)
+    qk = _rope(qk, cos.unsqueeze(-2), sin.unsqueeze(-2))
+    return qk[..., 0, :].transpose(0, 1), qk[..., 1, :].transpose(0, 1)
+
+
+def _heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contributions (h, B, T, d) of heads ``heads`` of ``layer`` from their inputs x (h, B, T, d),
+    and their sum (B, T, d): the stock post-attention norm of the gated attention output.
+
+    g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
+    """
+    attn = layer.self_attn
+    eps = attn.q_norm.variance_epsilon
+    w_qkv, w_o, qk_w = _weights(layer, heads)
+    d_head = attn.head_dim
+    qkv = _project(x, w_qkv)  # (h, B, T, 3D)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
+    w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
+    ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
+    q, k = _qk_norm_rope(qk, qk_w, ms, eps, cos, sin)  # (B, h, T, D)
+
+    dropout = attn.attention_dropout if attn.training else 0.0
+    if g is not None and g.dim() == 3:  # per-position gates: keys carry log g
+        t = x.shape[2]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        mask = torch.where(causal, _key_bias(g, q.dtype).transpose(0, 1)[:, :, None, :], _future(q.dtype, x.device))
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
+    else:  # shared gates are constant over keys: they do not change the softmax
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
+    o = _project(z.transpose(0, 1), w_o)  # (h, B, T, d)
+    if w is not None:
+        o = o * w[..., None].to(o.dtype)
+    s = o.sum(0).float()  # gated attention sum (B, T, d)
+    inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B, T)
+    scale = layer.post_attention_layernorm.weight * inv_rms[..., None]  # (B, T, d)
+    return (o.float() * scale).to(x.dtype), (s * scale).to(x.dtype)
+
+
+def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2); the plain mean when w is None. (B, T, 2)"""
+    if w is None:
+        return per_head.mean(0)
+    w = w.float().expand(per_head.shape[:-1])[..., None]
+    return (per_head * w).sum(0) / w.sum(0).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """OLMo2's rotary embedding (computed in the dtype of cos, returned in x's)."""
+    return (x * cos + _rotate_half(x) * sin).to(x.dtype)
+
+
+def _future(dtype: torch.dtype, device) -> torch.Tensor:
+    """Attention bias of a key after the query: the dtype's most negative value."""
+    return torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+
+
+def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Attention bias of each key: log g where g > 0; for an excluded key (g = 0) half the dtype's
+    most negative value — weight exactly 0 beside any present key, yet above future keys, so a
+    query whose every past key is excluded (its own output is gated to 0) still never reads the
+    future, not even through a gradient."""
+    tiny = torch.finfo(torch.float32).tiny
+    excluded = torch.tensor(torch.finfo(dtype).min / 2, dtype=dtype, device=g.device)
+    return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
+
+
+def _packed_heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
+
+    Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
+    largest active count; projections and attention run on the packed slots only. x (h, B, T, d),
+    g (h, B, T) → (contributions (h, B, T, d), zero where g = 0; their sum (B, T, d)), or None
+    when no pair is active.
+    """
+    attn = layer.self_attn
+    eps = attn.q_norm.variance_epsilon
+    d_head = attn.head_dim
+    n_h, bsz, t, d = x.shape
+    active = g > 0  # (h, B, T)
+    counts = active.sum(-1)  # (h, B)
+    slots = int(counts.max())
+    if slots == 0:
+        return None
+    pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
+    valid = torch.arange(slots, device=x.device) < counts[..., None]  # (h, B, S)
+    gp = torch.gather(g, 2, pos) * valid  # (h, B, S), 0 on padding
+    row_of_slot = (torch.arange(n_h * bsz, device=x.device).view(n_h, bsz, 1) * t + pos).flatten()  # into (h·B·T)
+    tok_of_slot = (torch.arange(bsz, device=x.device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
+
+    w_qkv, w_o, qk_w = _weights(layer, heads)
+    xp = x.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # (h, B, S, d)
+    qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
+
+    def per_token(vals: torch.Tensor) -> torch.Tensor:  # (h, B, S, …) → summed per token (B·T, …)
+        vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
+        return vals.new_zeros(bsz * t, *vals.shape[1:]).index_add(0, tok_of_slot, vals)
+
+    def per_slot(tok: torch.Tensor) -> torch.Tensor:  # (B·T, …) → (h, B, S, …)
+        return tok.index_select(0, tok_of_slot).view(n_h, bsz, slots, *tok.shape[1:])
+
+    gf = gp.float()
+    g_tok = per_token(gf).clamp_min(torch.finfo(torch.float32).tiny)  # (B·T,)
+    ms = per_slot(per_token(qk.float().pow(2).sum(-1) * gf[..., None]) / g_tok[:, None]) / d_head  # (h, B, S, 2)
+    cp, sp = (c.index_select(0, pos.flatten()).view(n_h, bsz, slots, -1) for c in (cos, sin))  # (h, B, S, D)
+    q, k = _qk_norm_rope(qk, qk_w, ms, eps, cp, sp)  # (B, h, S, D)
+
+    # Real slots are in position order and padding comes last, so "key slot <= query slot" is
+    # exactly "a real key at or before the query's position": slot-causal attention. Gates other
+    # than 1 add log g to their keys' logits.
+    dropout = attn.attention_dropout if attn.training else 0.0
+    if bool(((gp == 1) | ~valid).all()):
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
+    else:
+        causal = torch.ones(slots, slots, dtype=torch.bool, device=x.device).tril()
+        mask = torch.where(causal, _key_bias(gp, q.dtype).transpose(0, 1)[..., None, :], _future(q.dtype, x.device))
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
+    o = _project(z.transpose(0, 1), w_o) * gp[..., None].to(x.dtype)  # gated, 0 on padding (h, B, S, d)
+
+    s = per_token(o.float())  # gated attention sum (B·T, d)
+    inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
+    scale = layer.post_attention_layernorm.weight * inv_rms[:, None]  # (B·T, d)
+    op = (o.float().view(-1, d) * scale.index_select(0, tok_of_slot)).to(x.dtype)  # (h·B·S, d)
+    contributions = x.new_zeros(n_h * bsz * t, d).index_copy(0, row_of_slot, op).view_as(x)
+    return contributions, (s * scale).to(x.dtype).view(bsz, t, d)
+
+
+def dense_topology(n_layers: int, n_heads: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """The dense graph: every allowed edge at weight 1. (N, N)"""
+    return allowed_mask(n_layers, n_heads).to(device=device, dtype=dtype)
+
+
+def active_fraction(gates: torch.Tensor) -> float:
+    """Fraction of (head, position) pairs with g > 0 (the source node excluded)."""
+    return float((gates[..., 1:] > 0).float().mean())
+
+
