@@ -111,8 +111,10 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     all_on = bool((gates[..., 1:] == 1).all())
     core = model.model
 
-    # Tensors of heads are head-first, (h, B, T, ·): mixing is then one matmul per source block.
+    # Heads' tensors are head-first (h, B, T, ·) with a shared adjacency, token-first (B·T, h, ·)
+    # per position: either way, mixing is one (batched) matmul per block of sources.
     e = core.embed_tokens(input_ids)  # (B, T, d)
+    bsz, t, d = e.shape
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
     cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
     a = adjacency.to(e.dtype)  # (N, N) | (B, T, N, N)
@@ -121,26 +123,31 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     msum = torch.zeros_like(e)  # Σ m over the layers so far
     # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts: _mix)
     src0 = torch.zeros(1, dtype=torch.long, device=e.device)
-    blocks = [(src0, e[None] if shared else e.reshape(-1, 1, e.shape[-1]))]
+    blocks = [(src0, e[None] if shared else e.reshape(-1, 1, d))]
 
     for layer_idx, layer in enumerate(core.layers[:n_layers]):
         cols = 1 + layer_idx * n_heads + torch.arange(n_heads, device=e.device)
         if hard and shared and not all_on:
             cols = cols[gates[cols] > 0]  # the heads that run at all
         out = None
-        if len(cols):
-            x = _mix(a, cols, msum, blocks)  # (h, B, T, d)
-            g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
-            if g is not None and shared and bool((g == 1).all()):
+        heads = cols - 1 - layer_idx * n_heads
+        last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
+        g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
+        if shared and len(cols):
+            if g is not None and bool((g == 1).all()):
                 g = None
-            heads = cols - 1 - layer_idx * n_heads
-            if hard and not shared and not all_on:
-                out = _packed_heads(layer, heads, x, g, cos, sin)
+            out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin, not last)
+        elif not shared:
+            x_tok = _mix_tokens(a, cols, blocks)  # (B·T, h, d), Σ m not yet added
+            if hard and not all_on:
+                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last)
             else:
-                out = _heads(layer, heads, x, g, cos, sin)
+                x = (x_tok + msum.view(-1, 1, d)).view(bsz, t, -1, d).permute(2, 0, 1, 3)
+                o, total = _heads(layer, heads, x, g, cos, sin, not last)
+                out = None if o is None else o.permute(1, 2, 0, 3).reshape(bsz * t, -1, d), total
         if out is not None:
-            o = out[0] if shared else out[0].permute(1, 2, 0, 3).reshape(-1, len(cols), e.shape[-1])
-            blocks.append((cols, o))
+            if out[0] is not None:
+                blocks.append((cols, out[0]))
             stream = stream + out[1]
         mlp = layer.post_feedforward_layernorm(layer.mlp(stream))
         stream = stream + mlp
@@ -148,25 +155,29 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     return model.lm_head(core.norm(stream))
 
 
-def _mix(a, cols, msum, blocks) -> torch.Tensor:
-    """Input streams of heads ``cols``: Σ m + Σ_i A[i, j] o_i over the source and earlier heads.
+def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
+    """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a shared adjacency a (N, N).
 
-    a: the adjacency, (N, N) shared or (B, T, N, N) per position. blocks: (node ids (s,),
-    outputs), the first being the source (node 0, the embedding); outputs are (s, B, T, d) for a
-    shared adjacency, token-first (B·T, s, d) per position. Returns (h, B, T, d).
+    blocks: (node ids (s,), outputs (s, B, T, d)), the first being the source (node 0, the
+    embedding). Returns (h, B, T, d).
     """
-    h = len(cols)
-    if a.dim() == 2:
-        x = msum.reshape(1, -1)  # broadcast over the heads by the first addmm
-        for src, o in blocks:
-            x = torch.addmm(x, a[src][:, cols].T, o.reshape(len(src), -1))  # one matmul per block
-        return x.view(h, *msum.shape)
-    bsz, t, d = msum.shape
-    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, h, -1)  # (B·T, h, N)
+    x = msum.reshape(1, -1)  # broadcast over the heads by the first addmm
+    for src, o in blocks:
+        x = torch.addmm(x, a[src][:, cols].T, o.reshape(len(src), -1))  # one matmul per block
+    return x.view(len(cols), *msum.shape)
+
+
+def _mix_tokens(a, cols, blocks) -> torch.Tensor:
+    """Σ_i A[i, j] o_i (without Σ m) for a per-position adjacency a (B, T, N, N).
+
+    blocks: (node ids (s,), token-first outputs (B·T, s, d)). Returns (B·T, h, d).
+    """
+    bsz, t = a.shape[:2]
+    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
     x = None
-    for src, o in blocks:  # one batched matmul per block, (B·T, h, s) @ (B·T, s, d)
+    for src, o in blocks:  # (B·T, h, s) @ (B·T, s, d)
         x = torch.bmm(ac[..., src], o) if x is None else torch.baddbmm(x, ac[..., src], o)
-    return (x.view(bsz, t, h, d) + msum[:, :, None]).permute(2, 0, 1, 3)
+    return x
 
 
 def _weights(layer, heads: torch.Tensor):
@@ -208,9 +219,10 @@ def _qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, ms: torch.Tensor, eps:
     return qk[..., 0, :].transpose(0, 1), qk[..., 1, :].transpose(0, 1)
 
 
-def _heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contributions (h, B, T, d) of heads ``heads`` of ``layer`` from their inputs x (h, B, T, d),
-    and their sum (B, T, d): the stock post-attention norm of the gated attention output.
+def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Contributions (h, B, T, d) of heads ``heads`` of ``layer`` from their inputs x (h, B, T, d)
+    (None unless ``contributions``), and their sum (B, T, d): the stock post-attention norm of the
+    gated attention output.
 
     g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
     """
@@ -238,7 +250,7 @@ def _heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     s = o.sum(0).float()  # gated attention sum (B, T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B, T)
     scale = layer.post_attention_layernorm.weight * inv_rms[..., None]  # (B, T, d)
-    return (o.float() * scale).to(x.dtype), (s * scale).to(x.dtype)
+    return (o.float() * scale).to(x.dtype) if contributions else None, (s * scale).to(x.dtype)
 
 
 def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
@@ -269,31 +281,35 @@ def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
 
 
-def _packed_heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
+                  contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
     Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
-    largest active count; projections and attention run on the packed slots only. x (h, B, T, d),
-    g (h, B, T) → (contributions (h, B, T, d), zero where g = 0; their sum (B, T, d)), or None
-    when no pair is active.
+    largest active count; projections and attention run on the packed slots only. Inputs: x_tok
+    (B·T, h, d) mixed head outputs and msum (B, T, d) (their sum is the input stream), g (h, B, T).
+    Returns (token-first contributions (B·T, h, d), zero where g = 0, or None unless
+    ``contributions``; their sum (B, T, d)), or None when no pair is active.
     """
     attn = layer.self_attn
     eps = attn.q_norm.variance_epsilon
     d_head = attn.head_dim
-    n_h, bsz, t, d = x.shape
+    n_h, (bsz, t, d) = len(heads), msum.shape
     active = g > 0  # (h, B, T)
     counts = active.sum(-1)  # (h, B)
     slots = int(counts.max())
     if slots == 0:
         return None
     pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
-    valid = torch.arange(slots, device=x.device) < counts[..., None]  # (h, B, S)
+    valid = torch.arange(slots, device=g.device) < counts[..., None]  # (h, B, S)
     gp = torch.gather(g, 2, pos) * valid  # (h, B, S), 0 on padding
-    row_of_slot = (torch.arange(n_h * bsz, device=x.device).view(n_h, bsz, 1) * t + pos).flatten()  # into (h·B·T)
-    tok_of_slot = (torch.arange(bsz, device=x.device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
+    device = msum.device
+    tok_of_slot = (torch.arange(bsz, device=device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
+    row_of_slot = tok_of_slot * n_h + torch.arange(n_h, device=device).repeat_interleave(bsz * slots)  # into (B·T·h)
 
     w_qkv, w_o, qk_w = _weights(layer, heads)
-    xp = x.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # (h, B, S, d)
+    xp = x_tok.reshape(-1, d).index_select(0, row_of_slot) + msum.reshape(-1, d).index_select(0, tok_of_slot)
+    xp = xp.view(n_h, bsz, slots, d)  # input streams of the slots (h, B, S, d)
     qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
 
@@ -317,17 +333,19 @@ def _packed_heads(layer, heads, x, g, cos, sin) -> tuple[torch.Tensor, torch.Ten
     if bool(((gp == 1) | ~valid).all()):
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
     else:
-        causal = torch.ones(slots, slots, dtype=torch.bool, device=x.device).tril()
-        mask = torch.where(causal, _key_bias(gp, q.dtype).transpose(0, 1)[..., None, :], _future(q.dtype, x.device))
+        causal = torch.ones(slots, slots, dtype=torch.bool, device=device).tril()
+        mask = torch.where(causal, _key_bias(gp, q.dtype).transpose(0, 1)[..., None, :], _future(q.dtype, device))
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
-    o = _project(z.transpose(0, 1), w_o) * gp[..., None].to(x.dtype)  # gated, 0 on padding (h, B, S, d)
+    o = _project(z.transpose(0, 1), w_o) * gp[..., None].to(xp.dtype)  # gated, 0 on padding (h, B, S, d)
 
     s = per_token(o.float())  # gated attention sum (B·T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
     scale = layer.post_attention_layernorm.weight * inv_rms[:, None]  # (B·T, d)
-    op = (o.float().view(-1, d) * scale.index_select(0, tok_of_slot)).to(x.dtype)  # (h·B·S, d)
-    contributions = x.new_zeros(n_h * bsz * t, d).index_copy(0, row_of_slot, op).view_as(x)
-    return contributions, (s * scale).to(x.dtype).view(bsz, t, d)
+    total = (s * scale).to(xp.dtype).view(bsz, t, d)
+    if not contributions:
+        return None, total
+    op = (o.float().view(-1, d) * scale.index_select(0, tok_of_slot)).to(xp.dtype)  # (h·B·S, d)
+    return xp.new_zeros(bsz * t * n_h, d).index_copy(0, row_of_slot, op).view(bsz * t, n_h, d), total
 
 
 def dense_topology(n_layers: int, n_heads: int, device=None, dtype=torch.float32) -> torch.Tensor:
