@@ -15,8 +15,8 @@ CPU runs re-execute themselves with glibc's mmap/trim thresholds raised (``--sys
 keeps the system default): PyTorch's CPU allocator does not cache, and with the default
 thresholds every large intermediate is mmapped and page-faulted anew, which makes timings of
 any variant swing by tens of percent between rounds; CUDA's caching allocator has no such cost.
-Prints one JSON line; without a trained model directory a random model of the default profile's
-architecture is timed (same cost).
+Prints one JSON line; without a trained model directory (or with ``--arch``) a random model of the
+profile's (or the given) architecture is timed — the cost is the same as with trained weights.
 """
 
 from __future__ import annotations
@@ -39,24 +39,26 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": 
 FRACTIONS = (25, 50, 75)
 
 
-def load_model(path: str, params: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM
+def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, device: str):
+    """The model at ``path``; else (a fresh clone, or ``--arch``) a random OLMo2 of the params'
+    base architecture with the tokenizer's vocabulary size (same cost as trained weights)."""
+    from transformers import AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
-    if Path(path).is_dir():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        source = path
-    else:  # a fresh clone: the default architecture with random weights
-        from lookahead.base import BaseConfig, olmo2_config
-        from lookahead.config import load_section, read_params
+    from lookahead.base import BaseConfig
+    from lookahead.config import load_section, read_params
 
-        vocab = read_params(params)["tokenizer"]["vocab_size"]
-        cfg = load_section(params, "base", BaseConfig)
-        torch.manual_seed(0)
-        from transformers import Olmo2ForCausalLM
-
-        model = Olmo2ForCausalLM(olmo2_config(cfg.arch, vocab)).to(dtype)
-        source = f"random {params} base.arch"
-    return model.to(device).eval(), source
+    if arch is None and Path(path).is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), path
+    a = load_section(params, "base", BaseConfig).arch
+    n_layers, n_heads, hidden, ffn = (int(x) for x in arch.split(",")) if arch else (
+        a.n_layers, a.n_heads, a.hidden_size, a.intermediate_size)
+    vocab = read_params(params)["tokenizer"]["vocab_size"]
+    cfg = Olmo2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=n_layers,
+                      num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=4096,
+                      rms_norm_eps=a.rms_norm_eps, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = Olmo2ForCausalLM(cfg).to(dtype=dtype, device=device).eval()
+    return model, f"random {n_layers}x{n_heads} heads, hidden {hidden}, ffn {ffn}, vocab {vocab}"
 
 
 def shared_topology(n_layers, n_heads, off_pct, gen):
@@ -80,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/base", help="HF model directory (default: the base stage's)")
     parser.add_argument("--params", default="params.yaml", help="for the random fallback model's architecture")
+    parser.add_argument("--arch", help="time a random model instead: 'layers,heads,hidden,ffn'")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=20)
@@ -93,7 +96,7 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
 
     dtype = getattr(torch, args.dtype)
-    model, source = load_model(args.model, args.params, dtype, args.device)
+    model, source = load_model(args.model, args.params, args.arch, dtype, args.device)
     cfg = model.config
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
     gen = torch.Generator().manual_seed(args.seed)

@@ -117,7 +117,8 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     bsz, t, d = e.shape
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
     cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
-    a = adjacency.to(e.dtype)  # (N, N) | (B, T, N, N)
+    a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
+    gates = gates.to(e.device)
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
@@ -175,8 +176,11 @@ def _mix_tokens(a, cols, blocks) -> torch.Tensor:
     bsz, t = a.shape[:2]
     ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
     x = None
-    for src, o in blocks:  # (B·T, h, s) @ (B·T, s, d)
-        x = torch.bmm(ac[..., src], o) if x is None else torch.baddbmm(x, ac[..., src], o)
+    for src, o in blocks:  # (B·T, h, s) @ (B·T, s, d); a single source is an outer product
+        if x is None:
+            x = ac[..., src] * o if len(src) == 1 else torch.bmm(ac[..., src], o)
+        else:
+            x = torch.baddbmm(x, ac[..., src], o)
     return x
 
 
@@ -300,12 +304,16 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
     slots = int(counts.max())
     if slots == 0:
         return None
+    binary = bool(((g == 0) | (g == 1)).all())  # hard gates: nothing to scale, keys need no bias
     pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
     valid = torch.arange(slots, device=g.device) < counts[..., None]  # (h, B, S)
-    gp = torch.gather(g, 2, pos) * valid  # (h, B, S), 0 on padding
     device = msum.device
+    head_of_slot = torch.arange(n_h, device=device).repeat_interleave(bsz * slots)
     tok_of_slot = (torch.arange(bsz, device=device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
-    row_of_slot = tok_of_slot * n_h + torch.arange(n_h, device=device).repeat_interleave(bsz * slots)  # into (B·T·h)
+    row_of_slot = tok_of_slot * n_h + head_of_slot  # into (B·T·h)
+    # scatter targets: padding slots go to one extra, discarded row
+    tok_dst = torch.where(valid.flatten(), tok_of_slot, bsz * t)
+    row_dst = torch.where(valid.flatten(), row_of_slot, bsz * t * n_h)
 
     w_qkv, w_o, qk_w = _weights(layer, heads)
     xp = x_tok.reshape(-1, d).index_select(0, row_of_slot) + msum.reshape(-1, d).index_select(0, tok_of_slot)
@@ -315,28 +323,31 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
 
     def per_token(vals: torch.Tensor) -> torch.Tensor:  # (h, B, S, …) → summed per token (B·T, …)
         vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
-        return vals.new_zeros(bsz * t, *vals.shape[1:]).index_add(0, tok_of_slot, vals)
+        return vals.new_zeros(bsz * t + 1, *vals.shape[1:]).index_add(0, tok_dst, vals)[:-1]
 
     def per_slot(tok: torch.Tensor) -> torch.Tensor:  # (B·T, …) → (h, B, S, …)
         return tok.index_select(0, tok_of_slot).view(n_h, bsz, slots, *tok.shape[1:])
 
-    gf = gp.float()
-    g_tok = per_token(gf).clamp_min(torch.finfo(torch.float32).tiny)  # (B·T,)
-    ms = per_slot(per_token(qk.float().pow(2).sum(-1) * gf[..., None]) / g_tok[:, None]) / d_head  # (h, B, S, 2)
+    gp = None if binary else torch.gather(g, 2, pos) * valid  # (h, B, S), 0 on padding
+    g_tok = g.float().sum(0).reshape(-1, 1).clamp_min(torch.finfo(torch.float32).tiny)  # Σ_h g per token (B·T, 1)
+    sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
+    ms = per_slot(per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok) / d_head
     cp, sp = (c.index_select(0, pos.flatten()).view(n_h, bsz, slots, -1) for c in (cos, sin))  # (h, B, S, D)
     q, k = _qk_norm_rope(qk, qk_w, ms, eps, cp, sp)  # (B, h, S, D)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
-    # than 1 add log g to their keys' logits.
+    # than 1 add log g to their keys' logits (padding keys: g = 0, excluded).
     dropout = attn.attention_dropout if attn.training else 0.0
-    if bool(((gp == 1) | ~valid).all()):
+    if binary:
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
     else:
         causal = torch.ones(slots, slots, dtype=torch.bool, device=device).tril()
         mask = torch.where(causal, _key_bias(gp, q.dtype).transpose(0, 1)[..., None, :], _future(q.dtype, device))
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
-    o = _project(z.transpose(0, 1), w_o) * gp[..., None].to(xp.dtype)  # gated, 0 on padding (h, B, S, d)
+    o = _project(z.transpose(0, 1), w_o)  # (h, B, S, d)
+    if not binary:
+        o = o * gp[..., None].to(o.dtype)  # gated
 
     s = per_token(o.float())  # gated attention sum (B·T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
@@ -345,7 +356,8 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
     if not contributions:
         return None, total
     op = (o.float().view(-1, d) * scale.index_select(0, tok_of_slot)).to(xp.dtype)  # (h·B·S, d)
-    return xp.new_zeros(bsz * t * n_h, d).index_copy(0, row_of_slot, op).view(bsz * t, n_h, d), total
+    out = xp.new_zeros(bsz * t * n_h + 1, d).index_copy(0, row_dst, op)[:-1]
+    return out.view(bsz * t, n_h, d), total
 
 
 def dense_topology(n_layers: int, n_heads: int, device=None, dtype=torch.float32) -> torch.Tensor:
