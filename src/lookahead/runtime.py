@@ -253,8 +253,9 @@ def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[to
         o = o * w[..., None].to(o.dtype)
     s = o.sum(0).float()  # gated attention sum (B, T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B, T)
-    scale = layer.post_attention_layernorm.weight * inv_rms[..., None]  # (B, T, d)
-    return (o.float() * scale).to(x.dtype) if contributions else None, (s * scale).to(x.dtype)
+    w_post = layer.post_attention_layernorm.weight
+    total = (w_post * (s * inv_rms[..., None])).to(x.dtype)  # the stock norm's order of operations
+    return (o.float() * (w_post * inv_rms[..., None])).to(x.dtype) if contributions else None, total
 
 
 def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
@@ -351,11 +352,12 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
 
     s = per_token(o.float())  # gated attention sum (B·T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
-    scale = layer.post_attention_layernorm.weight * inv_rms[:, None]  # (B·T, d)
-    total = (s * scale).to(xp.dtype).view(bsz, t, d)
+    w_post = layer.post_attention_layernorm.weight
+    total = (w_post * (s * inv_rms[:, None])).to(xp.dtype).view(bsz, t, d)
     if not contributions:
         return None, total
-    op = (o.float().view(-1, d) * scale.index_select(0, tok_of_slot)).to(xp.dtype)  # (h·B·S, d)
+    scale = (w_post * inv_rms[:, None]).index_select(0, tok_of_slot)  # (h·B·S, d)
+    op = (o.float().view(-1, d) * scale).to(xp.dtype)
     out = xp.new_zeros(bsz * t * n_h + 1, d).index_copy(0, row_dst, op)[:-1]
     return out.view(bsz * t, n_h, d), total
 
