@@ -119,6 +119,8 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
+    if hard and not shared and not all_on:  # o_i = 0 where g_i = 0: packed heads do not write those rows
+        a = a * (gates > 0).to(a.dtype)[..., :, None]
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
@@ -139,11 +141,11 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
                 g = None
             out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin, not last)
         elif not shared:
-            x_tok = _mix_tokens(a, cols, blocks)  # (B·T, h, d), Σ m not yet added
+            x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
             if hard and not all_on:
                 out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last)
             else:
-                x = (x_tok + msum.view(-1, 1, d)).view(bsz, t, -1, d).permute(2, 0, 1, 3)
+                x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin, not last)
                 out = None if o is None else o.permute(1, 2, 0, 3).reshape(bsz * t, -1, d), total
         if out is not None:
@@ -168,19 +170,18 @@ def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
     return x.view(len(cols), *msum.shape)
 
 
-def _mix_tokens(a, cols, blocks) -> torch.Tensor:
-    """Σ_i A[i, j] o_i (without Σ m) for a per-position adjacency a (B, T, N, N).
+def _mix_tokens(a, cols, msum, blocks) -> torch.Tensor:
+    """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a per-position adjacency a (B, T, N, N).
 
-    blocks: (node ids (s,), token-first outputs (B·T, s, d)). Returns (B·T, h, d).
+    blocks: (node ids (s,), token-first outputs (B·T, s, d)), the first being the source (node 0,
+    the embedding). Returns (B·T, h, d).
     """
     bsz, t = a.shape[:2]
     ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
-    x = None
-    for src, o in blocks:  # (B·T, h, s) @ (B·T, s, d); a single source is an outer product
-        if x is None:
-            x = ac[..., src] * o if len(src) == 1 else torch.bmm(ac[..., src], o)
-        else:
-            x = torch.baddbmm(x, ac[..., src], o)
+    (src, e), rest = blocks[0], blocks[1:]
+    x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e)  # Σ m + A[0, j] e
+    for src, o in rest:  # (B·T, h, s) @ (B·T, s, d)
+        x = torch.baddbmm(x, ac[..., src], o)
     return x
 
 
@@ -292,8 +293,9 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
 
     Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
     largest active count; projections and attention run on the packed slots only. Inputs: x_tok
-    (B·T, h, d) mixed head outputs and msum (B, T, d) (their sum is the input stream), g (h, B, T).
-    Returns (token-first contributions (B·T, h, d), zero where g = 0, or None unless
+    (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
+    Returns (token-first contributions (B·T, h, d) — reusing x_tok's storage; pairs with g = 0
+    hold stale finite values that the caller's masked adjacency never reads — or None unless
     ``contributions``; their sum (B, T, d)), or None when no pair is active.
     """
     attn = layer.self_attn
@@ -312,13 +314,11 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
     head_of_slot = torch.arange(n_h, device=device).repeat_interleave(bsz * slots)
     tok_of_slot = (torch.arange(bsz, device=device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
     row_of_slot = tok_of_slot * n_h + head_of_slot  # into (B·T·h)
-    # scatter targets: padding slots go to one extra, discarded row
+    # scatter target of per-token sums: padding slots go to one extra, discarded row
     tok_dst = torch.where(valid.flatten(), tok_of_slot, bsz * t)
-    row_dst = torch.where(valid.flatten(), row_of_slot, bsz * t * n_h)
 
     w_qkv, w_o, qk_w = _weights(layer, heads)
-    xp = x_tok.reshape(-1, d).index_select(0, row_of_slot) + msum.reshape(-1, d).index_select(0, tok_of_slot)
-    xp = xp.view(n_h, bsz, slots, d)  # input streams of the slots (h, B, S, d)
+    xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
     qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
 
@@ -358,8 +358,10 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
         return None, total
     scale = (w_post * inv_rms[:, None]).index_select(0, tok_of_slot)  # (h·B·S, d)
     op = (o.float().view(-1, d) * scale).to(xp.dtype)
-    out = xp.new_zeros(bsz * t * n_h + 1, d).index_copy(0, row_dst, op)[:-1]
-    return out.view(bsz * t, n_h, d), total
+    # Written over the input streams, which are no longer needed (and which autograd did not save):
+    # rows of (position, head) pairs that did not run keep finite stale values, which no later head
+    # reads, because the caller zeroed the adjacency rows of sources that are off.
+    return x_tok.view(-1, d).index_copy_(0, row_of_slot, op).view(bsz * t, n_h, d), total
 
 
 def dense_topology(n_layers: int, n_heads: int, device=None, dtype=torch.float32) -> torch.Tensor:
