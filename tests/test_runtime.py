@@ -103,6 +103,12 @@ def test_gradients_reach_adjacency_gates_and_frozen_model_stays_frozen():
     assert a.grad[..., ~mask].abs().max() == 0
     assert g.grad[..., 1:].abs().gt(0).all()
     assert all(p.grad is None for p in model.parameters())
+    # gates of exactly 1 (the dense start) still get their gradient, shared or per position
+    for shape in ((n,), (2, 7, n)):
+        ones = torch.ones(shape, requires_grad=True)
+        adj = dense(model) if len(shape) == 1 else dense(model).expand(2, 7, n, n)
+        forward_with_topology(model, ids, adj, ones).logsumexp(-1).mean().backward()
+        assert ones.grad[..., 1:].abs().gt(0).all()
 
 
 def test_hard_execution_equals_soft_execution():
@@ -127,6 +133,26 @@ def test_hard_execution_equals_soft_execution():
     assert (soft_s - hard_s).abs().max() <= TOL
     assert (shared_soft - shared_hard).abs().max() <= TOL
     assert (soft - model(ids).logits).abs().max() > 1e-2  # the topology does change the function
+
+
+def test_hard_execution_has_the_soft_gradients():
+    """Straight-through training runs the hard path: its gradients (model, adjacency, the gates
+    of the pairs that run) are those of the soft execution of the same graph. A skipped pair's gate
+    gets none: the hard path never computes the output that gradient would weigh."""
+    model = tiny_olmo2(n_layers=3, n_heads=2, hidden=32, ffn=32).train()
+    ids = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(15))
+    adjacency, gates = random_topology(model, 2, 10, p_off=0.4, seed=16)
+
+    def grads(hard):
+        model.zero_grad()
+        a, g = adjacency.clone().requires_grad_(True), gates.clone().requires_grad_(True)
+        forward_with_topology(model, ids, a, g, hard=hard).logsumexp(-1).mean().backward()
+        return [a.grad, g.grad * (gates > 0)] + [p.grad for p in model.parameters()]
+
+    soft, hard = grads(False), grads(True)
+    assert soft[1][..., 1:].abs().gt(0).float().mean() > 0.5  # gates of running heads do get gradient
+    for s, h in zip(soft, hard):
+        assert torch.allclose(s, h, atol=1e-6), (s - h).abs().max()
 
 
 def test_hard_execution_skips_the_work_of_off_pairs(monkeypatch):

@@ -108,7 +108,9 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     if gates is None:
         gates = default_gates(adjacency.detach())
     shared = adjacency.dim() == 2
-    all_on = bool((gates[..., 1:] == 1).all())
+    # shortcuts for gates of exactly 1 (or 0), taken only when no gradient has to reach them
+    gates_fixed = not (torch.is_grad_enabled() and gates.requires_grad)
+    all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
     core = model.model
 
     # Heads' tensors are head-first (h, B, T, ·) with a shared adjacency, token-first (B·T, h, ·)
@@ -137,13 +139,13 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
         if shared and len(cols):
-            if g is not None and bool((g == 1).all()):
+            if g is not None and gates_fixed and bool((g == 1).all()):
                 g = None
             out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin, not last)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
             if hard and not all_on:
-                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last)
+                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last, binary_ok=gates_fixed)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin, not last)
@@ -287,13 +289,14 @@ def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
 
 
-def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
-                  contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = True,
+                  binary_ok: bool = True) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
     Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
     largest active count; projections and attention run on the packed slots only. Inputs: x_tok
     (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
+    ``binary_ok``: gates of exactly 0/1 may skip their scaling (False when they need gradients).
     Returns (token-first contributions (B·T, h, d) — reusing x_tok's storage; pairs with g = 0
     hold stale finite values that the caller's masked adjacency never reads — or None unless
     ``contributions``; their sum (B, T, d)), or None when no pair is active.
@@ -307,7 +310,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin,
     slots = int(counts.max())
     if slots == 0:
         return None
-    binary = bool(((g == 0) | (g == 1)).all())  # hard gates: nothing to scale, keys need no bias
+    binary = binary_ok and bool(((g == 0) | (g == 1)).all())  # hard gates: nothing to scale, keys need no bias
     pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
     valid = torch.arange(slots, device=g.device) < counts[..., None]  # (h, B, S)
     device = msum.device
