@@ -121,8 +121,10 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
-    if hard and not shared and not all_on:  # o_i = 0 where g_i = 0: packed heads do not write those rows
-        a = a * (gates > 0).to(a.dtype)[..., :, None]
+    packed = hard and not shared and not all_on
+    # o_i = 0 where g_i = 0, and packed heads do not write those rows: mask the sources instead
+    src_on = (gates > 0).to(a.dtype) if packed else None  # (B, T, N)
+    binary = packed and gates_fixed and bool(((gates == 0) | (gates == 1)).all())
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
@@ -143,9 +145,9 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
                 g = None
             out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin, not last)
         elif not shared:
-            x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
-            if hard and not all_on:
-                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last, binary_ok=gates_fixed)
+            x_tok = _mix_tokens(a, cols, msum, blocks, src_on)  # (B·T, h, d)
+            if packed:
+                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last, binary)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin, not last)
@@ -172,14 +174,18 @@ def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
     return x.view(len(cols), *msum.shape)
 
 
-def _mix_tokens(a, cols, msum, blocks) -> torch.Tensor:
+def _mix_tokens(a, cols, msum, blocks, src_on=None) -> torch.Tensor:
     """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a per-position adjacency a (B, T, N, N).
 
     blocks: (node ids (s,), token-first outputs (B·T, s, d)), the first being the source (node 0,
-    the embedding). Returns (B·T, h, d).
+    the embedding). src_on (B, T, N): 0 for sources whose rows of A are to be ignored. Returns
+    (B·T, h, d).
     """
     bsz, t = a.shape[:2]
-    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
+    ac = a.transpose(-1, -2)[:, :, cols]  # (B, T, h, N)
+    if src_on is not None:
+        ac = ac * src_on[:, :, None, :]
+    ac = ac.reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
     (src, e), rest = blocks[0], blocks[1:]
     x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e)  # Σ m + A[0, j] e
     for src, o in rest:  # (B·T, h, s) @ (B·T, s, d)
@@ -290,13 +296,14 @@ def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = True,
-                  binary_ok: bool = True) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+                  binary: bool = False) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
     Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
     largest active count; projections and attention run on the packed slots only. Inputs: x_tok
     (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
-    ``binary_ok``: gates of exactly 0/1 may skip their scaling (False when they need gradients).
+    ``binary``: every gate is exactly 0 or 1 and needs no gradient, so nothing is scaled and keys
+    need no log g bias.
     Returns (token-first contributions (B·T, h, d) — reusing x_tok's storage; pairs with g = 0
     hold stale finite values that the caller's masked adjacency never reads — or None unless
     ``contributions``; their sum (B, T, d)), or None when no pair is active.
@@ -310,7 +317,6 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
     slots = int(counts.max())
     if slots == 0:
         return None
-    binary = binary_ok and bool(((g == 0) | (g == 1)).all())  # hard gates: nothing to scale, keys need no bias
     pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
     valid = torch.arange(slots, device=g.device) < counts[..., None]  # (h, B, S)
     device = msum.device
