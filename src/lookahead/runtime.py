@@ -188,8 +188,8 @@ def _mix_tokens(a, cols, msum, blocks, src_on=None) -> torch.Tensor:
     ac = ac.reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
     (src, e), rest = blocks[0], blocks[1:]
     x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e)  # Σ m + A[0, j] e
-    for src, o in rest:  # (B·T, h, s) @ (B·T, s, d)
-        x = torch.baddbmm(x, ac[..., src], o)
+    for src, o in rest:  # (B·T, h, s) @ (B·T, s, d), in place: backward needs no old x
+        x = x.baddbmm_(ac[..., src], o)
     return x
 
 
@@ -333,7 +333,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
 
     def per_token(vals: torch.Tensor) -> torch.Tensor:  # (h, B, S, …) → summed per token (B·T, …)
         vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
-        return vals.new_zeros(bsz * t + 1, *vals.shape[1:]).index_add(0, tok_dst, vals)[:-1]
+        return vals.new_zeros(bsz * t + 1, *vals.shape[1:]).index_add_(0, tok_dst, vals)[:-1]
 
     def per_slot(tok: torch.Tensor) -> torch.Tensor:  # (B·T, …) → (h, B, S, …)
         return tok.index_select(0, tok_of_slot).view(n_h, bsz, slots, *tok.shape[1:])
