@@ -45,11 +45,6 @@ class TopologyError(LookaheadError, ValueError):
     """An adjacency, gates or model that the runtime cannot execute."""
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def check_model(model) -> tuple[int, int]:
     """(n_layers, n_heads) of a transformers OLMo2 causal LM the runtime can rewire."""
     cfg = getattr(model, "config", None)
@@ -118,7 +113,9 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     e = core.embed_tokens(input_ids)  # (B, T, d)
     bsz, t, d = e.shape
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-    cos, sin = (c[0] for c in core.rotary_emb(e, position_ids))  # (T, D)
+    cos, sin = (c[0].float() for c in core.rotary_emb(e, position_ids))  # (T, D)
+    half = sin.shape[-1] // 2
+    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # signed for the rolled form of RoPE
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
     packed = hard and not shared and not all_on
@@ -219,17 +216,29 @@ def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
 
 
-def _qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, ms: torch.Tensor, eps: float, cos: torch.Tensor,
-                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q/k norm weights folded into RoPE: for n a row and w its norm weight,
+    (w n) cos + rotate_half(w n) sin = n · (w cos) + roll(n) · (roll(w) · sign · sin), rolling by
+    D/2, sign = −1 on the first half and +1 on the second (``sin_signed`` = sign · sin).
+
+    weight (h, 2, D), cos/sin_signed (T, D) float32 → tables (h, T, 2, D) float32.
+    """
+    w = weight.float()[:, None]  # (h, 1, 2, D)
+    return w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]
+
+
+def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, wc: torch.Tensor,
+                  ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """OLMo2's q/k RMSNorm with a given mean square, then RoPE; q and k together.
 
-    qk (h, B, S, 2, D), weight (h, 2, D), ms (…, 2) broadcastable to (h, B, S, 2), cos/sin
-    broadcastable to (h, B, S, D). Returns q, k as (B, h, S, D).
+    qk (h, B, S, 2, D); ms (…, 2) broadcastable to (h, B, S, 2); wc/ws from :func:`_rope_tables`,
+    broadcastable to (h, B, S, 2, D). The norm's scalar factor commutes with RoPE, so it is
+    applied last. Returns q, k as (B, h, S, D).
     """
-    normed = qk.float() * torch.rsqrt(ms + eps)[..., None]
-    qk = (weight[:, None, None] * normed).to(qk.dtype)
-    qk = _rope(qk, cos.unsqueeze(-2), sin.unsqueeze(-2))
-    return qk[..., 0, :].transpose(0, 1), qk[..., 1, :].transpose(0, 1)
+    x = qk.float()
+    out = torch.addcmul(x * wc, x.roll(x.shape[-1] // 2, -1), ws) * torch.rsqrt(ms + eps)[..., None]
+    out = out.to(qk.dtype)
+    return out[..., 0, :].transpose(0, 1), out[..., 1, :].transpose(0, 1)
 
 
 def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -247,7 +256,8 @@ def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[to
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
     ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
-    q, k = _qk_norm_rope(qk, qk_w, ms, eps, cos, sin)  # (B, h, T, D)
+    wc, ws = _rope_tables(qk_w, cos, sin)  # (h, T, 2, D)
+    q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (B, h, T, D)
 
     dropout = attn.attention_dropout if attn.training else 0.0
     if g is not None and g.dim() == 3:  # per-position gates: keys carry log g
@@ -273,11 +283,6 @@ def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         return per_head.mean(0)
     w = w.float().expand(per_head.shape[:-1])[..., None]
     return (per_head * w).sum(0) / w.sum(0).clamp_min(torch.finfo(torch.float32).tiny)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """OLMo2's rotary embedding (computed in the dtype of cos, returned in x's)."""
-    return (x * cos + _rotate_half(x) * sin).to(x.dtype)
 
 
 def _future(dtype: torch.dtype, device) -> torch.Tensor:
@@ -342,8 +347,11 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
     g_tok = g.float().sum(0).reshape(-1, 1).clamp_min(torch.finfo(torch.float32).tiny)  # Σ_h g per token (B·T, 1)
     sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
     ms = per_slot(per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok) / d_head
-    cp, sp = (c.index_select(0, pos.flatten()).view(n_h, bsz, slots, -1) for c in (cos, sin))  # (h, B, S, D)
-    q, k = _qk_norm_rope(qk, qk_w, ms, eps, cp, sp)  # (B, h, S, D)
+    # the rope tables of each slot's head and position
+    head_pos = (torch.arange(n_h, device=device).view(n_h, 1, 1) * t + pos).flatten()
+    wc, ws = (c.reshape(n_h * t, 2, -1).index_select(0, head_pos).view(n_h, bsz, slots, 2, -1)
+              for c in _rope_tables(qk_w, cos, sin))  # (h, B, S, 2, D)
+    q, k = _qk_norm_rope(qk, ms, eps, wc, ws)  # (B, h, S, D)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
