@@ -233,12 +233,12 @@ def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, wc: torch.Tens
 
     qk (h, B, S, 2, D); ms (…, 2) broadcastable to (h, B, S, 2); wc/ws from :func:`_rope_tables`,
     broadcastable to (h, B, S, 2, D). The norm's scalar factor commutes with RoPE, so it is
-    applied last. Returns q, k as (B, h, S, D).
+    applied last. Returns q, k as (h, B, S, D).
     """
     x = qk.float()
     out = torch.addcmul(x * wc, x.roll(x.shape[-1] // 2, -1), ws) * torch.rsqrt(ms + eps)[..., None]
     out = out.to(qk.dtype)
-    return out[..., 0, :].transpose(0, 1), out[..., 1, :].transpose(0, 1)
+    return out[..., 0, :], out[..., 1, :]
 
 
 def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -253,21 +253,21 @@ def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[to
     w_qkv, w_o, qk_w = _weights(layer, heads)
     d_head = attn.head_dim
     qkv = _project(x, w_qkv)  # (h, B, T, 3D)
-    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
     ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
     wc, ws = _rope_tables(qk_w, cos, sin)  # (h, T, 2, D)
-    q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (B, h, T, D)
+    q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (h, B, T, D)
 
     dropout = attn.attention_dropout if attn.training else 0.0
     if g is not None and g.dim() == 3:  # per-position gates: keys carry log g
         t = x.shape[2]
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        mask = torch.where(causal, _key_bias(g, q.dtype).transpose(0, 1)[:, :, None, :], _future(q.dtype, x.device))
+        mask = torch.where(causal, _key_bias(g, q.dtype)[:, :, None, :], _future(q.dtype, x.device))
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
     else:  # shared gates are constant over keys: they do not change the softmax
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
-    o = _project(z.transpose(0, 1), w_o)  # (h, B, T, d)
+    o = _project(z, w_o)  # (h, B, T, d)
     if w is not None:
         o = o * w[..., None].to(o.dtype)
     s = o.sum(0).float()  # gated attention sum (B, T, d)
@@ -334,7 +334,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
     w_qkv, w_o, qk_w = _weights(layer, heads)
     xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
     qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
-    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:].transpose(0, 1)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
 
     def per_token(vals: torch.Tensor) -> torch.Tensor:  # (h, B, S, …) → summed per token (B·T, …)
         vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
@@ -351,7 +351,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
     head_pos = (torch.arange(n_h, device=device).view(n_h, 1, 1) * t + pos).flatten()
     wc, ws = (c.reshape(n_h * t, 2, -1).index_select(0, head_pos).view(n_h, bsz, slots, 2, -1)
               for c in _rope_tables(qk_w, cos, sin))  # (h, B, S, 2, D)
-    q, k = _qk_norm_rope(qk, ms, eps, wc, ws)  # (B, h, S, D)
+    q, k = _qk_norm_rope(qk, ms, eps, wc, ws)  # (h, B, S, D)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
@@ -361,9 +361,9 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
     else:
         causal = torch.ones(slots, slots, dtype=torch.bool, device=device).tril()
-        mask = torch.where(causal, _key_bias(gp, q.dtype).transpose(0, 1)[..., None, :], _future(q.dtype, device))
+        mask = torch.where(causal, _key_bias(gp, q.dtype)[..., None, :], _future(q.dtype, device))
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
-    o = _project(z.transpose(0, 1), w_o)  # (h, B, S, d)
+    o = _project(z, w_o)  # (h, B, S, d)
     if not binary:
         o = o * gp[..., None].to(o.dtype)  # gated
 
