@@ -125,7 +125,8 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
-    # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts: _mix)
+    # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts:
+    # _mix_shared, _mix_tokens)
     src0 = torch.zeros(1, dtype=torch.long, device=e.device)
     blocks = [(src0, e[None] if shared else e.reshape(-1, 1, d))]
 
