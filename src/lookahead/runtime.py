@@ -115,7 +115,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
     cos, sin = (c[0].float() for c in core.rotary_emb(e, position_ids))  # (T, D)
     half = sin.shape[-1] // 2
-    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # signed for the rolled form of RoPE
+    sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for the rolled form of RoPE
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
     packed = hard and not shared and not all_on
@@ -141,14 +141,14 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         if shared and len(cols):
             if g is not None and gates_fixed and bool((g == 1).all()):
                 g = None
-            out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin, not last)
+            out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, blocks, src_on)  # (B·T, h, d)
             if packed:
-                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin, not last, binary)
+                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, not last, binary)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
-                o, total = _heads(layer, heads, x, g, cos, sin, not last)
+                o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
                 out = None if o is None else o.permute(1, 2, 0, 3).reshape(bsz * t, -1, d), total
         if out is not None:
             if out[0] is not None:
@@ -242,7 +242,7 @@ def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, wc: torch.Tens
     return out[..., 0, :], out[..., 1, :]
 
 
-def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Contributions (h, B, T, d) of heads ``heads`` of ``layer`` from their inputs x (h, B, T, d)
     (None unless ``contributions``), and their sum (B, T, d): the stock post-attention norm of the
     gated attention output.
@@ -257,7 +257,7 @@ def _heads(layer, heads, x, g, cos, sin, contributions: bool = True) -> tuple[to
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
     ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
-    wc, ws = _rope_tables(qk_w, cos, sin)  # (h, T, 2, D)
+    wc, ws = _rope_tables(qk_w, cos, sin_signed)  # (h, T, 2, D)
     q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (h, B, T, D)
 
     dropout = attn.attention_dropout if attn.training else 0.0
@@ -301,7 +301,7 @@ def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
 
 
-def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = True,
+def _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, contributions: bool = True,
                   binary: bool = False) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
@@ -351,7 +351,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin, contributions: bool = 
     # the rope tables of each slot's head and position
     head_pos = (torch.arange(n_h, device=device).view(n_h, 1, 1) * t + pos).flatten()
     wc, ws = (c.reshape(n_h * t, 2, -1).index_select(0, head_pos).view(n_h, bsz, slots, 2, -1)
-              for c in _rope_tables(qk_w, cos, sin))  # (h, B, S, 2, D)
+              for c in _rope_tables(qk_w, cos, sin_signed))  # (h, B, S, 2, D)
     q, k = _qk_norm_rope(qk, ms, eps, wc, ws)  # (h, B, S, D)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
