@@ -66,7 +66,7 @@ def default_gates(adjacency: torch.Tensor) -> torch.Tensor:
 
 
 def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: torch.Tensor,
-              n_layers: int, n_heads: int) -> torch.Tensor:
+              n_layers: int, n_heads: int) -> None:
     n = n_nodes(n_layers, n_heads)
     if input_ids.dim() != 2:
         raise TopologyError(f"input_ids must be (B, T); got shape {tuple(input_ids.shape)}")
@@ -81,7 +81,6 @@ def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: to
     if gates is not None and gates.shape != adjacency.shape[:-1]:
         raise TopologyError(f"gates must have shape {tuple(adjacency.shape[:-1])} to match the adjacency; "
                             f"got {tuple(gates.shape)}")
-    return mask
 
 
 def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
@@ -260,14 +259,8 @@ def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> t
     wc, ws = _rope_tables(qk_w, cos, sin_signed)  # (h, T, 2, D)
     q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (h, B, T, D)
 
-    dropout = attn.attention_dropout if attn.training else 0.0
-    if g is not None and g.dim() == 3:  # per-position gates: keys carry log g
-        t = x.shape[2]
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        mask = torch.where(causal, _key_bias(g, q.dtype)[:, :, None, :], _future(q.dtype, x.device))
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
-    else:  # shared gates are constant over keys: they do not change the softmax
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
+    # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
+    z = _attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
     o = _project(z, w_o)  # (h, B, T, d)
     if w is not None:
         o = o * w[..., None].to(o.dtype)
@@ -284,6 +277,19 @@ def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         return per_head.mean(0)
     w = w.float().expand(per_head.shape[:-1])[..., None]
     return (per_head * w).sum(0) / w.sum(0).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _attend(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            key_gates: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of (h, B, S, D) tensors with ``attn``'s scale and dropout; key_gates
+    (h, B, S), when given, add log g to each key's logits (excluding keys with g = 0)."""
+    dropout = attn.attention_dropout if attn.training else 0.0
+    if key_gates is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
+    n = q.shape[-2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask = torch.where(causal, _key_bias(key_gates, q.dtype)[..., None, :], _future(q.dtype, q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
 
 
 def _future(dtype: torch.dtype, device) -> torch.Tensor:
@@ -357,13 +363,7 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, contributions: 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
     # than 1 add log g to their keys' logits (padding keys: g = 0, excluded).
-    dropout = attn.attention_dropout if attn.training else 0.0
-    if binary:
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
-    else:
-        causal = torch.ones(slots, slots, dtype=torch.bool, device=device).tril()
-        mask = torch.where(causal, _key_bias(gp, q.dtype)[..., None, :], _future(q.dtype, device))
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
+    z = _attend(attn, q, k, v, None if binary else gp)
     o = _project(z, w_o)  # (h, B, S, d)
     if not binary:
         o = o * gp[..., None].to(o.dtype)  # gated
@@ -380,15 +380,3 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, contributions: 
     # rows of (position, head) pairs that did not run keep finite stale values, which no later head
     # reads, because the caller zeroed the adjacency rows of sources that are off.
     return x_tok.view(-1, d).index_copy_(0, row_of_slot, op).view(bsz * t, n_h, d), total
-
-
-def dense_topology(n_layers: int, n_heads: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """The dense graph: every allowed edge at weight 1. (N, N)"""
-    return allowed_mask(n_layers, n_heads).to(device=device, dtype=dtype)
-
-
-def active_fraction(gates: torch.Tensor) -> float:
-    """Fraction of (head, position) pairs with g > 0 (the source node excluded)."""
-    return float((gates[..., 1:] > 0).float().mean())
-
-
