@@ -179,14 +179,13 @@ class StructurePredictor(nn.Module):
 def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """The init stage's tensors and its config metadata."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(init_file)
     if not path.is_file():
         raise PredictorError(f"init file not found: {path} (run `dvc repro init`)")
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(str(path), framework="pt") as f:  # one read for the tensors and the metadata
         meta = json.loads((f.metadata() or {}).get("config", "{}"))
-    return load_file(str(path)), meta
+        return {name: f.get_tensor(name) for name in f.keys()}, meta
 
 
 def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: torch.Tensor) -> torch.Tensor:
