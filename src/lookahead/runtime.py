@@ -34,6 +34,8 @@ With adjacency = the allowed mask and gates = 1 the logits equal the stock Huggi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -74,13 +76,21 @@ def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: to
     if adjacency.shape not in ((n, n), (b, t, n, n)):
         raise TopologyError(f"adjacency must be ({n}, {n}) shared or ({b}, {t}, {n}, {n}) per position for this "
                             f"model ({n_layers} layers x {n_heads} heads) and input; got {tuple(adjacency.shape)}")
-    mask = allowed_mask(n_layers, n_heads).to(adjacency.device)
-    if bool((adjacency.detach() * ~mask).any()):
+    off = ~_allowed(n_layers, n_heads, adjacency.device).flatten()
+    flat = adjacency.detach().reshape(-1, n * n)
+    # one matmul sums each position's |weight| off the mask; the exact test runs only if that is not 0 (or NaN)
+    if bool((flat.abs() @ off.to(flat.dtype)).any()) and bool(flat[:, off].ne(0).any()):
         raise TopologyError("adjacency has weight on edges that are not allowed (layer(i) >= layer(j)); "
                             "mask it with lookahead.graph.allowed_mask")
     if gates is not None and gates.shape != adjacency.shape[:-1]:
         raise TopologyError(f"gates must have shape {tuple(adjacency.shape[:-1])} to match the adjacency; "
                             f"got {tuple(gates.shape)}")
+
+
+@functools.lru_cache(maxsize=16)
+def _allowed(n_layers: int, n_heads: int, device: torch.device) -> torch.Tensor:
+    """``graph.allowed_mask`` on a device, made once (read only)."""
+    return allowed_mask(n_layers, n_heads).to(device)
 
 
 def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
@@ -117,34 +127,34 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for the rolled form of RoPE
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
-    packed = hard and not shared and not all_on
-    # o_i = 0 where g_i = 0, and packed heads do not write those rows: mask the sources instead
-    src_on = (gates > 0).to(a.dtype) if packed else None  # (B, T, N)
-    binary = packed and gates_fixed and bool(((gates == 0) | (gates == 1)).all())
+    packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
+               if hard and not shared and not all_on else None)
+    if packing is not None:  # packed heads leave stale values in the rows of pairs that did not run
+        a = a * (gates > 0).to(a.dtype)[..., :, None]  # so no head reads a source that is off
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
     # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts:
     # _mix_shared, _mix_tokens)
-    src0 = torch.zeros(1, dtype=torch.long, device=e.device)
-    blocks = [(src0, e[None] if shared else e.reshape(-1, 1, d))]
+    blocks = [(slice(0, 1), e[None] if shared else e.reshape(-1, 1, d))]
 
     for layer_idx, layer in enumerate(core.layers[:n_layers]):
-        cols = 1 + layer_idx * n_heads + torch.arange(n_heads, device=e.device)
+        first = 1 + layer_idx * n_heads
+        cols, heads = slice(first, first + n_heads), None  # the layer's nodes, all of its heads
         if hard and shared and not all_on:
-            cols = cols[gates[cols] > 0]  # the heads that run at all
+            heads = (gates[cols] > 0).nonzero()[:, 0]  # the heads that run at all
+            cols = first + heads
         out = None
-        heads = cols - 1 - layer_idx * n_heads
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
-        if shared and len(cols):
+        if shared and (heads is None or len(heads)):
             if g is not None and gates_fixed and bool((g == 1).all()):
                 g = None
             out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
         elif not shared:
-            x_tok = _mix_tokens(a, cols, msum, blocks, src_on)  # (B·T, h, d)
-            if packed:
-                out = _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, not last, binary)
+            x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
+            if packing is not None:
+                out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, g, cos, sin_signed, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
@@ -165,24 +175,21 @@ def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
     blocks: (node ids (s,), outputs (s, B, T, d)), the first being the source (node 0, the
     embedding). Returns (h, B, T, d).
     """
-    x = msum.reshape(1, -1)  # broadcast over the heads by the first addmm
-    for src, o in blocks:
-        x = torch.addmm(x, a[src][:, cols].T, o.reshape(len(src), -1))  # one matmul per block
-    return x.view(len(cols), *msum.shape)
+    (src, e), rest = blocks[0], blocks[1:]
+    x = torch.addmm(msum.reshape(1, -1), a[src][:, cols].T, e.reshape(1, -1))  # broadcasts Σ m over the heads
+    for src, o in rest:  # one matmul per block, in place: backward needs no old x
+        x = x.addmm_(a[src][:, cols].T, o.reshape(o.shape[0], -1))
+    return x.view(-1, *msum.shape)
 
 
-def _mix_tokens(a, cols, msum, blocks, src_on=None) -> torch.Tensor:
+def _mix_tokens(a, cols: slice, msum, blocks) -> torch.Tensor:
     """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a per-position adjacency a (B, T, N, N).
 
-    blocks: (node ids (s,), token-first outputs (B·T, s, d)), the first being the source (node 0,
-    the embedding). src_on (B, T, N): 0 for sources whose rows of A are to be ignored. Returns
-    (B·T, h, d).
+    blocks: (node ids (slice), token-first outputs (B·T, s, d)), the first being the source (node 0,
+    the embedding). Returns (B·T, h, d).
     """
-    bsz, t = a.shape[:2]
-    ac = a.transpose(-1, -2)[:, :, cols]  # (B, T, h, N)
-    if src_on is not None:
-        ac = ac * src_on[:, :, None, :]
-    ac = ac.reshape(bsz * t, len(cols), -1)  # (B·T, h, N)
+    bsz, t, n = a.shape[:3]
+    ac = a[..., cols].reshape(bsz * t, n, -1).transpose(1, 2)  # (B·T, h, N)
     (src, e), rest = blocks[0], blocks[1:]
     x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e)  # Σ m + A[0, j] e
     for src, o in rest:  # (B·T, h, s) @ (B·T, s, d), in place: backward needs no old x
@@ -190,23 +197,22 @@ def _mix_tokens(a, cols, msum, blocks, src_on=None) -> torch.Tensor:
     return x
 
 
-def _weights(layer, heads: torch.Tensor):
-    """Per-head slices of one layer's attention weights for heads ``heads``: W_qkv (h, d, 3D),
-    W_O (h, D, d), q/k norm weights (h, 2, D)."""
+def _weights(layer, heads: torch.Tensor | None):
+    """Per-head slices of one layer's attention weights for heads ``heads`` (None: all): W_qkv
+    (h, d, 3D), W_O (h, D, d), q/k norm weights (h, 2, D)."""
     attn = layer.self_attn
     d_head = attn.head_dim
     hidden = attn.q_proj.weight.shape[1]
     h_all = attn.q_proj.weight.shape[0] // d_head
-    full = len(heads) == h_all
 
     def pick(w):  # (H·D, d) → (h, D, d)
         w = w.view(h_all, d_head, hidden)
-        return w if full else w[heads]
+        return w if heads is None else w[heads]
 
     w_qkv = torch.cat([pick(attn.q_proj.weight), pick(attn.k_proj.weight), pick(attn.v_proj.weight)], dim=1)
     w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
     qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
-    if not full:
+    if heads is not None:
         w_o, qk_w = w_o[heads], qk_w[heads]
     return w_qkv.transpose(1, 2), w_o, qk_w
 
@@ -216,35 +222,35 @@ def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
 
 
-def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """q/k norm weights folded into RoPE: for n a row and w its norm weight,
     (w n) cos + rotate_half(w n) sin = n · (w cos) + roll(n) · (roll(w) · sign · sin), rolling by
     D/2, sign = −1 on the first half and +1 on the second (``sin_signed`` = sign · sin).
 
-    weight (h, 2, D), cos/sin_signed (T, D) float32 → tables (h, T, 2, D) float32.
+    weight (h, 2, D), cos/sin_signed (T, D) float32 → tables (h, T, 2, 2, D) float32: [..., 0, :, :]
+    multiplies n, [..., 1, :, :] multiplies roll(n), each for q and k.
     """
     w = weight.float()[:, None]  # (h, 1, 2, D)
-    return w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]
+    return torch.stack([w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]], dim=2)
 
 
-def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, wc: torch.Tensor,
-                  ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """OLMo2's q/k RMSNorm with a given mean square, then RoPE; q and k together.
 
-    qk (h, B, S, 2, D); ms (…, 2) broadcastable to (h, B, S, 2); wc/ws from :func:`_rope_tables`,
-    broadcastable to (h, B, S, 2, D). The norm's scalar factor commutes with RoPE, so it is
+    qk (h, B, S, 2, D); ms (…, 2) broadcastable to (h, B, S, 2); table from :func:`_rope_tables`,
+    broadcastable to (h, B, S, 2, 2, D). The norm's scalar factor commutes with RoPE, so it is
     applied last. Returns q, k as (h, B, S, D).
     """
     x = qk.float()
-    out = torch.addcmul(x * wc, x.roll(x.shape[-1] // 2, -1), ws) * torch.rsqrt(ms + eps)[..., None]
-    out = out.to(qk.dtype)
+    out = torch.addcmul(x * table[..., 0, :, :], x.roll(x.shape[-1] // 2, -1), table[..., 1, :, :])
+    out = (out * torch.rsqrt(ms + eps)[..., None]).to(qk.dtype)
     return out[..., 0, :], out[..., 1, :]
 
 
 def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Contributions (h, B, T, d) of heads ``heads`` of ``layer`` from their inputs x (h, B, T, d)
-    (None unless ``contributions``), and their sum (B, T, d): the stock post-attention norm of the
-    gated attention output.
+    """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their inputs x
+    (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): the stock
+    post-attention norm of the gated attention output.
 
     g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
     """
@@ -256,8 +262,7 @@ def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> t
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
     ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
-    wc, ws = _rope_tables(qk_w, cos, sin_signed)  # (h, T, 2, D)
-    q, k = _qk_norm_rope(qk, ms, eps, wc[:, None], ws[:, None])  # (h, B, T, D)
+    q, k = _qk_norm_rope(qk, ms, eps, _rope_tables(qk_w, cos, sin_signed)[:, None])  # (h, B, T, D)
 
     # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
     z = _attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
@@ -307,38 +312,70 @@ def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
 
 
-def _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, contributions: bool = True,
-                  binary: bool = False) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+class _Packing:
+    """Where each (head, position) pair with g > 0 runs under per-position hard gates, for every
+    head at once: each (head, batch row)'s active positions packed to the front, in order, of S_l
+    slots, S_l the largest active count among layer l's heads.
+
+    gates (B, T, N). Per layer (:meth:`layer`), flat over (h, B, S_l): the slot's token (into B·T),
+    its row of the layer's token-first input streams (B·T·h), the token again with padding slots
+    sent to an extra row B·T (for per-token sums), and the row of its head and position in the
+    layer's RoPE table (h·T); plus the slots' gates (h, B, S_l), 0 on padding.
+    """
+
+    def __init__(self, gates: torch.Tensor, n_layers: int, n_heads: int, d_head: int):
+        bsz, t, _ = gates.shape
+        self.n_heads = n_heads
+        dev = gates.device
+        g = gates[..., 1:].permute(2, 0, 1)  # (L·H, B, T)
+        active = g > 0
+        # every gate 0 or 1 and none needing a gradient: nothing is scaled and keys need no log g bias
+        self.binary = not (torch.is_grad_enabled() and g.requires_grad) and torch.equal(g, active.to(g.dtype))
+        ahead = active.cumsum(-1)  # active positions up to and including each
+        counts = ahead[..., -1]  # (L·H, B)
+        self.slots = counts.view(n_layers, n_heads, bsz).amax((1, 2)).tolist()
+        # the permutation of positions that puts the active ones first, in order, then the others: a
+        # padding slot is an inactive position of its (head, row), so writing every slot back to
+        # the input streams overwrites only pairs that did not run
+        at = torch.arange(t, device=dev)
+        dest = torch.where(active, ahead - 1, counts[..., None] + at - ahead)
+        order = torch.empty_like(dest).scatter_(-1, dest, at.expand_as(dest))
+        tok = order + torch.arange(bsz, device=dev).view(1, bsz, 1) * t
+        head = (torch.arange(n_layers * n_heads, device=dev) % n_heads).view(-1, 1, 1)
+        valid = at < counts[..., None]  # (L·H, B, T)
+        self.index = torch.stack([tok, tok * n_heads + head, torch.where(valid, tok, bsz * t), head * t + order])
+        self.gates = None if self.binary else torch.gather(g, 2, order) * valid  # (L·H, B, T)
+        # d_head · Σ_h g per token and layer (B·T, L): the QK-norm's mean is over the running heads' slices
+        g_sum = gates[..., 1:].float().view(bsz * t, n_layers, n_heads).sum(-1)
+        self.g_tok = (g_sum * d_head).clamp_min(torch.finfo(torch.float32).tiny)
+
+    def layer(self, idx: int):
+        heads = slice(idx * self.n_heads, (idx + 1) * self.n_heads)
+        slots = self.slots[idx]
+        tok, row, dst, rope = self.index[:, heads, :, :slots].reshape(4, -1)
+        gates = None if self.gates is None else self.gates[heads, :, :slots]
+        return slots, tok, row, dst, rope, gates, self.g_tok[:, idx : idx + 1], self.binary
+
+
+def _packed_heads(layer, packing, x_tok, msum, g, cos, sin_signed, contributions: bool = True
+                  ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
-    Each (head, batch row)'s active positions are packed to the front (in order) of S slots, S the
-    largest active count; projections and attention run on the packed slots only. Inputs: x_tok
-    (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
-    ``binary``: every gate is exactly 0 or 1 and needs no gradient, so nothing is scaled and keys
-    need no log g bias.
+    Projections and attention run on the packed slots of :class:`_Packing` only. Inputs: packing
+    (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
     Returns (token-first contributions (B·T, h, d) — reusing x_tok's storage; pairs with g = 0
     hold stale finite values that the caller's masked adjacency never reads — or None unless
     ``contributions``; their sum (B, T, d)), or None when no pair is active.
     """
+    slots, tok_of_slot, row_of_slot, tok_dst, rope_row, gp, g_tok, binary = packing
+    if slots == 0:
+        return None
     attn = layer.self_attn
     eps = attn.q_norm.variance_epsilon
     d_head = attn.head_dim
-    n_h, (bsz, t, d) = len(heads), msum.shape
-    active = g > 0  # (h, B, T)
-    counts = active.sum(-1)  # (h, B)
-    slots = int(counts.max())
-    if slots == 0:
-        return None
-    pos = torch.argsort((~active).to(torch.int8), dim=-1, stable=True)[..., :slots]  # (h, B, S) active first, in order
-    valid = torch.arange(slots, device=g.device) < counts[..., None]  # (h, B, S)
-    device = msum.device
-    head_of_slot = torch.arange(n_h, device=device).repeat_interleave(bsz * slots)
-    tok_of_slot = (torch.arange(bsz, device=device).view(1, bsz, 1) * t + pos).flatten()  # into (B·T)
-    row_of_slot = tok_of_slot * n_h + head_of_slot  # into (B·T·h)
-    # scatter target of per-token sums: padding slots go to one extra, discarded row
-    tok_dst = torch.where(valid.flatten(), tok_of_slot, bsz * t)
+    n_h, (bsz, t, d) = x_tok.shape[1], msum.shape
 
-    w_qkv, w_o, qk_w = _weights(layer, heads)
+    w_qkv, w_o, qk_w = _weights(layer, None)
     xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
     qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
@@ -347,18 +384,11 @@ def _packed_heads(layer, heads, x_tok, msum, g, cos, sin_signed, contributions: 
         vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
         return vals.new_zeros(bsz * t + 1, *vals.shape[1:]).index_add_(0, tok_dst, vals)[:-1]
 
-    def per_slot(tok: torch.Tensor) -> torch.Tensor:  # (B·T, …) → (h, B, S, …)
-        return tok.index_select(0, tok_of_slot).view(n_h, bsz, slots, *tok.shape[1:])
-
-    gp = None if binary else torch.gather(g, 2, pos) * valid  # (h, B, S), 0 on padding
-    g_tok = g.float().sum(0).reshape(-1, 1).clamp_min(torch.finfo(torch.float32).tiny)  # Σ_h g per token (B·T, 1)
     sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
-    ms = per_slot(per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok) / d_head
-    # the rope tables of each slot's head and position
-    head_pos = (torch.arange(n_h, device=device).view(n_h, 1, 1) * t + pos).flatten()
-    wc, ws = (c.reshape(n_h * t, 2, -1).index_select(0, head_pos).view(n_h, bsz, slots, 2, -1)
-              for c in _rope_tables(qk_w, cos, sin_signed))  # (h, B, S, 2, D)
-    q, k = _qk_norm_rope(qk, ms, eps, wc, ws)  # (h, B, S, D)
+    ms = (per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok).index_select(0, tok_of_slot)
+    table = _rope_tables(qk_w, cos, sin_signed)  # the slots' rows, by head and position: (h, B, S, 2, 2, D)
+    table = table.view(n_h * t, *table.shape[2:]).index_select(0, rope_row).view(n_h, bsz, slots, *table.shape[2:])
+    q, k = _qk_norm_rope(qk, ms.view(n_h, bsz, slots, 2), eps, table)  # (h, B, S, D)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
