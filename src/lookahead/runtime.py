@@ -114,8 +114,12 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     shared = adjacency.dim() == 2
     # shortcuts for gates of exactly 1 (or 0), taken only when no gradient has to reach them
     gates_fixed = not (torch.is_grad_enabled() and gates.requires_grad)
-    all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
     core = model.model
+    if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
+        layers = _shared_layers(gates, n_layers, n_heads, hard, gates_fixed)
+        all_on = all(heads is None and ones for _, heads, ones in layers)
+    else:
+        all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
 
     # Heads' tensors are head-first (h, B, T, ·) with a shared adjacency, token-first (B·T, h, ·)
     # per position: either way, mixing is one (batched) matmul per block of sources.
@@ -131,6 +135,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
                if hard and not shared and not all_on else None)
     if packing is not None:  # packed heads leave stale values in the rows of pairs that did not run
         a = a * (gates > 0).to(a.dtype)[..., :, None]  # so no head reads a source that is off
+        cos_sin = torch.stack([cos, sin_signed], dim=1)  # (T, 2, D), read by position
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
@@ -140,21 +145,16 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
 
     for layer_idx, layer in enumerate(core.layers[:n_layers]):
         first = 1 + layer_idx * n_heads
-        cols, heads = slice(first, first + n_heads), None  # the layer's nodes, all of its heads
-        if hard and shared and not all_on:
-            heads = (gates[cols] > 0).nonzero()[:, 0]  # the heads that run at all
-            cols = first + heads
+        cols, heads, ones = layers[layer_idx] if shared else (slice(first, first + n_heads), None, all_on)
         out = None
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
-        g = None if all_on else g_all[cols]  # (h,) | (h, B, T)
+        g = None if ones else g_all[cols]  # (h,) | (h, B, T)
         if shared and (heads is None or len(heads)):
-            if g is not None and gates_fixed and bool((g == 1).all()):
-                g = None
             out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
             if packing is not None:
-                out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, g, cos, sin_signed, not last)
+                out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
@@ -167,6 +167,23 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         stream = stream + mlp
         msum = msum + mlp
     return model.lm_head(core.norm(stream))
+
+
+def _shared_layers(gates: torch.Tensor, n_layers: int, n_heads: int, hard: bool, gates_fixed: bool):
+    """For shared gates (N,), per layer: (its nodes that run — a slice when all do —, their head
+    ids or None for all, whether their gates are all exactly 1 and need no gradient). In soft
+    mode every head runs; in hard mode those with g > 0."""
+    out = []
+    for layer_idx, row in enumerate(gates.detach()[1:].view(n_layers, n_heads).tolist()):
+        first = 1 + layer_idx * n_heads
+        run = [h for h, v in enumerate(row) if v > 0 or not hard]
+        ones = gates_fixed and all(row[h] == 1 for h in run)
+        if len(run) == n_heads:
+            out.append((slice(first, first + n_heads), None, ones))
+        else:
+            heads = torch.tensor(run, dtype=torch.long, device=gates.device)
+            out.append((first + heads, heads, ones))
+    return out
 
 
 def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
@@ -205,15 +222,12 @@ def _weights(layer, heads: torch.Tensor | None):
     hidden = attn.q_proj.weight.shape[1]
     h_all = attn.q_proj.weight.shape[0] // d_head
 
-    def pick(w):  # (H·D, d) → (h, D, d)
-        w = w.view(h_all, d_head, hidden)
-        return w if heads is None else w[heads]
-
-    w_qkv = torch.cat([pick(attn.q_proj.weight), pick(attn.k_proj.weight), pick(attn.v_proj.weight)], dim=1)
+    w_qkv = torch.cat([w.view(h_all, d_head, hidden) for w in (attn.q_proj.weight, attn.k_proj.weight,
+                                                                attn.v_proj.weight)], dim=1)  # (H, 3D, d)
     w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
     qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
     if heads is not None:
-        w_o, qk_w = w_o[heads], qk_w[heads]
+        w_qkv, w_o, qk_w = w_qkv[heads], w_o[heads], qk_w[heads]
     return w_qkv.transpose(1, 2), w_o, qk_w
 
 
@@ -234,16 +248,17 @@ def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tens
     return torch.stack([w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]], dim=2)
 
 
-def _qk_norm_rope(qk: torch.Tensor, ms: torch.Tensor, eps: float, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """OLMo2's q/k RMSNorm with a given mean square, then RoPE; q and k together.
+def _qk_norm_rope(x: torch.Tensor, ms: torch.Tensor, eps: float, c: torch.Tensor, s: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """OLMo2's q/k RMSNorm with a given mean square, then RoPE in its rolled form; q and k together.
 
-    qk (h, B, S, 2, D); ms (…, 2) broadcastable to (h, B, S, 2); table from :func:`_rope_tables`,
-    broadcastable to (h, B, S, 2, 2, D). The norm's scalar factor commutes with RoPE, so it is
-    applied last. Returns q, k as (h, B, S, D).
+    x (h, B, S, 2, D) float32; ms (…, 2) broadcastable to (h, B, S, 2); x · c + roll(x) · s is the
+    weighted, rotated row (c, s broadcastable to x: :func:`_rope_tables` for unweighted x, or
+    cos and signed sin when x already carries the norm weight). The norm's scalar factor commutes
+    with RoPE, so it is applied last. Returns q, k as (h, B, S, D) in ``dtype``.
     """
-    x = qk.float()
-    out = torch.addcmul(x * table[..., 0, :, :], x.roll(x.shape[-1] // 2, -1), table[..., 1, :, :])
-    out = (out * torch.rsqrt(ms + eps)[..., None]).to(qk.dtype)
+    out = torch.addcmul(x * c, x.roll(x.shape[-1] // 2, -1), s)
+    out = (out * torch.rsqrt(ms + eps)[..., None]).to(dtype)
     return out[..., 0, :], out[..., 1, :]
 
 
@@ -262,7 +277,8 @@ def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> t
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
     ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
-    q, k = _qk_norm_rope(qk, ms, eps, _rope_tables(qk_w, cos, sin_signed)[:, None])  # (h, B, T, D)
+    table = _rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
+    q, k = _qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
 
     # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
     z = _attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
@@ -319,8 +335,8 @@ class _Packing:
 
     gates (B, T, N). Per layer (:meth:`layer`), flat over (h, B, S_l): the slot's token (into B·T),
     its row of the layer's token-first input streams (B·T·h), the token again with padding slots
-    sent to an extra row B·T (for per-token sums), and the row of its head and position in the
-    layer's RoPE table (h·T); plus the slots' gates (h, B, S_l), 0 on padding.
+    sent to an extra row B·T (for per-token sums), and its position; plus the slots' gates
+    (h, B, S_l), 0 on padding (None when every gate is 0 or 1).
     """
 
     def __init__(self, gates: torch.Tensor, n_layers: int, n_heads: int, d_head: int):
@@ -343,7 +359,7 @@ class _Packing:
         tok = order + torch.arange(bsz, device=dev).view(1, bsz, 1) * t
         head = (torch.arange(n_layers * n_heads, device=dev) % n_heads).view(-1, 1, 1)
         valid = at < counts[..., None]  # (L·H, B, T)
-        self.index = torch.stack([tok, tok * n_heads + head, torch.where(valid, tok, bsz * t), head * t + order])
+        self.index = torch.stack([tok, tok * n_heads + head, torch.where(valid, tok, bsz * t), order])
         self.gates = None if self.binary else torch.gather(g, 2, order) * valid  # (L·H, B, T)
         # d_head · Σ_h g per token and layer (B·T, L): the QK-norm's mean is over the running heads' slices
         g_sum = gates[..., 1:].float().view(bsz * t, n_layers, n_heads).sum(-1)
@@ -357,17 +373,17 @@ class _Packing:
         return slots, tok, row, dst, rope, gates, self.g_tok[:, idx : idx + 1], self.binary
 
 
-def _packed_heads(layer, packing, x_tok, msum, g, cos, sin_signed, contributions: bool = True
+def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
                   ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
     Projections and attention run on the packed slots of :class:`_Packing` only. Inputs: packing
-    (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d) (for its shape), g (h, B, T).
-    Returns (token-first contributions (B·T, h, d) — reusing x_tok's storage; pairs with g = 0
-    hold stale finite values that the caller's masked adjacency never reads — or None unless
-    ``contributions``; their sum (B, T, d)), or None when no pair is active.
+    (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d) (for its shape), rope
+    (T, 2, D): cos and signed sin by position. Returns (token-first contributions (B·T, h, d) —
+    pairs with g = 0 hold stale finite values that the caller's masked adjacency never reads — or
+    None unless ``contributions``; their sum (B, T, d)), or None when no pair is active.
     """
-    slots, tok_of_slot, row_of_slot, tok_dst, rope_row, gp, g_tok, binary = packing
+    slots, tok_of_slot, row_of_slot, tok_dst, pos, gp, g_tok, binary = packing
     if slots == 0:
         return None
     attn = layer.self_attn
@@ -386,9 +402,9 @@ def _packed_heads(layer, packing, x_tok, msum, g, cos, sin_signed, contributions
 
     sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
     ms = (per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok).index_select(0, tok_of_slot)
-    table = _rope_tables(qk_w, cos, sin_signed)  # the slots' rows, by head and position: (h, B, S, 2, 2, D)
-    table = table.view(n_h * t, *table.shape[2:]).index_select(0, rope_row).view(n_h, bsz, slots, *table.shape[2:])
-    q, k = _qk_norm_rope(qk, ms.view(n_h, bsz, slots, 2), eps, table)  # (h, B, S, D)
+    cos_sin = rope.index_select(0, pos).view(n_h, bsz, slots, 2, 1, -1)  # each slot's position's
+    x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
+    q, k = _qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
@@ -404,9 +420,9 @@ def _packed_heads(layer, packing, x_tok, msum, g, cos, sin_signed, contributions
     total = (w_post * (s * inv_rms[:, None])).to(xp.dtype).view(bsz, t, d)
     if not contributions:
         return None, total
-    scale = (w_post * inv_rms[:, None]).index_select(0, tok_of_slot)  # (h·B·S, d)
-    op = (o.float().view(-1, d) * scale).to(xp.dtype)
-    # Written over the input streams, which are no longer needed (and which autograd did not save):
-    # rows of (position, head) pairs that did not run keep finite stale values, which no later head
-    # reads, because the caller zeroed the adjacency rows of sources that are off.
-    return x_tok.view(-1, d).index_copy_(0, row_of_slot, op).view(bsz * t, n_h, d), total
+    # Written over the input streams, which are no longer needed (and which autograd did not save),
+    # then normalised token by token: rows of (position, head) pairs that did not run hold finite
+    # stale values, which no later head reads, because the caller zeroed the adjacency rows of
+    # sources that are off.
+    o_tok = x_tok.view(-1, d).index_put_((row_of_slot,), o.view(-1, d)).view(bsz * t, n_h, d)
+    return (o_tok.float() * (w_post * inv_rms[:, None])[:, None]).to(xp.dtype), total
