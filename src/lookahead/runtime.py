@@ -115,11 +115,6 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     # shortcuts for gates of exactly 1 (or 0), taken only when no gradient has to reach them
     gates_fixed = not (torch.is_grad_enabled() and gates.requires_grad)
     core = model.model
-    if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
-        layers = _shared_layers(gates, n_layers, n_heads, hard, gates_fixed)
-        all_on = all(heads is None and ones for _, heads, ones in layers)
-    else:
-        all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
 
     # Heads' tensors are head-first (h, B, T, ·) with a shared adjacency, token-first (B·T, h, ·)
     # per position: either way, mixing is one (batched) matmul per block of sources.
@@ -131,17 +126,23 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for the rolled form of RoPE
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
+    if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
+        run, layers = _shared_layers(gates, n_layers, n_heads, hard, gates_fixed)
+        all_on = all(heads is None and ones for _, heads, ones in layers)
+        if run is not None:  # renumber the nodes that run 0, 1, …: every layer's are a slice
+            a, gates = a[run][:, run], gates[run]
+    else:
+        all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
     packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
                if hard and not shared and not all_on else None)
-    if packing is not None:  # packed heads leave stale values in the rows of pairs that did not run
-        a = a * (gates > 0).to(a.dtype)[..., :, None]  # so no head reads a source that is off
+    if packing is not None:
         cos_sin = torch.stack([cos, sin_signed], dim=1)  # (T, 2, D), read by position
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
     stream = e  # the standard stream e + Σ o + Σ m
     msum = torch.zeros_like(e)  # Σ m over the layers so far
-    # (node ids, contributions): the source, then the heads that ran, layer by layer (layouts:
-    # _mix_shared, _mix_tokens)
-    blocks = [(slice(0, 1), e[None] if shared else e.reshape(-1, 1, d))]
+    # (node ids, head-first contributions (s, B, T, d) | (s, B·T, d)): the source, then the heads
+    # that ran, layer by layer
+    blocks = [(slice(0, 1), e[None] if shared else e.reshape(1, -1, d))]
 
     for layer_idx, layer in enumerate(core.layers[:n_layers]):
         first = 1 + layer_idx * n_heads
@@ -158,7 +159,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
-                out = None if o is None else o.permute(1, 2, 0, 3).reshape(bsz * t, -1, d), total
+                out = None if o is None else o.view(-1, bsz * t, d), total
         if out is not None:
             if out[0] is not None:
                 blocks.append((cols, out[0]))
@@ -170,20 +171,20 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
 
 
 def _shared_layers(gates: torch.Tensor, n_layers: int, n_heads: int, hard: bool, gates_fixed: bool):
-    """For shared gates (N,), per layer: (its nodes that run — a slice when all do —, their head
-    ids or None for all, whether their gates are all exactly 1 and need no gradient). In soft
-    mode every head runs; in hard mode those with g > 0."""
-    out = []
+    """For shared gates (N,) the nodes that run, source first (None: all of them), and per layer
+    (its running nodes as a slice of those, their head ids or None for all, whether their gates
+    are all exactly 1 and need no gradient). In soft mode every head runs; in hard mode those
+    with g > 0."""
+    nodes, layers = [0], []
     for layer_idx, row in enumerate(gates.detach()[1:].view(n_layers, n_heads).tolist()):
-        first = 1 + layer_idx * n_heads
         run = [h for h, v in enumerate(row) if v > 0 or not hard]
         ones = gates_fixed and all(row[h] == 1 for h in run)
-        if len(run) == n_heads:
-            out.append((slice(first, first + n_heads), None, ones))
-        else:
-            heads = torch.tensor(run, dtype=torch.long, device=gates.device)
-            out.append((first + heads, heads, ones))
-    return out
+        cols = slice(len(nodes), len(nodes) + len(run))
+        nodes += [1 + layer_idx * n_heads + h for h in run]
+        heads = None if len(run) == n_heads else torch.tensor(run, dtype=torch.long, device=gates.device)
+        layers.append((cols, heads, ones))
+    run = None if len(nodes) == gates.shape[0] else torch.tensor(nodes, dtype=torch.long, device=gates.device)
+    return run, layers
 
 
 def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
@@ -202,15 +203,15 @@ def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
 def _mix_tokens(a, cols: slice, msum, blocks) -> torch.Tensor:
     """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a per-position adjacency a (B, T, N, N).
 
-    blocks: (node ids (slice), token-first outputs (B·T, s, d)), the first being the source (node 0,
-    the embedding). Returns (B·T, h, d).
+    blocks: (node ids (slice), outputs (s, B·T, d)), the first being the source (node 0, the
+    embedding). Returns (B·T, h, d).
     """
     bsz, t, n = a.shape[:3]
-    ac = a[..., cols].reshape(bsz * t, n, -1).transpose(1, 2)  # (B·T, h, N)
+    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, -1, n)  # (B·T, h, N), one compact copy for the matmuls
     (src, e), rest = blocks[0], blocks[1:]
-    x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e)  # Σ m + A[0, j] e
+    x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e.transpose(0, 1))  # Σ m + A[0, j] e
     for src, o in rest:  # (B·T, h, s) @ (B·T, s, d), in place: backward needs no old x
-        x = x.baddbmm_(ac[..., src], o)
+        x = x.baddbmm_(ac[..., src], o.transpose(0, 1))
     return x
 
 
@@ -333,10 +334,11 @@ class _Packing:
     head at once: each (head, batch row)'s active positions packed to the front, in order, of S_l
     slots, S_l the largest active count among layer l's heads.
 
-    gates (B, T, N). Per layer (:meth:`layer`), flat over (h, B, S_l): the slot's token (into B·T),
-    its row of the layer's token-first input streams (B·T·h), the token again with padding slots
-    sent to an extra row B·T (for per-token sums), and its position; plus the slots' gates
-    (h, B, S_l), 0 on padding (None when every gate is 0 or 1).
+    gates (B, T, N). Per layer (:meth:`layer`), flat over (h, B, S_l): the slot's row of the layer's
+    token-first (B·T, h) pairs, the same with padding slots sent to a spare row B·T·h, its token
+    (into B·T) with padding sent to a spare row B·T, and its position (padding: 0); plus the
+    slots' gates (h, B, S_l), 0 on padding (None when every gate is 0 or 1), and the per-token
+    weight totals of the QK-norm's mean.
     """
 
     def __init__(self, gates: torch.Tensor, n_layers: int, n_heads: int, d_head: int):
@@ -350,40 +352,42 @@ class _Packing:
         ahead = active.cumsum(-1)  # active positions up to and including each
         counts = ahead[..., -1]  # (L·H, B)
         self.slots = counts.view(n_layers, n_heads, bsz).amax((1, 2)).tolist()
-        # the permutation of positions that puts the active ones first, in order, then the others: a
-        # padding slot is an inactive position of its (head, row), so writing every slot back to
-        # the input streams overwrites only pairs that did not run
+        # each active position to its slot, the others to a column that is dropped: padding slots
+        # hold position 0
         at = torch.arange(t, device=dev)
-        dest = torch.where(active, ahead - 1, counts[..., None] + at - ahead)
-        order = torch.empty_like(dest).scatter_(-1, dest, at.expand_as(dest))
-        tok = order + torch.arange(bsz, device=dev).view(1, bsz, 1) * t
-        head = (torch.arange(n_layers * n_heads, device=dev) % n_heads).view(-1, 1, 1)
+        order = torch.zeros(*counts.shape, t + 1, dtype=torch.long, device=dev)
+        order = order.scatter_(-1, torch.where(active, ahead - 1, t), at.expand_as(active))[..., :t]
         valid = at < counts[..., None]  # (L·H, B, T)
-        self.index = torch.stack([tok, tok * n_heads + head, torch.where(valid, tok, bsz * t), order])
+        head = (torch.arange(n_layers * n_heads, device=dev) % n_heads).view(-1, 1, 1)
+        tok = order + torch.arange(bsz, device=dev).view(1, bsz, 1) * t
+        row = tok * n_heads + head
+        self.index = torch.stack([row, torch.where(valid, row, bsz * t * n_heads), torch.where(valid, tok, bsz * t), order])
         self.gates = None if self.binary else torch.gather(g, 2, order) * valid  # (L·H, B, T)
-        # d_head · Σ_h g per token and layer (B·T, L): the QK-norm's mean is over the running heads' slices
+        # d_head · Σ_h g per token and layer (B·T + 1, L), the spare row (padding's) 1: the QK-norm's
+        # mean is over the running heads' slices
         g_sum = gates[..., 1:].float().view(bsz * t, n_layers, n_heads).sum(-1)
-        self.g_tok = (g_sum * d_head).clamp_min(torch.finfo(torch.float32).tiny)
+        self.g_tok = torch.cat([(g_sum * d_head).clamp_min(torch.finfo(torch.float32).tiny), g_sum.new_ones(1, n_layers)])
 
     def layer(self, idx: int):
         heads = slice(idx * self.n_heads, (idx + 1) * self.n_heads)
         slots = self.slots[idx]
-        tok, row, dst, rope = self.index[:, heads, :, :slots].reshape(4, -1)
+        row, row_dst, tok_dst, pos = self.index[:, heads, :, :slots].reshape(4, -1)
         gates = None if self.gates is None else self.gates[heads, :, :slots]
-        return slots, tok, row, dst, rope, gates, self.g_tok[:, idx : idx + 1], self.binary
+        return slots, row, row_dst, tok_dst, pos, gates, self.g_tok[:, idx : idx + 1], self.binary
 
 
 def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
                   ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
-    Projections and attention run on the packed slots of :class:`_Packing` only. Inputs: packing
-    (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d) (for its shape), rope
-    (T, 2, D): cos and signed sin by position. Returns (token-first contributions (B·T, h, d) —
-    pairs with g = 0 hold stale finite values that the caller's masked adjacency never reads — or
-    None unless ``contributions``; their sum (B, T, d)), or None when no pair is active.
+    Projections, QK-norm, RoPE and attention run on the packed slots of :class:`_Packing` only;
+    the output projection reads the token-first attention outputs, 0 for the pairs that did not
+    run. Inputs: packing (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d)
+    (for its shape), rope (T, 2, D): cos and signed sin by position. Returns (head-first
+    contributions (h, B·T, d), exactly 0 where g = 0, or None unless ``contributions``; their sum
+    (B, T, d)), or None when no pair is active.
     """
-    slots, tok_of_slot, row_of_slot, tok_dst, pos, gp, g_tok, binary = packing
+    slots, row_of_slot, row_dst, tok_dst, pos, gp, g_tok, binary = packing
     if slots == 0:
         return None
     attn = layer.self_attn
@@ -396,12 +400,11 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
 
-    def per_token(vals: torch.Tensor) -> torch.Tensor:  # (h, B, S, …) → summed per token (B·T, …)
-        vals = vals.reshape(n_h * bsz * slots, *vals.shape[3:])
-        return vals.new_zeros(bsz * t + 1, *vals.shape[1:]).index_add_(0, tok_dst, vals)[:-1]
-
     sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
-    ms = (per_token(sumsq if binary else sumsq * gp[..., None].float()) / g_tok).index_select(0, tok_of_slot)
+    if not binary:
+        sumsq = sumsq * gp[..., None].float()
+    # the gated mean square per token (padding slots: a spare row), then back to the slots
+    ms = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, tok_dst, sumsq.view(-1, 2)).div_(g_tok).index_select(0, tok_dst)
     cos_sin = rope.index_select(0, pos).view(n_h, bsz, slots, 2, 1, -1)  # each slot's position's
     x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
     q, k = _qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
@@ -410,19 +413,17 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
     # than 1 add log g to their keys' logits (padding keys: g = 0, excluded).
     z = _attend(attn, q, k, v, None if binary else gp)
-    o = _project(z, w_o)  # (h, B, S, d)
     if not binary:
-        o = o * gp[..., None].to(o.dtype)  # gated
+        z = z * gp[..., None].to(z.dtype)  # gated: o_j = g_j W_O[j] z_j
 
-    s = per_token(o.float())  # gated attention sum (B·T, d)
+    # back to token-first (B·T, h, D), 0 for every pair that did not run (padding: a spare row);
+    # from here on the work is per token: the o projection reads D-wide rows, not the d-wide x
+    z_tok = z.new_zeros(bsz * t * n_h + 1, d_head).index_put_((row_dst,), z.reshape(-1, d_head))[:-1]
+    s = (z_tok.view(bsz * t, n_h * d_head) @ attn.o_proj.weight.T).float()  # gated attention sum (B·T, d)
     inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
     w_post = layer.post_attention_layernorm.weight
     total = (w_post * (s * inv_rms[:, None])).to(xp.dtype).view(bsz, t, d)
     if not contributions:
         return None, total
-    # Written over the input streams, which are no longer needed (and which autograd did not save),
-    # then normalised token by token: rows of (position, head) pairs that did not run hold finite
-    # stale values, which no later head reads, because the caller zeroed the adjacency rows of
-    # sources that are off.
-    o_tok = x_tok.view(-1, d).index_put_((row_of_slot,), o.view(-1, d)).view(bsz * t, n_h, d)
-    return (o_tok.float() * (w_post * inv_rms[:, None])[:, None]).to(xp.dtype), total
+    o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o)  # (h, B·T, d), exactly 0 where g = 0
+    return (o.float() * (w_post * inv_rms[:, None])).to(xp.dtype), total
