@@ -11,6 +11,10 @@ On one model and one batch, in one process, timed in interleaved rounds (median 
 - per_position_off{25,50,75}: hard mode, an independent random topology per position with exactly
   that share of heads off.
 
+Which heads are off matters for a shared topology (a layer with every head off costs nothing), so
+each hard variant is timed on ``--draws`` random topologies: its figures are the median over the
+draws, with the range over draws beside them (``…_range``).
+
 CPU runs re-execute themselves with glibc's mmap/trim thresholds raised (``--system-malloc``
 keeps the system default): PyTorch's CPU allocator does not cache, and with the default
 thresholds every large intermediate is mmapped and page-faulted anew, which makes timings of
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--draws", type=int, default=5, help="random topologies per hard variant")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's default thresholds")
@@ -110,11 +115,14 @@ def main() -> None:
         "dense": lambda: forward_with_topology(model, ids, dense),
         "dense_per_position": lambda: forward_with_topology(model, ids, dense.expand(b, t, n, n)),
     }
-    for pct in FRACTIONS:
-        a, g = (x.to(args.device) for x in shared_topology(n_layers, n_heads, pct, gen))
-        variants[f"shared_off{pct}"] = lambda a=a, g=g: forward_with_topology(model, ids, a, g, hard=True)
-        a, g = (x.to(args.device) for x in per_position_topology(n_layers, n_heads, pct, b, t, gen))
-        variants[f"per_position_off{pct}"] = lambda a=a, g=g: forward_with_topology(model, ids, a, g, hard=True)
+    hard = [f"{kind}_off{pct}" for pct in FRACTIONS for kind in ("shared", "per_position")]
+    for draw in range(args.draws):
+        for pct in FRACTIONS:
+            a, g = (x.to(args.device) for x in shared_topology(n_layers, n_heads, pct, gen))
+            variants[f"shared_off{pct}/{draw}"] = lambda a=a, g=g: forward_with_topology(model, ids, a, g, hard=True)
+            a, g = (x.to(args.device) for x in per_position_topology(n_layers, n_heads, pct, b, t, gen))
+            variants[f"per_position_off{pct}/{draw}"] = lambda a=a, g=g: forward_with_topology(
+                model, ids, a, g, hard=True)
 
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -129,7 +137,13 @@ def main() -> None:
                 f()
                 sync()
                 times[name].append(time.perf_counter() - tic)
+        # the same comparison after the timing, so a run whose numbers drift is seen
+        max_diff_after = (variants["dense"]().float() - variants["stock"]().float()).abs().max().item()
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+    def over(name: str, base: str) -> tuple[float, list[float]]:  # median and range over the draws
+        ratios = [ms[f"{name}/{draw}"] / ms[base] for draw in range(args.draws)]
+        return round(statistics.median(ratios), 3), [round(min(ratios), 3), round(max(ratios), 3)]
 
     out = {
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
@@ -137,18 +151,18 @@ def main() -> None:
         "hidden": cfg.hidden_size, "batch": b, "seq": t, "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "allocator": "system" if args.system_malloc or args.device != "cpu" else "glibc thresholds raised",
-        "max_abs_diff_dense_vs_stock": max_diff,
-        **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+        "max_abs_diff_dense_vs_stock": max_diff, "max_abs_diff_dense_vs_stock_after_timing": max_diff_after,
+        "draws": args.draws,
+        **{f"{k}_ms": round(ms[k], 3) for k in ("stock", "dense", "dense_per_position")},
+        **{f"{k}_ms": round(statistics.median(ms[f"{k}/{draw}"] for draw in range(args.draws)), 3) for k in hard},
         "dense_over_stock": round(ms["dense"] / ms["stock"], 3),
         "dense_per_position_over_dense": round(ms["dense_per_position"] / ms["dense"], 3),
     }
+    for k in hard:
+        out[f"{k}_over_dense"], out[f"{k}_over_dense_range"] = over(k, "dense")
     for pct in FRACTIONS:
-        out[f"shared_off{pct}_over_dense"] = round(ms[f"shared_off{pct}"] / ms["dense"], 3)
-    for pct in FRACTIONS:
-        out[f"per_position_off{pct}_over_dense"] = round(ms[f"per_position_off{pct}"] / ms["dense"], 3)
-    for pct in FRACTIONS:
-        out[f"per_position_off{pct}_over_dense_per_position"] = round(
-            ms[f"per_position_off{pct}"] / ms["dense_per_position"], 3)
+        k = f"per_position_off{pct}"
+        out[f"{k}_over_dense_per_position"], _ = over(k, "dense_per_position")
     print(json.dumps(out))
 
 

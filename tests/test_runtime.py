@@ -123,6 +123,12 @@ def test_hard_execution_equals_soft_execution():
         scaled = gates * torch.where(gates > 0, 0.3 + 0.7 * torch.rand(gates.shape, generator=torch.Generator().manual_seed(5)), 1.0)
         soft_s = forward_with_topology(model, ids, adjacency, scaled)
         hard_s = forward_with_topology(model, ids, adjacency, scaled, hard=True)
+        # weight on the edges out of heads that are off: o_i = 0 there, so the edges carry nothing
+        loose = (torch.rand(adjacency.shape, generator=torch.Generator().manual_seed(9)) * dense(model))
+        loose = loose * gates[..., None, :]
+        soft_l = forward_with_topology(model, ids, loose, gates)
+        hard_l = forward_with_topology(model, ids, loose, gates, hard=True)
+        cut = forward_with_topology(model, ids, loose * gates[..., :, None], gates, hard=True)
         # a shared topology with whole heads off
         g1 = torch.ones(adjacency.shape[-1])
         g1[[1, 6, 7, 12]] = 0
@@ -132,6 +138,7 @@ def test_hard_execution_equals_soft_execution():
     assert (soft - hard).abs().max() <= TOL
     assert (soft_s - hard_s).abs().max() <= TOL
     assert (shared_soft - shared_hard).abs().max() <= TOL
+    assert (soft_l - hard_l).abs().max() <= TOL and (hard_l - cut).abs().max() <= TOL
     assert (soft - model(ids).logits).abs().max() > 1e-2  # the topology does change the function
 
 
