@@ -23,10 +23,11 @@ attention for that head excludes it. Soft gates enter the attention logits of ke
 log g_j(t'), whose limit at g = 0 is that exclusion.
 
 ``hard=True`` executes the same function without the work of (head, position) pairs whose gate is
-0: with a shared topology the off heads' projections and attention are simply not computed; with
-per-position topologies each head's active positions are packed (per batch row) and only they get
-q/k/v/o projections and attention. The mixing that builds x (a weighted sum of earlier outputs,
-the cheap part) is still computed for every pair in the per-position case.
+0: with a shared topology the off heads (and the mixing into and out of them) are simply not
+computed; with per-position topologies each head's active positions are packed (per batch row) and
+only they get q/k/v projections, QK-norm, RoPE and attention. The mixing that builds x (a weighted
+sum of earlier outputs) and the output projection of the D-wide attention outputs (0 for pairs that
+did not run) are still computed for every pair in the per-position case.
 
 With adjacency = the allowed mask and gates = 1 the logits equal the stock Hugging Face forward
 (tests/test_runtime.py, max abs difference ≤ 1e-5 in fp32).
@@ -116,8 +117,9 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     gates_fixed = not (torch.is_grad_enabled() and gates.requires_grad)
     core = model.model
 
-    # Heads' tensors are head-first (h, B, T, ·) with a shared adjacency, token-first (B·T, h, ·)
-    # per position: either way, mixing is one (batched) matmul per block of sources.
+    # Contributions are head-first, (s, B, T, d) shared and (s, B·T, d) per position; the heads'
+    # inputs are head-first shared and token-first (B·T, h, d) per position: either way, mixing is
+    # one (batched) matmul per block of sources.
     e = core.embed_tokens(input_ids)  # (B, T, d)
     bsz, t, d = e.shape
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
