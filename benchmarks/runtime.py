@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's default thresholds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.rounds < 1 or args.draws < 1:
+        parser.error("--rounds and --draws must be at least 1")
 
     if args.device == "cpu" and not args.system_malloc and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
