@@ -192,8 +192,8 @@ def _shared_layers(gates: torch.Tensor, n_layers: int, n_heads: int, hard: bool,
 def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
     """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a shared adjacency a (N, N).
 
-    blocks: (node ids (s,), outputs (s, B, T, d)), the first being the source (node 0, the
-    embedding). Returns (h, B, T, d).
+    blocks: (rows of a — a slice or (s,) ids —, outputs (s, B, T, d)), the first being the
+    source (node 0, the embedding); cols likewise. Returns (h, B, T, d).
     """
     (src, e), rest = blocks[0], blocks[1:]
     x = torch.addmm(msum.reshape(1, -1), a[src][:, cols].T, e.reshape(1, -1))  # broadcasts Σ m over the heads
