@@ -288,11 +288,17 @@ def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> t
     o = _project(z, w_o)  # (h, B, T, d)
     if w is not None:
         o = o * w[..., None].to(o.dtype)
-    s = o.sum(0).float()  # gated attention sum (B, T, d)
-    inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B, T)
+    return _post_norm(layer, o.sum(0).float(), o if contributions else None, x.dtype)
+
+
+def _post_norm(layer, s: torch.Tensor, o: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """OLMo2's post-attention RMSNorm of the gated attention sum s (…, d) float32, in the stock
+    norm's order of operations: (the heads' contributions o · w_post / rms, o (h, …, d) — None
+    when o is None —, the normed sum w_post · s / rms), both in ``dtype``."""
+    inv_rms = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + layer.post_attention_layernorm.variance_epsilon)
     w_post = layer.post_attention_layernorm.weight
-    total = (w_post * (s * inv_rms[..., None])).to(x.dtype)  # the stock norm's order of operations
-    return (o.float() * (w_post * inv_rms[..., None])).to(x.dtype) if contributions else None, total
+    total = (w_post * (s * inv_rms)).to(dtype)
+    return None if o is None else (o.float() * (w_post * inv_rms)).to(dtype), total
 
 
 def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
@@ -422,10 +428,7 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     # from here on the work is per token: the o projection reads D-wide rows, not the d-wide x
     z_tok = z.new_zeros(bsz * t * n_h + 1, d_head).index_put_((row_dst,), z.reshape(-1, d_head))[:-1]
     s = (z_tok.view(bsz * t, n_h * d_head) @ attn.o_proj.weight.T).float()  # gated attention sum (B·T, d)
-    inv_rms = torch.rsqrt(s.pow(2).mean(-1) + layer.post_attention_layernorm.variance_epsilon)  # (B·T,)
-    w_post = layer.post_attention_layernorm.weight
-    total = (w_post * (s * inv_rms[:, None])).to(xp.dtype).view(bsz, t, d)
-    if not contributions:
-        return None, total
-    o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o)  # (h, B·T, d), exactly 0 where g = 0
-    return (o.float() * (w_post * inv_rms[:, None])).to(xp.dtype), total
+    # (h, B·T, d) contributions, exactly 0 where g = 0
+    o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o) if contributions else None
+    o, total = _post_norm(layer, s, o, xp.dtype)
+    return o, total.view(bsz, t, d)
