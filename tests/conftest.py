@@ -48,3 +48,44 @@ def tiny_tokenizer(tmp_path_factory):
     tok = train_bpe(d / "train.txt", TokenizerConfig(vocab_size=320, min_frequency=2))
     tok.save_pretrained(d / "saved")
     return AutoTokenizer.from_pretrained(d / "saved")
+
+
+def save_tiny_lm(path, tokenizer, hidden: int = 32, n_layers: int = 2, n_heads: int = 2, seed: int = 0):
+    """A tiny random OLMo2 causal LM saved with ``tokenizer`` as an HF model directory."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Olmo2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=48, num_hidden_layers=n_layers,
+                      num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=256,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                      bos_token_id=tokenizer.bos_token_id)
+    Olmo2ForCausalLM(cfg).eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def phase_inputs(tiny_tokenizer, tmp_path_factory):
+    """The inputs of phase 1 and pairs for a tiny random 2 x 2-head LM: model directory, token
+    streams, a context cache (the `base` encoder), an init file and head statistics."""
+    from safetensors.torch import save_file
+
+    from lookahead.contexts import ContextsConfig, build_contexts
+    from lookahead.graph import n_nodes
+
+    d = tmp_path_factory.mktemp("phase_inputs")
+    base = save_tiny_lm(d / "base", tiny_tokenizer)
+    rng = np.random.default_rng(0)
+    (d / "tokens").mkdir()
+    np.save(d / "tokens" / "train.npy", rng.integers(2, len(tiny_tokenizer), 4000).astype(np.uint16))
+    np.save(d / "tokens" / "val.npy", rng.integers(2, len(tiny_tokenizer), 1000).astype(np.uint16))
+    cfg = ContextsConfig(encoder="base", train_sequences=12, val_sequences=4, batch_size=4, device="cpu")
+    build_contexts(cfg, 12, tiny_tokenizer, d / "tokens", base, d / "contexts")
+    gen = torch.Generator().manual_seed(0)
+    vocab, n = len(tiny_tokenizer), n_nodes(2, 2)
+    save_file({"geo_table": torch.randn(vocab, 4, generator=gen), "geo_mask": (torch.rand(vocab, generator=gen) > 0.5).float(),
+               "U0": 0.3 * torch.randn(n, 2, generator=gen), "V0": 0.3 * torch.randn(n, 2, generator=gen)},
+              str(d / "init.safetensors"), metadata={"config": '{"n_layers": 2}'})
+    save_file({"importance": torch.tensor([[0.3, 0.1], [0.05, 0.2]])}, str(d / "heads.safetensors"))
+    return {"base": base, "tokens": d / "tokens", "contexts": d / "contexts", "init": d / "init.safetensors",
+            "heads": d / "heads.safetensors", "root": d}

@@ -41,15 +41,34 @@ def test_gate_is_exactly_zero_without_incoming_weight_and_closes_downstream():
 
 
 def test_hard_cascade_is_binary_with_straight_through_gradient():
-    a_raw = allowed_mask(2, 2).float() * 0.3
+    a_raw = allowed_mask(2, 2).float() * 0.7
     a_raw[:, 2] = 0  # layer-0 head 1 receives nothing
     a_raw[:, 4] = 0
-    a_raw[2, 4] = 0.3  # layer-1 head 1 only from it
+    a_raw[2, 4] = 0.7  # layer-1 head 1 only from it
     a_raw.requires_grad_(True)
     adj, g = cascade(a_raw, 2, 2, hard=True)
     assert g.tolist() == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert set(adj.unique().tolist()) == {0.0, 1.0}
     g.sum().backward()
     assert a_raw.grad.abs().sum() > 0
+
+
+def test_hard_cascade_gradient_is_the_soft_cascade_gradient():
+    """Straight-through at the soft values: the gates' backward pass is the soft cascade's, so an
+    off head (every incoming edge below 1/2, s = 0, g = 0) gets the soft gradient, not the vanishing
+    surrogate k·e^(−k·s) at the hard count."""
+    a_raw = allowed_mask(3, 2).float() * 0.9
+    a_raw[:, 5] = 0.3 * allowed_mask(3, 2).float()[:, 5]  # layer-2 head 0: hard off
+    grads = []
+    for hard in (False, True):
+        x = a_raw.clone().requires_grad_(True)
+        adj, g = cascade(x, 3, 2, k=4.0, hard=hard)
+        (g * torch.arange(7.0)).sum().backward()  # any loss of the gates
+        grads.append(x.grad)
+        if hard:
+            assert g[5] == 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert grads[1][:, 5].abs().max() > 0.01  # the off head's incoming edges learn
 
 
 def test_cascade_batches_over_positions():

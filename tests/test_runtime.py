@@ -9,6 +9,7 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 import lookahead.runtime as runtime
 from lookahead.graph import allowed_mask, n_nodes, node_index
 from lookahead.runtime import TopologyError, default_gates, forward_with_topology
+from tests.reference_head_graph import reference_forward
 
 TOL = 1e-5
 
@@ -109,6 +110,38 @@ def test_gradients_reach_adjacency_gates_and_frozen_model_stays_frozen():
         adj = dense(model) if len(shape) == 1 else dense(model).expand(2, 7, n, n)
         forward_with_topology(model, ids, adj, ones).logsumexp(-1).mean().backward()
         assert ones.grad[..., 1:].abs().gt(0).all()
+
+
+def sparse_topology(model, shape, binary: bool, seed: int):
+    """Random sparse graph: heads off with probability 0.4, allowed edges kept with probability 0.6
+    (weights in (0, 1], some edges out of off heads included), gates binary or in (0.2, 1]."""
+    gen = torch.Generator().manual_seed(seed)
+    n = n_nodes(model.config.num_hidden_layers, model.config.num_attention_heads)
+    on = (torch.rand(*shape, n, generator=gen) > 0.4).float()
+    on[..., 0] = 1
+    gates = on if binary else on * (0.2 + 0.8 * torch.rand(*shape, n, generator=gen))
+    weights = torch.rand(*shape, n, n, generator=gen) * (torch.rand(*shape, n, n, generator=gen) < 0.6)
+    return weights * dense(model), gates
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
+@pytest.mark.parametrize("binary", [True, False], ids=["hard-gates", "soft-gates"])
+def test_sparse_topologies_match_the_plain_reference(shared, binary):
+    """DESIGN §4 written out head by head and position by position (tests/reference_head_graph.py,
+    no code shared with the runtime) against both executions of the runtime."""
+    model = tiny_olmo2(n_layers=3, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(21))
+    adjacency, gates = sparse_topology(model, () if shared else (2, 7), binary, seed=22 + shared)
+    ref = reference_forward(model, ids, adjacency, gates)
+    with torch.no_grad():
+        soft = forward_with_topology(model, ids, adjacency, gates)
+        hard = forward_with_topology(model, ids, adjacency, gates, hard=True)
+    assert (soft - ref).abs().max() <= TOL
+    assert (hard - ref).abs().max() <= TOL
+    assert (ref - model(ids).logits).abs().max() > 1e-2  # the graph does change the function
+    # and the reference is the stock forward on the dense graph
+    n = adjacency.shape[-1]
+    assert (reference_forward(model, ids, dense(model), torch.ones(n)) - model(ids).logits).abs().max() <= TOL
 
 
 def test_hard_execution_equals_soft_execution():
@@ -264,6 +297,19 @@ def test_bad_inputs_are_refused_with_clear_errors():
         forward_with_topology(model, ids, bad)
     with pytest.raises(TopologyError, match="gates must have shape"):
         forward_with_topology(model, ids, a, torch.ones(4))
+    nan = a.clone()
+    nan[0, 3] = float("nan")
+    with pytest.raises(TopologyError, match=r"non-finite value \(nan\).*edge \(0, 3\)"):
+        forward_with_topology(model, ids, nan)
+    with pytest.raises(TopologyError, match="non-finite"):
+        inf = a.clone().expand(1, 4, 5, 5).clone()
+        inf[0, 2, 1, 4] = float("inf")
+        forward_with_topology(model, ids, inf)
+    for bad in (1.5, -0.1, float("nan")):
+        g = torch.ones(5)
+        g[2] = bad
+        with pytest.raises(TopologyError, match=r"gates must lie in \[0, 1\]"):
+            forward_with_topology(model, ids, a, g)
     with pytest.raises(TopologyError, match="grouped-query"):
         forward_with_topology(tiny_olmo2(n_layers=1, n_heads=4, kv_heads=2), ids, dense(tiny_olmo2(n_layers=1, n_heads=4)))
     with pytest.raises(TopologyError, match="Olmo2ForCausalLM"):

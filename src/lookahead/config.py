@@ -221,8 +221,9 @@ def cli(main) -> None:
 
 
 def print_config(configs: dict[str, Any]) -> None:
-    """Print resolved configs as YAML (``--dry-run``)."""
-    yaml.safe_dump({k: to_dict(v) for k, v in configs.items()}, sys.stdout, sort_keys=False)
+    """Print resolved configs (dataclasses, or plain values for single keys) as YAML (``--dry-run``)."""
+    plain = {k: to_dict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
+    yaml.safe_dump(plain, sys.stdout, sort_keys=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,7 +149,7 @@ def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir,
 
     from lookahead.atomic import atomic_file
     from lookahead.config import to_dict
-    from lookahead.probe import encode_texts
+    from lookahead.encoders import encode_texts
     from lookahead.wordnet import read_tsv
 
     wordnet_dir = Path(wordnet_dir)

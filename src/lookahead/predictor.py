@@ -5,7 +5,7 @@ Per position t, from the context alone:
     f_t = [e_t ; geometric features]  →  MLP  →  U_t, V_t  (N × r)
     Z_t = U_t V_tᵀ + B                        B: learned static logits, from U0 V0ᵀ + init_bias
     A_raw = M ⊙ σ((Z_t + L) / τ)              L logistic noise in training, none in eval
-    hard: A_raw = 1[(Z_t + L) / τ > 0]        straight-through (σ's gradient) in training
+    hard: A_raw = 1[Z_t + L > 0], g = 1[s > 0]   straight-through to the soft cascade in training
 
 then :func:`cascade` turns A_raw into the executed graph (A, g) in layer order. ``e_t`` comes from a
 causal context encoder (DESIGN §3) and the geometric features from the init stage's table for the
@@ -79,10 +79,15 @@ def cascade(a_raw: torch.Tensor, n_layers: int, n_heads: int, k: float = 4.0,
 
     The gate is exactly 0 when a head receives no gated weight (σ(k s), the seed's gate, is ≥ 0.5 for
     every s ≥ 0 and never closes), and a closed head closes its outgoing edges in turn.
-    ``hard``: g = 1[s > 0] (straight-through to the soft gate when gradients are needed).
+
+    ``hard``: edges are thresholded (A_raw > 1/2, i.e. a positive logit) and g = 1[s > 0], with
+    straight-through gradients **evaluated at the soft values**: the backward pass is that of the
+    soft cascade of the soft A_raw, so a head that is off (g = 0, s = 0) still learns how its
+    incoming logits would change the loss. (The surrogate at the hard counts, k·e^(−k·s) at integer
+    s, vanishes: about 2.5e-5 at s = 3 for k = 4, and would freeze the topology.)
 
     Args:
-        a_raw: (…, N, N) edge weights, zero outside the allowed mask.
+        a_raw: (…, N, N) soft edge weights in [0, 1], zero outside the allowed mask.
     Returns:
         A (…, N, N) and g (…, N).
     """
@@ -90,17 +95,23 @@ def cascade(a_raw: torch.Tensor, n_layers: int, n_heads: int, k: float = 4.0,
     if a_raw.shape[-2:] != (n, n):
         raise PredictorError(f"a_raw must end in ({n}, {n}) for {n_layers} layers x {n_heads} heads; "
                              f"got {tuple(a_raw.shape)}")
-    gates = [torch.ones(*a_raw.shape[:-2], 1, dtype=a_raw.dtype, device=a_raw.device)]  # g_0 = 1
+    g_soft = _gates(a_raw, n_layers, n_heads, k, binary=False)
+    if not hard:
+        return g_soft[..., :, None] * a_raw, g_soft
+    bits = (a_raw > 0.5).to(a_raw.dtype)
+    g = straight_through(_gates(bits, n_layers, n_heads, k, binary=True), g_soft)
+    return g[..., :, None] * straight_through(bits, a_raw), g
+
+
+def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool) -> torch.Tensor:
+    """Head gates (…, N) of edge weights a (…, N, N), layer by layer: 1 − exp(−k s), or 1[s > 0]."""
+    gates = [torch.ones(*a.shape[:-2], 1, dtype=a.dtype, device=a.device)]  # g_0 = 1
     for layer in range(n_layers):
         first = 1 + layer * n_heads
         g_src = torch.cat(gates, dim=-1)  # (…, first): the source and every earlier head
-        s = torch.einsum("...i,...ij->...j", g_src, a_raw[..., :first, first:first + n_heads])  # (…, H)
-        g = -torch.expm1(-k * s)  # 1 − exp(−k s), exact near 0
-        if hard:
-            g = straight_through((s > 0).to(g.dtype), g)
-        gates.append(g)
-    g = torch.cat(gates, dim=-1)  # (…, N)
-    return g[..., :, None] * a_raw, g
+        s = torch.einsum("...i,...ij->...j", g_src, a[..., :first, first:first + n_heads])  # (…, H)
+        gates.append((s > 0).to(a.dtype) if binary else -torch.expm1(-k * s))  # 1 − exp(−k s), exact near 0
+    return torch.cat(gates, dim=-1)
 
 
 class StructurePredictor(nn.Module):
@@ -155,24 +166,20 @@ class StructurePredictor(nn.Module):
         v = self.to_v(h).unflatten(-1, (n, r))
         return u @ v.transpose(-1, -2) + self.static
 
-    def edges(self, z: torch.Tensor, tau: float | None = None, hard: bool | None = None,
+    def edges(self, z: torch.Tensor, tau: float | None = None,
               generator: torch.Generator | None = None) -> torch.Tensor:
-        """A_raw = M ⊙ σ((Z + L)/τ), L logistic noise in training mode only; thresholded when hard."""
+        """Soft A_raw = M ⊙ σ((Z + L)/τ), L logistic noise in training mode only. (…, N, N)"""
         tau = self.cfg.tau if tau is None else tau
-        hard = self.cfg.hard if hard is None else hard
         if self.training:
             z = z + logistic_noise(z.shape, z.device, z.dtype, generator)
-        y = z / tau
-        a = torch.sigmoid(y)
-        if hard:
-            a = straight_through((y > 0).to(a.dtype), a)
-        return a * self.mask
+        return torch.sigmoid(z / tau) * self.mask
 
     def forward(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
                 hard: bool | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A (…, N, N), g (…, N)) for every position of context (…, C)."""
+        """(A (…, N, N), g (…, N)) for every position of context (…, C); ``hard`` thresholds
+        the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values."""
         hard = self.cfg.hard if hard is None else hard
-        a_raw = self.edges(self.logits(context, geo), tau, hard, generator)
+        a_raw = self.edges(self.logits(context, geo), tau, generator)
         return cascade(a_raw, self.n_layers, self.n_heads, self.cfg.gate_k, hard)
 
 
@@ -192,3 +199,43 @@ def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: tor
     """The init stage's geometric embedding of each token and a matched flag (zeros for tokens
     without a WordNet match). (B, T) → (B, T, n_geo + 1); depends on the token at t only."""
     return torch.cat([geo_table[input_ids], geo_mask[input_ids, None]], dim=-1)
+
+
+PREDICTOR_FILE = "predictor.safetensors"
+
+
+def save_predictor(predictor: StructurePredictor, path: str | Path, extra: dict | None = None) -> None:
+    """Weights (safetensors) with the resolved config and shapes in the metadata (STYLE 6), atomically."""
+    from safetensors.torch import save_file
+
+    from lookahead.atomic import atomic_file
+    from lookahead.config import to_dict
+
+    meta = {"predictor": to_dict(predictor.cfg), "n_layers": predictor.n_layers, "n_heads": predictor.n_heads,
+            "context_dim": predictor.context_dim, "geo_dim": predictor.geo_dim, **(extra or {})}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in predictor.state_dict().items()}
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"config": json.dumps(meta, sort_keys=True)})  # one key: stable bytes
+
+
+def load_predictor(path: str | Path) -> tuple[StructurePredictor, dict]:
+    """A predictor saved by :func:`save_predictor`, in eval mode, and its metadata."""
+    from safetensors import safe_open
+
+    from lookahead.config import from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise PredictorError(f"predictor file not found: {path} (run `dvc repro phase1`)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["config"])
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # truncated or foreign file
+        raise PredictorError(f"{path} is not a readable predictor file ({err}): run `dvc checkout` or "
+                             "`dvc repro -f phase1`") from None
+    cfg = from_dict(PredictorConfig, meta["predictor"])
+    predictor = StructurePredictor(cfg, meta["n_layers"], meta["n_heads"], meta["context_dim"], meta["geo_dim"])
+    predictor.load_state_dict(tensors)
+    return predictor.eval(), meta
+

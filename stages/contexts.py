@@ -1,0 +1,32 @@
+"""DVC stage `contexts`: per-position context embeddings of seeded train and val windows from the
+frozen context encoder, cached as a few big fp16 files for phase 1 and the pairs stage."""
+
+from transformers import AutoTokenizer
+
+from lookahead.atomic import write_json
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.contexts import ContextsConfig, build_contexts, read_context_length
+from lookahead.tracking import stage_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "tokenizer": "tokenizer directory (input)",
+        "tokens": "token streams directory (input)",
+        "base": "base model directory (input; the `base` encoder)",
+        "out": "context cache directory (output)",
+        "metrics": "metrics json",
+    }, argv)
+    cfg = load_section(args.params, "contexts", ContextsConfig)
+    context_length = read_context_length(args.params)
+    if args.dry_run:
+        return print_config({"contexts": cfg, "base.arch.context_length": context_length})
+    with stage_run("contexts", {"contexts": to_dict(cfg), "base.arch": {"context_length": context_length}}) as run:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        metrics = build_contexts(cfg, context_length, tokenizer, args.tokens, args.base, args.out)
+        write_json(args.metrics, metrics)
+        run.log_metrics(metrics)
+
+
+if __name__ == "__main__":
+    cli(main)

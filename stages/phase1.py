@@ -1,0 +1,50 @@
+"""DVC stage `phase1`: train the lookahead structure predictor on the cached contexts with the LM
+and the encoder frozen; evaluate soft and hard topologies against dense and two pruning baselines."""
+
+from lookahead.atomic import write_csv, write_json
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.phase1 import Phase1Config, build_phase1
+from lookahead.phase1_plots import write_phase1_reports
+from lookahead.predictor import PredictorConfig
+from lookahead.tracking import stage_run
+
+OUTPUTS = {
+    "train-curve": "training curve csv (plot)",
+    "eval-curve": "evaluation curve csv (plot)",
+    "pareto": "NLL vs active-head fraction csv (plot)",
+    "layers": "active-head fraction per layer csv (plot)",
+    "figure": "curves png",
+    "pareto-figure": "Pareto png",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "contexts": "context cache directory (input)",
+        "init": "init safetensors (input)",
+        "heads": "probe head statistics (input)",
+        "out": "predictor safetensors (output)",
+        "metrics": "metrics json",
+        "checkpoints": "resumable checkpoints directory (not a DVC output)",
+        **OUTPUTS,
+    }, argv)
+    configs = {
+        "phase1": load_section(args.params, "phase1", Phase1Config),
+        "predictor": load_section(args.params, "predictor", PredictorConfig),
+    }
+    if args.dry_run:
+        return print_config(configs)
+    with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
+        metrics, result, module = build_phase1(configs["phase1"], configs["predictor"], args.base, args.contexts,
+                                               args.init, args.heads, args.out, args.checkpoints, tracker=run)
+        write_phase1_reports(result, module, metrics, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
+                                                       for name in OUTPUTS})
+        write_json(args.metrics, metrics)
+        run.log_metrics(metrics)
+        run.log_artifact(args.figure)
+        run.log_artifact(args.pareto_figure)
+
+
+if __name__ == "__main__":
+    cli(main)

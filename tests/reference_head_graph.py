@@ -1,0 +1,95 @@
+"""A plain reference of DESIGN §4's head-graph forward, written apart from ``lookahead.runtime``
+(it shares no code with it): explicit loops over heads, batch rows and positions, the stock
+Hugging Face RoPE and modules, nothing batched cleverly. Slow; for tiny models in tests only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers.models.olmo2.modeling_olmo2 import apply_rotary_pos_emb
+
+
+@torch.no_grad()
+def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of an Olmo2ForCausalLM run over the head graph (adjacency, gates).
+
+    adjacency (N, N) shared or (B, T, N, N); gates (N,) or (B, T, N), entry 0 ignored.
+    For head j (layer l, head h) at position t:
+      x_j = A[0, j] e + Σ_{l' < l} m_l' + Σ_{i head of an earlier layer} A[i, j] o_i
+      q_j, k_j, v_j = head j's rows of W_q, W_k, W_v applied to x_j
+      QK-norm: q_j / sqrt(ms + eps) · w_q[j], ms = Σ_h g_h |q_h|² / (D Σ_h g_h) over the layer's heads
+      attention over keys t' ≤ t with g_j(t') > 0, logits q·k · scale + log g_j(t')
+      o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms, rms = sqrt(mean((Σ_h g_h W_O[h] z_h)²) + eps)
+    and the MLP and final norm read e + Σ o + Σ m.
+    """
+    cfg = model.config
+    n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    core = model.model
+    bsz, seq = ids.shape
+    n = 1 + n_layers * n_heads
+    a = adjacency.float().expand(bsz, seq, n, n) if adjacency.dim() == 2 else adjacency.float()
+    g = gates.float().expand(bsz, seq, n) if gates.dim() == 1 else gates.float()
+
+    e = core.embed_tokens(ids).float()  # (B, T, d)
+    d = e.shape[-1]
+    d_head = d // n_heads
+    cos, sin = core.rotary_emb(e, torch.arange(seq)[None])  # (1, T, D)
+    contrib = {0: e}  # node → (B, T, d): the source, then each head's contribution
+    mlp_sum = torch.zeros_like(e)
+    stream = e.clone()
+    for layer_idx, layer in enumerate(core.layers):
+        attn = layer.self_attn
+        nodes = [1 + layer_idx * n_heads + h for h in range(n_heads)]
+        q = torch.zeros(n_heads, bsz, seq, d_head)
+        k = torch.zeros_like(q)
+        v = torch.zeros_like(q)
+        for h, j in enumerate(nodes):
+            rows = slice(h * d_head, (h + 1) * d_head)
+            for b in range(bsz):
+                for t in range(seq):
+                    x = mlp_sum[b, t].clone()
+                    for i, o in contrib.items():
+                        x = x + a[b, t, i, j] * o[b, t]
+                    q[h, b, t] = attn.q_proj.weight[rows] @ x
+                    k[h, b, t] = attn.k_proj.weight[rows] @ x
+                    v[h, b, t] = attn.v_proj.weight[rows] @ x
+        # QK-norm over the heads' own slices, weighted by their gates
+        for name, vec, norm in (("q", q, attn.q_norm), ("k", k, attn.k_norm)):
+            for b in range(bsz):
+                for t in range(seq):
+                    w = torch.stack([g[b, t, j] for j in nodes])
+                    total = w.sum()
+                    ms = (w * vec[:, b, t].pow(2).sum(-1)).sum() / (d_head * total) if total > 0 else torch.tensor(1.0)
+                    for h in range(n_heads):
+                        weight = norm.weight[h * d_head : (h + 1) * d_head]
+                        vec[h, b, t] = vec[h, b, t] / torch.sqrt(ms + norm.variance_epsilon) * weight
+        q, k = apply_rotary_pos_emb(q.permute(1, 0, 2, 3), k.permute(1, 0, 2, 3), cos, sin)  # (B, H, T, D)
+        q, k = q.permute(1, 0, 2, 3), k.permute(1, 0, 2, 3)
+        head_out = torch.zeros(n_heads, bsz, seq, d)  # W_O[j] z_j
+        for h, j in enumerate(nodes):
+            w_o = attn.o_proj.weight[:, h * d_head : (h + 1) * d_head]
+            for b in range(bsz):
+                for t in range(seq):
+                    keys = [s for s in range(t + 1) if g[b, s, j] > 0]
+                    if not keys:
+                        continue
+                    logits = torch.stack([q[h, b, t] @ k[h, b, s] * attn.scaling + math.log(g[b, s, j]) for s in keys])
+                    p = torch.softmax(logits, 0)
+                    z = sum(p[i] * v[h, b, s] for i, s in enumerate(keys))
+                    head_out[h, b, t] = w_o @ z
+        post = layer.post_attention_layernorm
+        for h, j in enumerate(nodes):
+            contrib[j] = torch.zeros_like(e)
+        for b in range(bsz):
+            for t in range(seq):
+                s_sum = sum(g[b, t, j] * head_out[h, b, t] for h, j in enumerate(nodes))
+                rms = torch.sqrt(s_sum.pow(2).mean() + post.variance_epsilon)
+                for h, j in enumerate(nodes):
+                    contrib[j][b, t] = g[b, t, j] * post.weight * head_out[h, b, t] / rms
+        stream = stream + sum(contrib[j] for j in nodes)
+        m = layer.post_feedforward_layernorm(layer.mlp(stream))
+        stream = stream + m
+        mlp_sum = mlp_sum + m
+    return model.lm_head(core.norm(stream))

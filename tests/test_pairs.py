@@ -1,0 +1,98 @@
+"""The pairs stage: which sampled topologies are kept, and what the pairs file holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from transformers import AutoModelForCausalLM
+
+from lookahead.contexts import ContextCache
+from lookahead.graph import allowed_mask, n_edges, to_dense, unpack_bits
+from lookahead.pairs import PAIRS_FILE, PairsConfig, PairsError, build_pairs, select_pairs
+from lookahead.predictor import PredictorConfig, StructurePredictor, save_predictor
+from lookahead.runtime import default_gates, forward_with_topology
+from lookahead.scoring import token_nll
+
+
+def test_select_keeps_distinct_topologies_that_beat_dense_best_first():
+    bits = np.array([[[1]], [[2]], [[1]], [[3]], [[4]]], dtype=np.uint8).repeat(2, axis=1)  # (S=5, P=2, 1)
+    nll = np.array([[1.0, 5.0], [0.5, 4.0], [0.2, 6.0], [2.5, 1.0], [0.9, 2.0]])
+    dense = np.array([2.0, 3.0])
+    # position 0: samples by NLL 2 (bits 1), 1 (bits 2), 4 (bits 4), 0 (bits 1: a duplicate), 3 (above dense)
+    # position 1: samples 3 and 4 beat dense 3.0
+    assert select_pairs(bits, nll, dense, keep=3) == [[2, 1, 4], [3, 4]]
+    assert select_pairs(bits, nll, dense, keep=1) == [[2], [3]]
+    assert select_pairs(bits, nll, np.array([0.0, 0.0]), keep=3) == [[], []]
+
+
+@pytest.fixture(scope="module")
+def sampled(phase_inputs, tmp_path_factory):
+    """Pairs of a predictor whose edges are coin flips (static logits 0): varied samples."""
+    d = tmp_path_factory.mktemp("pairs")
+    cache = ContextCache(phase_inputs["contexts"])
+    torch.manual_seed(0)
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=1.5), phase_inputs["init"],
+                                             cache.dim)
+    save_predictor(predictor, d / "predictor.safetensors")
+    cfg = PairsConfig(sequences=6, samples=6, keep=3, batch_size=4, approx_positions=40, device="cpu")
+    metrics = build_pairs(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                          d / "predictor.safetensors", d / "out")
+    return cfg, metrics, load_file(str(d / "out" / PAIRS_FILE)), cache
+
+
+def test_pairs_file_holds_kept_topologies_with_their_nll(sampled, phase_inputs):
+    cfg, metrics, arrays, cache = sampled
+    t_len = cache.context_length
+    n_e = n_edges(2, 2)
+    assert metrics["positions"] == 6 * t_len and metrics["pairs"] == len(arrays["rows"]) > 0
+    assert metrics["bits_per_pair"] == n_e and arrays["bits"].shape == (metrics["pairs"], (n_e + 7) // 8)
+    assert (arrays["nll"] < arrays["dense_nll"]).all()  # every pair beats its position's dense NLL
+    assert metrics["mean_gain"] == pytest.approx(float((arrays["dense_nll"] - arrays["nll"]).mean()), rel=1e-5)
+    rows = arrays["rows"]
+    assert rows.min() >= 0 and rows.max() < 6 * t_len
+    _, counts = np.unique(rows, return_counts=True)
+    assert counts.max() <= cfg.keep
+    assert metrics["multi_topology_share"] == pytest.approx((counts >= 2).sum() / metrics["positions"])
+    for r in np.unique(rows):  # distinct topologies per position
+        b = arrays["bits"][rows == r]
+        assert len({x.tobytes() for x in b}) == len(b)
+    # fractions agree with the bits; the dense NLL is the stock model's
+    edges = torch.from_numpy(unpack_bits(arrays["bits"], n_e)).float()
+    adjacency = to_dense(edges, allowed_mask(2, 2))
+    gates = default_gates(adjacency)
+    assert np.allclose(arrays["head_fraction"], gates[:, 1:].mean(-1).numpy())
+    assert np.allclose(arrays["edge_fraction"], edges.mean(-1).numpy())
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    windows, _ = cache.batch("train", rows[:5] // t_len)
+    with torch.no_grad():
+        dense = token_nll(lm(windows[:, :-1]).logits, windows[:, 1:])
+    assert np.allclose(dense[torch.arange(5), torch.from_numpy(rows[:5] % t_len)].numpy(), arrays["dense_nll"][:5], atol=1e-5)
+    assert -1.0 <= metrics["approximation_spearman"] <= 1.0 and metrics["approximation_positions"] == 40
+    assert metrics["pairs_per_s"] > 0
+
+
+def test_isolated_rescoring_of_the_first_position_is_exact(sampled, phase_inputs):
+    """At position 0 nothing precedes: the one-forward NLL of a pair is its isolated NLL."""
+    _, _, arrays, cache = sampled
+    t_len = cache.context_length
+    first = np.flatnonzero(arrays["rows"] % t_len == 0)
+    assert len(first)
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    n_e = n_edges(2, 2)
+    for i in first[:3]:
+        windows, _ = cache.batch("train", [arrays["rows"][i] // t_len])
+        adjacency = to_dense(torch.from_numpy(unpack_bits(arrays["bits"][i], n_e)).float(), allowed_mask(2, 2))
+        ids = windows[:, :1]
+        with torch.no_grad():
+            nll = token_nll(forward_with_topology(lm, ids, adjacency[None, None], default_gates(adjacency)[None, None],
+                                                  hard=True), windows[:, 1:2])
+        assert nll.item() == pytest.approx(float(arrays["nll"][i]), abs=1e-5)
+
+
+def test_more_sequences_than_cached_is_refused(phase_inputs, tmp_path):
+    with pytest.raises(PairsError, match="contexts.train_sequences"):
+        build_pairs(PairsConfig(sequences=1000), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                    tmp_path / "p.safetensors", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

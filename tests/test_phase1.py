@@ -1,0 +1,189 @@
+"""Phase 1: the estimator, the evaluation and its baselines, checkpoint/resume (DESIGN §4)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lookahead.config import ConfigError
+from lookahead.contexts import ContextCache
+from lookahead.graph import allowed_mask, n_nodes
+from lookahead.phase1 import Phase1Config, Phase1Module, build_phase1
+from lookahead.predictor import PredictorConfig, StructurePredictor, load_predictor
+from lookahead.runtime import forward_with_topology
+from lookahead.scoring import GeoLookup, interpolate_curve, static_pruning_curve, token_nll
+from lookahead.trainer import TrainConfig
+from tests.test_runtime import tiny_olmo2
+
+
+class MemoryCache:
+    """The read side of a context cache, in memory (the interface Phase1Module uses)."""
+
+    def __init__(self, windows: torch.Tensor, contexts: torch.Tensor):
+        self.w = {"train": windows.numpy(), "val": windows.numpy()}
+        self.c = {"train": contexts.numpy(), "val": contexts.numpy()}
+
+    def windows(self, split):
+        return self.w[split]
+
+    def batch(self, split, rows):
+        return torch.from_numpy(self.w[split][rows]), torch.from_numpy(self.c[split][rows])
+
+
+def test_tau_anneals_geometrically_and_config_is_validated():
+    cfg = Phase1Config(tau_start=1.0, tau_end=0.25, train=TrainConfig(steps=11))
+    assert cfg.tau(0) == 1.0 and cfg.tau(10) == pytest.approx(0.25) and cfg.tau(5) == pytest.approx(0.5)
+    for bad, key in (({"hard_from_step": 11}, "hard_from_step"), ({"tau_end": 2.0}, "tau_end"),
+                     ({"lambda_head": -0.1}, "lambda_head"), ({"lambda_edge": math.nan}, "lambda_edge"),
+                     ({"random_draws": 0}, "random_draws")):
+        with pytest.raises(ConfigError, match=key):
+            Phase1Config(**{"train": TrainConfig(steps=11), **bad})
+
+
+def greedy_windows(lm, n: int, length: int, seed: int) -> torch.Tensor:
+    """Sequences the dense LM continues greedily: the dense graph predicts them best."""
+    ids = torch.randint(0, lm.config.vocab_size, (n, 1), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for _ in range(length - 1):
+            ids = torch.cat([ids, lm(ids).logits[:, -1:].argmax(-1)], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("hard_from_step", [0, -1], ids=["straight-through-hard", "soft"])
+def test_an_off_head_comes_back_when_the_loss_wants_it(hard_from_step):
+    """Head 3 (layer 1, head 0) starts off (its incoming logits at −6). With the phase-1 estimator
+    (soft execution; straight-through at the soft values in hard mode) the NLL of sequences the
+    dense model predicts best turns it back on."""
+    lm = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32).requires_grad_(False)
+    windows = greedy_windows(lm, 16, 10, seed=1)
+    contexts = torch.randn(16, 9, 4, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    predictor = StructurePredictor(PredictorConfig(rank=2, hidden=8, init_bias=4.0), 2, 2, context_dim=4)
+    head = 3
+    with torch.no_grad():
+        predictor.static[:, head] = -6.0
+    cfg = Phase1Config(lambda_head=0.0, hard_from_step=hard_from_step, train=TrainConfig(steps=60, batch_size=8))
+    module = Phase1Module(predictor, lm, MemoryCache(windows, contexts),
+                          GeoLookup(torch.zeros(61, 0), torch.zeros(61)), torch.ones(2, 2), cfg)
+
+    ids = windows[:, :-1]
+    n = n_nodes(2, 2)
+    mask = allowed_mask(2, 2).float()
+    off = torch.ones(n)
+    off[head] = 0
+    with torch.no_grad():  # precondition: this head matters for this loss
+        nll_dense = token_nll(lm(ids).logits, windows[:, 1:]).mean()
+        nll_off = token_nll(forward_with_topology(lm, ids, mask * off[:, None] * off[None], off, hard=True),
+                            windows[:, 1:]).mean()
+    assert nll_off > nll_dense + 0.01
+
+    def hard_gate() -> float:
+        predictor.eval()
+        with torch.no_grad():
+            _, g = predictor(contexts, hard=True)
+        predictor.train()
+        return g[..., head].mean().item()
+
+    assert hard_gate() == 0.0
+    opt = torch.optim.Adam(predictor.parameters(), lr=0.3)
+    for step in range(cfg.train.steps):
+        loss, parts = module.loss(predictor, module.batch(step, 0))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if hard_gate() == 1.0:
+            break
+    assert hard_gate() == 1.0, f"head still off after {step + 1} steps"
+
+
+def test_static_pruning_keeps_the_most_important_heads():
+    lm = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    windows = torch.randint(0, 61, (3, 9), generator=torch.Generator().manual_seed(5))
+    importance = torch.tensor([[0.1, 0.4], [0.3, 0.2]])  # order: node 2, 3, 4, 1
+    curve = static_pruning_curve(lm, [windows], importance)
+    assert [r["heads_kept"] for r in curve] == [0, 1, 2, 3, 4]
+    with torch.no_grad():
+        dense = token_nll(lm(windows[:, :-1]).logits, windows[:, 1:]).mean().item()
+        mask = allowed_mask(2, 2).float()
+        g = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])  # the two most important heads
+        two = token_nll(forward_with_topology(lm, windows[:, :-1], mask * g[:, None] * g[None], g),
+                        windows[:, 1:]).mean().item()
+    assert curve[4]["nll"] == pytest.approx(dense, abs=1e-5)
+    assert curve[2]["nll"] == pytest.approx(two, abs=1e-5)
+    # linear between whole-head counts
+    assert interpolate_curve(curve, 0.5) == pytest.approx(curve[2]["nll"])
+    assert interpolate_curve(curve, 0.625) == pytest.approx(0.5 * (curve[2]["nll"] + curve[3]["nll"]))
+    assert interpolate_curve(curve, 1.0) == pytest.approx(curve[4]["nll"])
+    assert interpolate_curve(curve, 0.0) == pytest.approx(curve[0]["nll"])
+
+
+def phase1_module(phase_inputs, init_bias: float, **cfg):
+    cache = ContextCache(phase_inputs["contexts"])
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"])
+    from safetensors.torch import load_file
+
+    init = load_file(str(phase_inputs["init"]))
+    torch.manual_seed(0)
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=init_bias),
+                                             phase_inputs["init"], cache.dim)
+    return Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
+                        load_file(str(phase_inputs["heads"]))["importance"], Phase1Config(**cfg))
+
+
+def test_evaluation_at_the_extremes_matches_its_baselines(phase_inputs):
+    """Every head on: hard NLL = dense = static pruning at fraction 1 = random heads at 1.
+    Every head off: the predictor, static pruning at 0 and random heads at 0 run the same graph."""
+    on = phase1_module(phase_inputs, init_bias=30.0)
+    m = on.evaluate(on.model)
+    assert m["active_head_fraction"] == 1.0 and m["active_edge_fraction"] == 1.0
+    for key in ("hard_nll", "static_pruning_nll", "random_heads_nll"):
+        assert m[key] == pytest.approx(m["dense_nll"], abs=1e-5), key
+    # soft gates stay below 1 (1 − e^(−k·s): 0.98 for a layer-0 head fed by the source alone)
+    assert m["soft_nll"] == pytest.approx(m["dense_nll"], abs=1e-3)
+    assert m["below_dense_fraction"] < 0.5  # equal NLL is not below
+    off = phase1_module(phase_inputs, init_bias=-30.0)
+    m = off.evaluate(off.model)
+    assert m["active_head_fraction"] == 0.0
+    assert m["hard_nll"] == pytest.approx(m["static_pruning_nll"], abs=1e-5)
+    assert m["hard_nll"] == pytest.approx(m["random_heads_nll"], abs=1e-5)
+    assert abs(m["hard_nll"] - m["dense_nll"]) > 1e-3  # no head at all is another function
+    assert len(off.last_eval["active_head_fraction_per_layer"]) == 2
+
+
+def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, monkeypatch):
+    cfg = Phase1Config(lambda_head=0.1, hard_from_step=4, eval_batch_size=2,
+                       train=TrainConfig(steps=7, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, log_every=1,
+                                         checkpoint_every=2, device="cpu"))
+    pcfg = PredictorConfig(rank=2, hidden=8)
+    args = (phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], phase_inputs["heads"])
+    metrics, straight, _ = build_phase1(cfg, pcfg, *args, tmp_path / "a.safetensors", tmp_path / "ckpt_a")
+
+    class Killed(RuntimeError):
+        pass
+
+    batch = Phase1Module.batch
+
+    def dying(self, step, rank):
+        if step == 5:
+            raise Killed
+        return batch(self, step, rank)
+
+    monkeypatch.setattr(Phase1Module, "batch", dying)
+    with pytest.raises(Killed):
+        build_phase1(cfg, pcfg, *args, tmp_path / "b.safetensors", tmp_path / "ckpt_b")
+    assert not (tmp_path / "b.safetensors").exists()
+    monkeypatch.setattr(Phase1Module, "batch", batch)
+    _, resumed, _ = build_phase1(cfg, pcfg, *args, tmp_path / "b.safetensors", tmp_path / "ckpt_b")
+    assert resumed.resumed_from == 4
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert [r["loss"] for r in resumed.train_curve] == [r["loss"] for r in straight.train_curve]
+    predictor, meta = load_predictor(tmp_path / "a.safetensors")
+    assert meta["phase1"]["lambda_head"] == 0.1 and meta["context_dim"] == 32 and meta["geo_dim"] == 5
+    assert {"dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
+            "below_dense_fraction", "static_pruning_nll", "random_heads_nll"} <= set(metrics)
+    assert straight.eval_curve[0]["step"] == 0 and straight.eval_curve[-1]["step"] == 7
+    assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
