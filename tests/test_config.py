@@ -28,7 +28,7 @@ def default_params(repo_root):
 def test_every_profile_validates(repo_root):
     for profile in sorted((repo_root / "profiles").glob("*.yaml")) + [repo_root / "params.yaml"]:
         configs = validate_all(profile)
-        assert set(configs) == {"corpus", "wordnet", "tokenizer", "base", "probe", "init", "predictor"}
+        assert set(configs) == {"corpus", "wordnet", "tokenizer", "base", "probe", "init", "predictor", "contexts", "phase1", "pairs"}
 
 
 def test_default_profile_is_params_yaml(repo_root):
@@ -64,6 +64,12 @@ def test_embedded_default_is_at_least_4x4_olmo2(repo_root):
         (lambda p: p["probe"].update(seeds=[1, 1]), "probe.seeds", "distinct seeds"),
         (lambda p: p["wordnet"].update(path=""), "wordnet.path", "must be null or a directory"),
         (lambda p: p["base"]["arch"].pop("n_layers") and p["base"].pop("arch") and p.pop("base"), "base", "section missing"),
+        (lambda p: p["contexts"].update(window=0), "contexts.window", "must be >= 1"),
+        (lambda p: p["contexts"].update(encoder=" "), "contexts.encoder", "`minilm`, `base`"),
+        (lambda p: p["phase1"].update(tau_end=2.0), "phase1.tau_end", "must be in (0, tau_start"),
+        (lambda p: p["phase1"].update(lambda_head=-0.1), "phase1.lambda_head", "finite number >= 0"),
+        (lambda p: p["phase1"].update(hard_from_step=10**6), "phase1.hard_from_step", "must be -1 (never)"),
+        (lambda p: p["pairs"].update(keep=99), "pairs.keep", "must be <= samples"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path, default_params, edit, key, fragment):

@@ -1,7 +1,7 @@
 """End to end: `dvc repro` of the tiny profile in a temporary copy of the repository.
 
 Checks what a researcher relies on: outputs and metrics appear, a changed `base` param reruns only
-`base`, reverting it restores the old outputs from DVC's run-cache without training, plots render,
+`base` and the stages downstream of it, reverting it restores the old outputs from DVC's run-cache without training, plots render,
 MLflow groups the stages, and a queued experiment (`dvc exp run --queue` + `dvc queue start`)
 lands in the same MLflow store.
 """
@@ -69,7 +69,7 @@ def repo(repo_root, tmp_path_factory):
 def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     path, env = repo
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("corpus", "tokenizer", "base", "wordnet", "probe", "init"):
+    for stage in ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs"):
         assert f"Running stage '{stage}'" in out
     base = json.loads((path / "metrics" / "base.json").read_text())
     assert {"val_nll", "val_ppl", "val_unigram_nll", "train_tokens_per_s"} <= set(base)
@@ -84,6 +84,20 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert (path / "data" / "probe" / "heads.safetensors").is_file()
     init = json.loads((path / "metrics" / "init.json").read_text())
     assert init["n_geo"] == 8 and init["nodes"] == 1 + 2 * 2
+    contexts = json.loads((path / "metrics" / "contexts.json").read_text())
+    assert contexts["encoder"] == "minilm" and contexts["positions"] == (8 + 4) * 32 and contexts["positions_per_s"] > 0
+    assert np.load(path / "data" / "contexts" / "train_contexts.npy", mmap_mode="r").shape == (8, 32, 384)
+    phase1 = json.loads((path / "metrics" / "phase1.json").read_text())
+    assert {"dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction", "below_dense_fraction",
+            "static_pruning_nll", "random_heads_nll"} <= set(phase1)
+    assert abs(phase1["init_soft_nll_minus_dense"]) <= 0.01  # the predictor starts near the dense graph
+    assert 0.0 <= phase1["active_head_fraction"] <= 1.0
+    assert (path / "models" / "phase1" / "predictor.safetensors").is_file()
+    assert (path / "metrics" / "phase1_pareto.png").stat().st_size > 1000
+    pairs = json.loads((path / "metrics" / "pairs.json").read_text())
+    assert {"pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "approximation_spearman",
+            "pairs_per_s"} <= set(pairs) and pairs["positions"] == 4 * 32
+    assert (path / "data" / "pairs" / "pairs.safetensors").is_file()
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
     assert base_runs() == 1
@@ -92,14 +106,15 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage" not in out
 
-    # one base param changed: base and its dependants (probe, init) rerun, nothing upstream
+    # one base param changed: base and its dependants rerun, nothing upstream
     params = yaml.safe_load((path / "params.yaml").read_text())
     original = (path / "params.yaml").read_text()
     params["base"]["train"]["lr"] = 0.002
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'base'" in out and "Running stage 'probe'" in out and "Running stage 'init'" in out
-    assert out.count("Running stage") == 3
+    for stage in ("base", "probe", "init", "contexts", "phase1", "pairs"):
+        assert f"Running stage '{stage}'" in out
+    assert out.count("Running stage") == 6
     assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
     assert "Running stage 'wordnet'" not in out
     assert digest(path / "models" / "base" / "model.safetensors") != weights
@@ -113,23 +128,25 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert digest(path / "models" / "base" / "model.safetensors") == weights
     assert base_runs() == 2
 
-    # a wordnet param: wordnet alone reruns
+    # a wordnet param: wordnet and what reads its outputs rerun (not the context cache)
     params = yaml.safe_load(original)
     params["wordnet"]["n_anchors"] = 16
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'wordnet'" in out and "Running stage 'probe'" in out and "Running stage 'init'" in out
-    assert out.count("Running stage") == 3
+    for stage in ("wordnet", "probe", "init", "phase1", "pairs"):
+        assert f"Running stage '{stage}'" in out
+    assert out.count("Running stage") == 5
     assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (16, 16)
     (path / "params.yaml").write_text(original)
     sh(["dvc", "repro"], path, env)
 
-    # init.n_geo: init alone reruns (nothing depends on it yet)
+    # init.n_geo: init and the stages that read the init file rerun
     params = yaml.safe_load(original)
     params["init"]["n_geo"] = 4
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'init'" in out and out.count("Running stage") == 1
+    assert "Running stage 'init'" in out and "Running stage 'phase1'" in out and "Running stage 'pairs'" in out
+    assert out.count("Running stage") == 3
     assert json.loads((path / "metrics" / "init.json").read_text())["n_geo"] == 4
     (path / "params.yaml").write_text(original)
     sh(["dvc", "repro"], path, env)
@@ -143,7 +160,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 4 and len(children) == 15
+    assert len(parents) == 4 and len(children) == 9 + 6 + 5 + 3 + 2
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
 
 
@@ -153,7 +170,8 @@ def test_plots_render(repo):
         sh(["dvc", "repro"], path, env)
     out = sh(["dvc", "plots", "show", "--json"], path, env)
     shown = json.loads(out)
-    assert "metrics/base_train.csv" in json.dumps(shown) and "metrics/base_val.csv" in json.dumps(shown)
+    for plot in ("base_train.csv", "base_val.csv", "phase1_eval.csv", "phase1_pareto.csv", "phase1_layers.csv"):
+        assert f"metrics/{plot}" in json.dumps(shown), plot
     sh(["dvc", "plots", "show", "-o", "plots_html"], path, env)
     assert (path / "plots_html" / "index.html").is_file()
 
@@ -174,7 +192,8 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lr"], path, env, check=False)
     queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lr"]
     stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    assert None in stages and {"base", "probe", "init"} <= stages  # the parent run, and the stages the change reran
+    # the parent run, and the stages the change reran
+    assert None in stages and {"base", "probe", "init", "contexts", "phase1", "pairs"} <= stages
     (base,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "base"]
     assert base.data.params["base/base.train.lr"] == "0.004"
     assert "val_nll" in base.data.metrics
