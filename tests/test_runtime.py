@@ -112,6 +112,31 @@ def test_gradients_reach_adjacency_gates_and_frozen_model_stays_frozen():
         assert ones.grad[..., 1:].abs().gt(0).all()
 
 
+def test_vanishing_soft_gates_keep_gradients_finite():
+    """Soft training drives gates to 0 and below float32's normal range. A layer whose heads at a
+    position are [0, 0, 0, 1e-37] (seen in phase 1) made the QK-norm's gated mean divide by a total
+    whose square underflows, and the whole backward pass turned NaN: the gated mean's gradients stay
+    finite, and the forward still matches the plain reference."""
+    per_head = torch.tensor([300.0, 500.0, 700.0, 1100.0])[:, None, None, None].expand(4, 1, 1, 2)
+    w = torch.tensor([0.0, 0.0, 0.0, 1e-37])[:, None, None].requires_grad_(True)
+    runtime._gated_mean(per_head, w).sum().backward()
+    assert torch.isfinite(w.grad).all()
+
+    model = tiny_olmo2(n_layers=2, n_heads=2)
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(5))
+    n = n_nodes(2, 2)
+    gates = torch.full((2, 7, n), 0.8)
+    gates[:, 3, 1:3] = torch.tensor([0.0, 1e-37])  # layer 0 at position 3
+    gates[:, 5, 3:] = torch.tensor([1e-37, 0.0])  # layer 1 at position 5
+    gates = gates.requires_grad_(True)
+    adjacency = (dense(model) * 0.9).expand(2, 7, n, n).clone().requires_grad_(True)
+    logits = forward_with_topology(model, ids, adjacency, gates)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten()).backward()
+    assert torch.isfinite(gates.grad).all() and torch.isfinite(adjacency.grad).all()
+    with torch.no_grad():
+        assert (logits - reference_forward(model, ids, adjacency, gates)).abs().max() <= TOL
+
+
 def sparse_topology(model, shape, binary: bool, seed: int):
     """Random sparse graph: heads off with probability 0.4, allowed edges kept with probability 0.6
     (weights in (0, 1], some edges out of off heads included), gates binary or in (0.2, 1]."""

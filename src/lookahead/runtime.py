@@ -313,12 +313,21 @@ def _post_norm(layer, s: torch.Tensor, o: torch.Tensor | None, dtype: torch.dtyp
     return None if o is None else (o.float() * (w_post * inv_rms)).to(dtype), total
 
 
+GATE_FLOOR = 1e-12
+"""Smallest gate total the soft path divides by, and smallest gate whose log it takes. The exact
+gradients there scale as 1 / g (against an upstream gradient that is itself O(g)): a layer whose
+heads at a position sum to ~1e-37 (soft training gets there: [0, 0, 0, 1e-37]) squares that total
+below float32's range in the division's backward, and the whole backward pass turns NaN. Flooring
+changes only heads whose outputs are already scaled by less than the floor."""
+
+
 def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2); the plain mean when w is None. (B, T, 2)"""
+    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2), the total floored at GATE_FLOOR; the
+    plain mean when w is None. (B, T, 2)"""
     if w is None:
         return per_head.mean(0)
     w = w.float().expand(per_head.shape[:-1])[..., None]
-    return (per_head * w).sum(0) / w.sum(0).clamp_min(torch.finfo(torch.float32).tiny)
+    return (per_head * w).sum(0) / w.sum(0).clamp_min(GATE_FLOOR)
 
 
 def _attend(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -340,13 +349,12 @@ def _future(dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Attention bias of each key: log g where g > 0; for an excluded key (g = 0) half the dtype's
+    """Attention bias of each key: log g where g > 0 (g floored at GATE_FLOOR); for an excluded key (g = 0) half the dtype's
     most negative value — weight exactly 0 beside any present key, yet above future keys, so a
     query whose every past key is excluded (its own output is gated to 0) still never reads the
     future, not even through a gradient."""
-    tiny = torch.finfo(torch.float32).tiny
     excluded = torch.tensor(torch.finfo(dtype).min / 2, dtype=dtype, device=g.device)
-    return torch.where(g > 0, g.float().clamp_min(tiny).log().to(dtype), excluded)
+    return torch.where(g > 0, g.float().clamp_min(GATE_FLOOR).log().to(dtype), excluded)
 
 
 class _Packing:
