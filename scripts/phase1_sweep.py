@@ -1,7 +1,7 @@
 """Add the phase-1 points of DVC experiments to the Pareto picture.
 
 Reads every experiment derived from the Git HEAD (`dvc.api.exp_show`), takes from each its
-`phase1.lambda_head` (or any other `--param`) and the hard predictor's point (`active_head_fraction`,
+`phase1.lambda_head` and `phase1.lambda_edge` (or the `--param`s given) and the hard predictor's point (`active_head_fraction`,
 `hard_nll` of `metrics/phase1.json`), and draws them over the workspace's static-pruning curve
 (`metrics/phase1_pareto.csv`). Writes a PNG and a csv, and prints a markdown table.
 
@@ -36,15 +36,22 @@ def _value(row: dict, key: str):
     return matches[0] if matches else None
 
 
-def sweep_points(rows: list[dict], param: str) -> list[dict]:
-    """One point per experiment (and the baseline) that has phase-1 metrics."""
-    points = []
+def sweep_points(rows: list[dict], params: list[str]) -> list[dict]:
+    """One point per finished experiment, and the workspace / baseline, that has phase-1 metrics
+    (a baseline commit whose point equals the workspace's is drawn once)."""
+    points, seen = [], set()
     for row in rows:
+        if row.get("State") not in (None, "Success"):
+            continue  # queued, running (its metrics are half written) or failed
         values = {k: _value(row, k) for k in METRICS}
-        if any(not isinstance(v, (int, float)) for v in values.values()):
-            continue  # queued, failed, or run before the phase1 stage existed
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values.values()):
+            continue  # run before the phase1 stage existed
+        key = (*(_value(row, p) for p in params), values["active_head_fraction"], values["hard_nll"])
+        if key in seen:
+            continue
+        seen.add(key)
         name = row.get("Experiment") or row.get("rev") or "workspace"
-        points.append({"experiment": name, "rev": row.get("rev"), param: _value(row, param), **values,
+        points.append({"experiment": name, "rev": row.get("rev"), **{p: _value(row, p) for p in params}, **values,
                        "increase": values["hard_nll"] - values["dense_nll"],
                        "static_increase": values["static_pruning_nll"] - values["dense_nll"]})
     return sorted(points, key=lambda p: p["active_head_fraction"])
@@ -52,30 +59,32 @@ def sweep_points(rows: list[dict], param: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--param", default="phase1.lambda_head", help="the param the experiments vary")
+    parser.add_argument("--param", action="append", help="a param the experiments vary (repeatable; default: "
+                        "phase1.lambda_head and phase1.lambda_edge)")
     parser.add_argument("--pareto", default="metrics/phase1_pareto.csv", help="the workspace's Pareto csv")
     parser.add_argument("--figure", default="metrics/phase1_sweep.png")
     parser.add_argument("--csv", default="metrics/phase1_sweep.csv")
     args = parser.parse_args()
+    params = args.param or ["phase1.lambda_head", "phase1.lambda_edge"]
     if not Path(args.pareto).is_file():
         sys.exit(f"{args.pareto} not found: run `dvc repro phase1` first")
 
-    points = sweep_points(dvc.api.exp_show(), args.param)
+    points = sweep_points(dvc.api.exp_show(), params)
     if not points:
         sys.exit("no experiment with phase-1 metrics: `dvc exp run --queue -S phase1.lambda_head=…`, then "
                  "`dvc queue start`, and wait for `dvc queue status` to show Success")
     with open(args.pareto) as f:
         rows = [{**r, "active_head_fraction": float(r["active_head_fraction"]), "nll": float(r["nll"])}
                 for r in csv.DictReader(f)]
-    extra = [{"label": f"{p['experiment']} ({args.param.split('.')[-1]}={p[args.param]})",
+    extra = [{"label": f"{p['experiment']} (" + ", ".join(f"{q.split('.')[-1]}={p[q]}" for q in params) + ")",
               "active_head_fraction": p["active_head_fraction"], "nll": p["hard_nll"]} for p in points]
     plot_pareto(rows, args.figure, extra_points=extra)
     write_csv(args.csv, points)
-    print(f"| experiment | {args.param} | active heads | hard NLL − dense | static pruning − dense | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| experiment | " + " | ".join(params) + " | active heads | hard NLL − dense | static pruning − dense | ratio |")
+    print("|---" * (len(params) + 5) + "|")
     for p in points:
         ratio = p["increase"] / p["static_increase"] if p["static_increase"] > 0 else float("nan")
-        print(f"| {p['experiment']} | {p[args.param]} | {p['active_head_fraction']:.3f} | {p['increase']:.4f} "
+        print(f"| {p['experiment']} | " + " | ".join(str(p[q]) for q in params) + f" | {p['active_head_fraction']:.3f} | {p['increase']:.4f} "
               f"| {p['static_increase']:.4f} | {ratio:.2f} |")
     print(f"wrote {args.figure} and {args.csv}")
 

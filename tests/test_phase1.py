@@ -191,7 +191,8 @@ def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, mon
 
 def test_sweep_script_reads_experiment_rows(repo_root):
     """scripts/phase1_sweep.py: one point per experiment with phase-1 metrics, whether DVC names a
-    column by its key or prefixes it with its file; queued or failed rows are left out."""
+    column by its key or prefixes it with its file; queued and running rows are left out, and the
+    baseline commit's row once it repeats the workspace's."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("phase1_sweep", repo_root / "scripts" / "phase1_sweep.py")
@@ -201,11 +202,13 @@ def test_sweep_script_reads_experiment_rows(repo_root):
                "random_heads_nll": 5.0}
     rows = [
         {"Experiment": None, "rev": "workspace", "phase1.lambda_head": 0.5, **metrics},
-        {"Experiment": "big-lambda", "rev": "abc1234", "phase1.lambda_head": 2.0,
+        {"Experiment": "big-lambda", "rev": "abc1234", "State": "Success", "phase1.lambda_head": 2.0,
          **{f"metrics/phase1.json:{k}": v - 0.25 if k == "active_head_fraction" else v for k, v in metrics.items()}},
-        {"Experiment": "queued", "rev": "def5678", "phase1.lambda_head": 1.0, "hard_nll": None},
+        {"Experiment": None, "rev": "main", "phase1.lambda_head": 0.5, **metrics},  # = the workspace
+        {"Experiment": "queued", "rev": "def5678", "State": "Queued", "phase1.lambda_head": 1.0, "hard_nll": None},
+        {"Experiment": "running", "rev": "aaa0000", "State": "Running", "phase1.lambda_head": 3.0, **metrics},
     ]
-    points = sweep.sweep_points(rows, "phase1.lambda_head")
+    points = sweep.sweep_points(rows, ["phase1.lambda_head"])
     assert [p["experiment"] for p in points] == ["big-lambda", "workspace"]  # sorted by active-head fraction
     assert points[0]["phase1.lambda_head"] == 2.0 and points[0]["active_head_fraction"] == 0.25
     assert points[1]["increase"] == pytest.approx(0.2) and points[1]["static_increase"] == pytest.approx(0.4)

@@ -1,9 +1,9 @@
 """End to end: `dvc repro` of the tiny profile in a temporary copy of the repository.
 
 Checks what a researcher relies on: outputs and metrics appear, a changed `base` param reruns only
-`base` and the stages downstream of it, reverting it restores the old outputs from DVC's run-cache without training, plots render,
-MLflow groups the stages, and a queued experiment (`dvc exp run --queue` + `dvc queue start`)
-lands in the same MLflow store.
+`base` and the stages downstream of it, reverting it restores the old outputs from DVC's run-cache
+without training, plots render, MLflow groups the stages, and a queued experiment (`dvc exp run
+--queue` + `dvc queue start`) lands in the same MLflow store.
 """
 
 from __future__ import annotations
@@ -128,24 +128,15 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert digest(path / "models" / "base" / "model.safetensors") == weights
     assert base_runs() == 2
 
-    # a wordnet param: wordnet and what reads its outputs rerun (not the context cache)
-    params = yaml.safe_load(original)
-    params["wordnet"]["n_anchors"] = 16
-    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out = sh(["dvc", "repro"], path, env)
-    for stage in ("wordnet", "probe", "init", "phase1", "pairs"):
-        assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 5
-    assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (16, 16)
-    (path / "params.yaml").write_text(original)
-    sh(["dvc", "repro"], path, env)
-
-    # init.n_geo: init and the stages that read the init file rerun
+    # init.n_geo: init and the stages that read the init file rerun (not the context cache). A wordnet
+    # param would rerun wordnet → probe → init → phase1 → pairs by the same mechanism; not exercised
+    # here, to keep the suite within its time budget
     params = yaml.safe_load(original)
     params["init"]["n_geo"] = 4
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    assert "Running stage 'init'" in out and "Running stage 'phase1'" in out and "Running stage 'pairs'" in out
+    for stage in ("init", "phase1", "pairs"):
+        assert f"Running stage '{stage}'" in out
     assert out.count("Running stage") == 3
     assert json.loads((path / "metrics" / "init.json").read_text())["n_geo"] == 4
     (path / "params.yaml").write_text(original)
@@ -160,7 +151,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 4 and len(children) == 9 + 6 + 5 + 3 + 2
+    assert len(parents) == 3 and len(children) == 9 + 6 + 3 + 2
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
 
 
@@ -180,24 +171,24 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     path, env = repo
     sh(["git", "add", "-A"], path, env)
     sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
-    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lr", "-S", "base.train.lr=0.004"], path, env)
+    # a phase-1 sweep point, as in the README: only phase1 and pairs rerun, from the cache
+    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lambda", "-S", "phase1.lambda_head=0.2"], path, env)
     sh(["dvc", "queue", "start", "-j", "1"], path, env)
     deadline = time.time() + 300
     status = ""
     while time.time() < deadline:
         status = sh(["dvc", "queue", "status"], path, env)
-        if "queued-lr" in status and ("Success" in status or "Failed" in status):
+        if "queued-lambda" in status and ("Success" in status or "Failed" in status):
             break
         time.sleep(3)
-    assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lr"], path, env, check=False)
-    queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lr"]
+    assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lambda"], path, env, check=False)
+    queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lambda"]
     stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    # the parent run, and the stages the change reran
-    assert None in stages and {"base", "probe", "init", "contexts", "phase1", "pairs"} <= stages
-    (base,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "base"]
-    assert base.data.params["base/base.train.lr"] == "0.004"
-    assert "val_nll" in base.data.metrics
+    assert stages == {None, "phase1", "pairs"}  # the parent run, and the stages the change reran
+    (phase1,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "phase1"]
+    assert phase1.data.params["phase1/phase1.lambda_head"] == "0.2"
+    assert "hard_nll" in phase1.data.metrics
     # nothing was written inside DVC's temporary workspace
     assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
     shown = sh(["dvc", "exp", "show", "--json"], path, env)
-    assert "queued-lr" in shown and "val_nll" in shown
+    assert "queued-lambda" in shown and "hard_nll" in shown
