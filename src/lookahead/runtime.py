@@ -318,7 +318,7 @@ GATE_FLOOR = 1e-12
 gradients there scale as 1 / g (against an upstream gradient that is itself O(g)): a layer whose
 heads at a position sum to ~1e-37 (soft training gets there: [0, 0, 0, 1e-37]) squares that total
 below float32's range in the division's backward, and the whole backward pass turns NaN. Flooring
-changes only heads whose outputs are already scaled by less than the floor."""
+moves the function by at most about the floor, relatively: it touches only gates below it."""
 
 
 def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
@@ -349,8 +349,8 @@ def _future(dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Attention bias of each key: log g where g > 0 (g floored at GATE_FLOOR); for an excluded key (g = 0) half the dtype's
-    most negative value — weight exactly 0 beside any present key, yet above future keys, so a
+    """Attention bias of each key: log g where g > 0 (g floored at GATE_FLOOR); for an excluded key
+    (g = 0) half the dtype's most negative value — weight exactly 0 beside any present key, yet above future keys, so a
     query whose every past key is excluded (its own output is gated to 0) still never reads the
     future, not even through a gradient."""
     excluded = torch.tensor(torch.finfo(dtype).min / 2, dtype=dtype, device=g.device)
