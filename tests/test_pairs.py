@@ -8,6 +8,7 @@ import torch
 from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM
 
+from lookahead.config import ConfigError
 from lookahead.contexts import ContextCache
 from lookahead.graph import allowed_mask, n_edges, to_dense, unpack_bits
 from lookahead.pairs import PAIRS_FILE, PairsConfig, PairsError, build_pairs, select_pairs
@@ -95,4 +96,13 @@ def test_more_sequences_than_cached_is_refused(phase_inputs, tmp_path):
     with pytest.raises(PairsError, match="contexts.train_sequences"):
         build_pairs(PairsConfig(sequences=1000), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                     tmp_path / "p.safetensors", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cuda_without_a_device_names_the_pairs_key(phase_inputs, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as info:
+        build_pairs(PairsConfig(device="cuda"), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                    tmp_path / "p.safetensors", tmp_path / "out")
+    assert info.value.key == "pairs.device"
     assert not (tmp_path / "out").exists()

@@ -89,9 +89,11 @@ def draw_windows(tokens_dir: str | Path, cfg: ContextsConfig, context_length: in
     return {"train": train, "val": val_all[pick]}
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str, key: str = "contexts.device") -> str:
+    """`cpu` or `cuda` for a config's device (`auto` = CUDA when available); ``key`` names the
+    param in the error when `cuda` is asked for and there is none."""
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("contexts.device", "is 'cuda' but no CUDA device is available")
+        raise ConfigError(key, "is 'cuda' but no CUDA device is available")
     return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 

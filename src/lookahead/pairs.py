@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from lookahead.config import LookaheadError, require, to_dict
-from lookahead.contexts import ContextCache
+from lookahead.contexts import ContextCache, resolve_device
 from lookahead.graph import allowed_mask, n_edges, pack_bits, to_dense, to_edges, unpack_bits
 from lookahead.predictor import load_init, load_predictor
 from lookahead.runtime import default_gates, forward_with_topology
@@ -102,9 +102,8 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     from transformers import AutoModelForCausalLM
 
     from lookahead.atomic import atomic_dir
-    from lookahead.contexts import resolve_device
 
-    device = torch.device(resolve_device(cfg.device))
+    device = torch.device(resolve_device(cfg.device, "pairs.device"))
     cache = ContextCache(contexts_dir)
     n_train = len(cache.windows("train"))
     if cfg.sequences > n_train:

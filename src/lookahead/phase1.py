@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from lookahead.config import require, to_dict
-from lookahead.contexts import ContextCache
+from lookahead.contexts import ContextCache, resolve_device
 from lookahead.graph import n_edges
 from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
 from lookahead.runtime import forward_with_topology
@@ -205,7 +205,7 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     module = Phase1Module(predictor, lm, cache, geo, importance, cfg)
 
-    module.place("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+    module.place(resolve_device(cfg.train.device, "phase1.train.device"))  # before the first evaluation
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
     ckpt = None
     if checkpoint_root:
