@@ -5,12 +5,16 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PARAMS ?= params.yaml
+# The HTML template `dvc plots show/diff` fill (.dvc/config names it): vega inlined, no CDN.
+PLOTS_TEMPLATE := .dvc/offline_plots.html
+MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet repro test bench check-params clean
+.PHONY: setup wordnet browser repro test bench check-params mlflow-ui clean
 
-setup: $(STAMP) wordnet
+setup: $(STAMP) wordnet browser $(PLOTS_TEMPLATE)
 
 # torch: the CPU build 2.13.0 where that file is available (it installs in seconds), the ordinary
 # install elsewhere; the package's own `torch>=2.4` is then already satisfied.
@@ -24,8 +28,14 @@ $(STAMP): pyproject.toml
 wordnet: $(STAMP)
 	scripts/setup_wordnet.sh $(BIN)/python
 
+browser:
+	scripts/setup_browser.sh
+
+$(PLOTS_TEMPLATE): $(STAMP)
+	$(BIN)/python -m lookahead.offline_html $@
+
 check-params: $(STAMP)
-	$(BIN)/python -m lookahead.config params.yaml
+	@$(BIN)/python -m lookahead.config $(PARAMS)
 
 repro: setup check-params
 	$(BIN)/dvc repro
@@ -33,8 +43,12 @@ repro: setup check-params
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The local MLflow store (DESIGN §8) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri "sqlite:///$(abspath mlflow.db)" --host 127.0.0.1 --port $(MLFLOW_PORT)
+
 bench: setup
 	@for b in benchmarks/*.py; do $(BIN)/python $$b; done
 
 clean:
-	rm -rf $(VENV) .nltk_data checkpoints
+	rm -rf $(VENV) .nltk_data checkpoints $(PLOTS_TEMPLATE)

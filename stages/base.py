@@ -3,10 +3,11 @@
 
 from transformers import AutoTokenizer
 
-from lookahead.atomic import write_csv, write_json
-from lookahead.base import BaseConfig, build_base
+from lookahead.atomic import write_csv
+from lookahead.base import HEADLINE, BaseConfig, build_base
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.plots import plot_training_curves
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -15,7 +16,8 @@ def main(argv: list[str] | None = None) -> None:
         "tokenizer": "tokenizer directory (input)",
         "tokens": "token streams directory (input)",
         "out": "model directory (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
         "train-curve": "training curve csv (plot)",
         "val-curve": "validation curve csv (plot)",
         "figure": "curves png",
@@ -34,8 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         write_csv(args.val_curve, val_curve)
         plot_training_curves(train_curve, val_curve, args.figure, title=f"base ({cfg.source})",
                              reference={"val unigram NLL": metrics["val_unigram_nll"], "final val NLL": metrics["val_nll"]})
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
 
 

@@ -3,9 +3,9 @@ frozen context encoder, cached as a few big fp16 files for phase 1 and the pairs
 
 from transformers import AutoTokenizer
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.contexts import ContextsConfig, build_contexts, read_context_length
+from lookahead.contexts import HEADLINE, ContextsConfig, build_contexts, read_context_length
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": "token streams directory (input)",
         "base": "base model directory (input; the `base` encoder)",
         "out": "context cache directory (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
     }, argv)
     cfg = load_section(args.params, "contexts", ContextsConfig)
     context_length = read_context_length(args.params)
@@ -24,8 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("contexts", {"contexts": to_dict(cfg), "base.arch": {"context_length": context_length}}) as run:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         metrics = build_contexts(cfg, context_length, tokenizer, args.tokens, args.base, args.out)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

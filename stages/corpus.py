@@ -1,14 +1,18 @@
 """DVC stage `corpus`: one document per line, deterministically split into train and val."""
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.corpus import CorpusConfig, build_corpus
+from lookahead.corpus import HEADLINE, CorpusConfig, build_corpus
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 from lookahead.wordnet_data import WordNetSource
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_stage_args(__doc__, {"out": "corpus directory (train.txt, val.txt)", "metrics": "metrics json"}, argv)
+    args = parse_stage_args(__doc__, {
+        "out": "corpus directory (train.txt, val.txt)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+    }, argv)
     configs = {
         "corpus": load_section(args.params, "corpus", CorpusConfig),
         "wordnet": load_section(args.params, "wordnet", WordNetSource, partial=True),
@@ -17,8 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         return print_config(configs)
     with stage_run("corpus", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_corpus(configs["corpus"], args.out, wordnet_path=configs["wordnet"].path)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """DVC stage `init`: geometric token embeddings (eigendecomposition of the WordNet matrix), their
 Procrustes alignment to the base model's residual stream, and the predictor's initial factors."""
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.init import FactorsConfig, InitConfig, build_init
+from lookahead.init import HEADLINE, FactorsConfig, InitConfig, build_init
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> None:
         "wordnet": "wordnet stage directory (input)",
         "heads": "probe head statistics (input)",
         "out": "init safetensors (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
     }, argv)
     configs = {
         "init": load_section(args.params, "init", InitConfig),
@@ -23,8 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         return print_config(configs)
     with stage_run("init", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_init(configs["init"], configs["predictor"], args.base, args.wordnet, args.heads, args.out)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """DVC stage `pairs`: sample topologies per position from the trained predictor, score them with
 the frozen LM, and keep the distinct ones that beat the dense NLL, as (context, topology) pairs."""
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.pairs import PairsConfig, build_pairs
+from lookahead.pairs import HEADLINE, PairsConfig, build_pairs
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -14,15 +14,15 @@ def main(argv: list[str] | None = None) -> None:
         "init": "init safetensors (input)",
         "predictor": "phase-1 predictor safetensors (input)",
         "out": "pairs directory (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
     }, argv)
     cfg = load_section(args.params, "pairs", PairsConfig)
     if args.dry_run:
         return print_config({"pairs": cfg})
     with stage_run("pairs", {"pairs": to_dict(cfg)}) as run:
         metrics = build_pairs(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

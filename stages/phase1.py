@@ -1,11 +1,11 @@
 """DVC stage `phase1`: train the lookahead structure predictor on the cached contexts with the LM
 and the encoder frozen; evaluate soft and hard topologies against dense and two pruning baselines."""
 
-from lookahead.atomic import write_csv, write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.phase1 import Phase1Config, build_phase1
+from lookahead.phase1 import HEADLINE, Phase1Config, build_phase1
 from lookahead.phase1_plots import write_phase1_reports
 from lookahead.predictor import PredictorConfig
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 OUTPUTS = {
@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input)",
         "out": "predictor safetensors (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
         **OUTPUTS,
     }, argv)
@@ -40,8 +41,7 @@ def main(argv: list[str] | None = None) -> None:
                                                args.init, args.heads, args.out, args.checkpoints, tracker=run)
         write_phase1_reports(result, module, metrics, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
                                                        for name in OUTPUTS})
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.pareto_figure)
 

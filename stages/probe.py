@@ -1,9 +1,10 @@
 """DVC stage `probe`: the geometric terrain of the base model and of the packaged MiniLM —
 embedding and weight geometry, head probes, relational alignment with WordNet."""
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.probe import ProbeConfig, build_probe
+from lookahead.probe import headline_keys as probe_headline
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 from lookahead.wordnet_data import WordNetSource
 
@@ -21,7 +22,8 @@ def main(argv: list[str] | None = None) -> None:
         "base": "base model directory (input)",
         "tokens": "token streams directory (input)",
         "wordnet": "wordnet stage directory (input)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
         **OUTPUTS,
     }, argv)
     configs = {
@@ -33,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     outputs = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS}
     with stage_run("probe", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_probe(configs["probe"], args.base, args.tokens, args.wordnet, configs["wordnet"].path, outputs)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, probe_headline(metrics), args.metrics, args.report, run)
         run.log_artifact(outputs["figure"])
 
 

@@ -1,10 +1,10 @@
 """DVC stage `tokenizer`: byte-level BPE on the train split (or the base model's own tokenizer),
 and the tokenized train/val streams."""
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.source import ModelSource
-from lookahead.tokenizer import TokenizerConfig, build_tokenizer, train_bpe
+from lookahead.tokenizer import HEADLINE, TokenizerConfig, build_tokenizer, train_bpe
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> None:
         "corpus": "corpus directory (input)",
         "tokenizer": "tokenizer directory (output)",
         "tokens": "token streams directory (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
     }, argv)
     configs = {
         "tokenizer": load_section(args.params, "tokenizer", TokenizerConfig),
@@ -28,8 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             tok = source.load_tokenizer()
         metrics = build_tokenizer(tok, args.corpus, args.tokenizer, args.tokens, cfg.batch_lines)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

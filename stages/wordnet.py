@@ -3,25 +3,25 @@ matrix (exactly nltk's values) and seeded evaluation pairs with their path simil
 
 from transformers import AutoTokenizer
 
-from lookahead.atomic import write_json
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
-from lookahead.wordnet import WordNetConfig, build_wordnet
+from lookahead.wordnet import HEADLINE, WordNetConfig, build_wordnet
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "tokenizer": "tokenizer directory (input)",
         "out": "wordnet directory (output)",
-        "metrics": "metrics json",
+        "metrics": "headline metrics json",
+        "report": "full report json",
     }, argv)
     cfg = load_section(args.params, "wordnet", WordNetConfig)
     if args.dry_run:
         return print_config({"wordnet": cfg})
     with stage_run("wordnet", {"wordnet": to_dict(cfg)}) as run:
         metrics = build_wordnet(cfg, AutoTokenizer.from_pretrained(args.tokenizer), args.out)
-        write_json(args.metrics, metrics)
-        run.log_metrics(metrics)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

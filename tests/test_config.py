@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -111,7 +112,7 @@ def test_stage_rejects_bad_params_before_work(repo_root, tmp_path, default_param
     path = write_params(tmp_path, default_params)
     proc = subprocess.run(
         [sys.executable, str(repo_root / "stages" / "base.py"), "--params", str(path), "--tokenizer", "t", "--tokens", "t",
-         "--out", str(tmp_path / "b"), "--metrics", "m", "--train-curve", "a", "--val-curve", "b", "--figure", "f",
+         "--out", str(tmp_path / "b"), "--metrics", "m", "--report", "r", "--train-curve", "a", "--val-curve", "b", "--figure", "f",
          "--checkpoints", "c"],
         cwd=tmp_path, capture_output=True, text=True,
     )
@@ -120,3 +121,46 @@ def test_stage_rejects_bad_params_before_work(repo_root, tmp_path, default_param
     assert "base.arch.n_heads" in proc.stderr and "must divide hidden_size" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda p: p["phase1"]["train"].__setitem__("lr", -1), "phase1.train.lr"),
+    (lambda p: p["base"]["arch"].__setitem__("n_heads", 3), "base.arch.n_heads"),
+    (lambda p: p.__setitem__("bogus", {}), "bogus"),
+])
+def test_validate_command_prints_one_line_and_exits_2(repo_root, tmp_path, default_params, edit, key):
+    # `python -m` runs lookahead.config as __main__ while the sections import it again: the error
+    # raised there must still be caught (it once escaped as a traceback)
+    edit(default_params)
+    path = write_params(tmp_path, default_params)
+    proc = subprocess.run([sys.executable, "-m", "lookahead.config", str(path)], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith(f"error (params): {path}: {key}:")
+
+
+def test_validate_command_names_a_broken_file(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("corpus: [1\n")
+    proc = subprocess.run([sys.executable, "-m", "lookahead.config", str(path)], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not valid YAML (line 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_make_repro_refuses_bad_params_before_dvc_runs(repo_root, tmp_path, default_params):
+    # `make repro` = set-up, `check-params`, `dvc repro`; the check stops it with the one-line error.
+    # The set-up is already done here (this venv): -o keeps make from redoing it.
+    default_params["base"]["arch"]["n_heads"] = 3
+    path = write_params(tmp_path, default_params)
+    venv = Path(sys.executable).parent.parent
+    proc = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-n", "repro", f"VENV={venv}", f"PARAMS={path}"],
+        cwd=repo_root, capture_output=True, text=True, check=True,
+    )
+    recipe = proc.stdout.splitlines()
+    check = next(i for i, line in enumerate(recipe) if "-m lookahead.config" in line)
+    assert any("dvc repro" in line for line in recipe[check + 1:])  # the check comes first
+    proc = subprocess.run(["make", "-s", "--no-print-directory", "check-params", f"VENV={venv}", f"PARAMS={path}",
+                           "-o", f"{venv}/.installed"], cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"error (params): {path}: base.arch.n_heads: must divide hidden_size" in proc.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from lookahead.config import flatten
+
 pytestmark = pytest.mark.slow
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs")
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
@@ -71,32 +75,40 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     out = sh(["dvc", "repro"], path, env)
     for stage in ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs"):
         assert f"Running stage '{stage}'" in out
-    base = json.loads((path / "metrics" / "base.json").read_text())
-    assert {"val_nll", "val_ppl", "val_unigram_nll", "train_tokens_per_s"} <= set(base)
+    headline = {stage: json.loads((path / "metrics" / f"{stage}.json").read_text()) for stage in STAGES}
+    report = {stage: json.loads((path / "metrics" / f"{stage}_report.json").read_text()) for stage in STAGES}
+    readme = (path / "README.md").read_text()
+    for stage in STAGES:  # headline figures: flat, a few, documented; the report holds the rest
+        assert 1 <= len(headline[stage]) <= 24 and len(flatten(report[stage])) >= len(headline[stage]), stage
+        assert all(not isinstance(v, (dict, list)) for v in headline[stage].values()), stage
+        assert all(f"`{key}`" in readme for key in headline[stage]), (stage, set(headline[stage]))
+    base = headline["base"]
+    assert set(base) == {"val_nll", "val_ppl", "val_unigram_nll", "parameters", "train_steps"}
+    assert base["val_nll"] == report["base"]["val_nll"] and report["base"]["train_tokens_per_s"] > 0
     assert (path / "models" / "base" / "model.safetensors").is_file()
     assert (path / "metrics" / "base_curves.png").stat().st_size > 1000
-    assert json.loads((path / "metrics" / "corpus.json").read_text())["train"]["lines"] > 0
-    wordnet = json.loads((path / "metrics" / "wordnet.json").read_text())
+    assert headline["corpus"]["train_lines"] == report["corpus"]["train"]["lines"] > 0
+    wordnet = headline["wordnet"]
     assert wordnet["anchors"] == 32 and wordnet["matched_tokens"] >= 32
     assert np.load(path / "data" / "wordnet" / "wup.npy").shape == (32, 32)
-    probe = json.loads((path / "metrics" / "probe.json").read_text())
-    assert set(probe) == {"base", "minilm"} and "heads" in probe["base"]
+    assert set(report["probe"]) == {"base", "minilm"} and "heads" in report["probe"]["base"]
+    assert headline["probe"]["minilm_contextual_spearman"] == report["probe"]["minilm"]["relational"]["contextual"]["spearman"]["mean"]
     assert (path / "data" / "probe" / "heads.safetensors").is_file()
-    init = json.loads((path / "metrics" / "init.json").read_text())
-    assert init["n_geo"] == 8 and init["nodes"] == 1 + 2 * 2
-    contexts = json.loads((path / "metrics" / "contexts.json").read_text())
-    assert contexts["encoder"] == "minilm" and contexts["positions"] == (8 + 4) * 32 and contexts["positions_per_s"] > 0
+    assert report["init"]["n_geo"] == 8 and report["init"]["nodes"] == 1 + 2 * 2
+    contexts = headline["contexts"]
+    assert contexts["encoder"] == "minilm" and contexts["positions"] == (8 + 4) * 32
+    assert report["contexts"]["positions_per_s"] > 0
     assert np.load(path / "data" / "contexts" / "train_contexts.npy", mmap_mode="r").shape == (8, 32, 384)
-    phase1 = json.loads((path / "metrics" / "phase1.json").read_text())
+    phase1 = headline["phase1"]
     assert {"dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction", "below_dense_fraction",
             "static_pruning_nll", "random_heads_nll"} <= set(phase1)
-    assert abs(phase1["init_soft_nll_minus_dense"]) <= 0.01  # the predictor starts near the dense graph
+    assert abs(report["phase1"]["init_soft_nll_minus_dense"]) <= 0.01  # the predictor starts near the dense graph
     assert 0.0 <= phase1["active_head_fraction"] <= 1.0
     assert (path / "models" / "phase1" / "predictor.safetensors").is_file()
     assert (path / "metrics" / "phase1_pareto.png").stat().st_size > 1000
-    pairs = json.loads((path / "metrics" / "pairs.json").read_text())
-    assert {"pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "approximation_spearman",
-            "pairs_per_s"} <= set(pairs) and pairs["positions"] == 4 * 32
+    pairs = headline["pairs"]
+    assert {"pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "approximation_spearman"} <= set(pairs)
+    assert report["pairs"]["positions"] == 4 * 32 and report["pairs"]["pairs_per_s"] > 0
     assert (path / "data" / "pairs" / "pairs.safetensors").is_file()
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
@@ -138,7 +150,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     for stage in ("init", "phase1", "pairs"):
         assert f"Running stage '{stage}'" in out
     assert out.count("Running stage") == 3
-    assert json.loads((path / "metrics" / "init.json").read_text())["n_geo"] == 4
+    assert json.loads((path / "metrics" / "init_report.json").read_text())["n_geo"] == 4
     (path / "params.yaml").write_text(original)
     sh(["dvc", "repro"], path, env)
 
@@ -153,9 +165,47 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
     assert len(parents) == 3 and len(children) == 9 + 6 + 3 + 2
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
+    assert all(p.info.status == "FINISHED" for p in parents.values())
+    # the report reaches MLflow whole: as an artifact, and its lists as step series
+    probe = next(c for c in children if c.data.tags["lookahead.stage"] == "probe")
+    client = MlflowClient(f"sqlite:///{path / 'mlflow.db'}")
+    assert "probe_report.json" in [a.path for a in client.list_artifacts(probe.info.run_id)]
+    series = client.get_metric_history(probe.info.run_id, "base.weights.self_attn.q_proj.stable_rank")
+    assert sorted(m.step for m in series) == [0, 1]  # one point per layer of the tiny base
 
 
-def test_plots_render(repo):
+RESOURCE = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|@import[^;]*https?:|url\(\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+def browser() -> str:
+    """The headless browser `make setup` installs (scripts/setup_browser.sh)."""
+    for name in (os.environ.get("LOOKAHEAD_BROWSER"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise AssertionError("no chromium found: run `make setup` (scripts/setup_browser.sh installs Debian's chromium)")
+
+
+def screenshot(page: Path, png: Path) -> np.ndarray:
+    """Render ``page`` in headless Chromium with every non-loopback request refused (no network);
+    return the RGB pixels."""
+    import matplotlib.image
+
+    subprocess.run(
+        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+         "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>", "--window-size=1000,1400",
+         "--virtual-time-budget=15000", f"--user-data-dir={png.parent / 'chromium-profile'}",
+         f"--screenshot={png}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )
+    return matplotlib.image.imread(png)[..., :3]
+
+
+def drawn_pixels(rgb: np.ndarray) -> int:
+    """Pixels of a coloured mark (chart lines and points; text and axes are grey)."""
+    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.25).sum())
+
+
+def test_plots_render_offline(repo):
     path, env = repo
     if not (path / "metrics" / "base_train.csv").is_file():
         sh(["dvc", "repro"], path, env)
@@ -163,8 +213,22 @@ def test_plots_render(repo):
     shown = json.loads(out)
     for plot in ("base_train.csv", "base_val.csv", "phase1_eval.csv", "phase1_pareto.csv", "phase1_layers.csv"):
         assert f"metrics/{plot}" in json.dumps(shown), plot
+    # the template `make setup` writes and .dvc/config names
+    sh([sys.executable, "-m", "lookahead.offline_html", ".dvc/offline_plots.html"], path, env)
     sh(["dvc", "plots", "show", "-o", "plots_html"], path, env)
-    assert (path / "plots_html" / "index.html").is_file()
+    sh(["dvc", "plots", "diff", "HEAD", "-o", "diff_html"], path, env)
+    # control: DVC's own page, whose scripts come from a CDN, is blank without a network
+    stock = path / "stock_template.html"
+    stock.write_text("<html><head>{scripts}</head><body>{plot_divs}</body></html>")
+    sh(["dvc", "plots", "show", "--html-template", str(stock), "-o", "stock_html"], path, env)
+    assert RESOURCE.search((path / "stock_html" / "index.html").read_text())  # the check sees CDN scripts
+    assert drawn_pixels(screenshot(path / "stock_html" / "index.html", path / "stock.png")) < 50
+    for page in ("plots_html", "diff_html"):
+        html = (path / page / "index.html").read_text()
+        assert not RESOURCE.search(html), RESOURCE.search(html)
+        assert "vegaEmbed(" in html and "<script>" in html
+    assert drawn_pixels(screenshot(path / "plots_html" / "index.html", path / "plots.png")) > 2000
+    assert drawn_pixels(screenshot(path / "diff_html" / "index.html", path / "diff.png")) > 2000
 
 
 def test_queued_experiment_lands_in_the_same_mlflow_store(repo):

@@ -59,6 +59,48 @@ def test_failed_stage_is_marked_failed_and_raises(project):
     assert stage.info.status == "FAILED"
 
 
+def test_parent_stays_failed_when_a_later_stage_succeeds_until_the_failed_one_reruns(project):
+    def parent_state():
+        _, found = runs(f"sqlite:///{project / 'mlflow.db'}")
+        (parent,) = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "pipeline"]
+        return parent.info.status
+
+    with tracking.stage_run("corpus", {}):
+        pass
+    assert parent_state() == "FINISHED"
+    with pytest.raises(RuntimeError):
+        with tracking.stage_run("probe", {}):
+            raise RuntimeError("probe broke")
+    assert parent_state() == "FAILED"
+    with tracking.stage_run("wordnet", {}):  # e.g. `dvc repro --keep-going` runs another branch
+        pass
+    assert parent_state() == "FAILED"
+    with tracking.stage_run("probe", {}):  # the fixed stage reruns in the same pipeline run
+        pass
+    assert parent_state() == "FINISHED"
+
+
+def test_list_figures_reach_mlflow_as_step_series(project):
+    report = {"val_nll": 3.5, "encoder": "minilm", "per_layer": [0.5, 0.25, 1.0],
+              "weights": {"q_proj": {"stable_rank": [7.0, 3.5]}}, "bands": [{"cos": 0.1, "n": 4}, {"cos": 0.3, "n": 2}],
+              "grid": [[1, 2], [3, 4]], "flag": True}
+    with tracking.stage_run("probe", {}) as run:
+        run.log_metrics(report)
+    client, found = runs(f"sqlite:///{project / 'mlflow.db'}")
+    (stage,) = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "stage"]
+    rid = stage.info.run_id
+
+    def series(key):
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(rid, key), key=lambda m: m.step)]
+
+    assert series("val_nll") == [(0, 3.5)]
+    assert series("per_layer") == [(0, 0.5), (1, 0.25), (2, 1.0)]
+    assert series("weights.q_proj.stable_rank") == [(0, 7.0), (1, 3.5)]
+    assert series("bands.cos") == [(0, 0.1), (1, 0.3)] and series("bands.n") == [(0, 4.0), (1, 2.0)]
+    assert series("grid.1") == [(0, 3.0), (1, 4.0)]
+    assert "encoder" not in stage.data.metrics and "flag" not in stage.data.metrics
+
+
 def test_tracking_uri_environment_variable_is_honoured(project, tmp_path_factory, monkeypatch):
     other = tmp_path_factory.mktemp("server") / "other.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")

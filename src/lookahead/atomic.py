@@ -59,6 +59,12 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8), atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def write_json(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_file(path) as tmp:

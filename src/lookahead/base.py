@@ -194,6 +194,9 @@ def save_model(model, tokenizer, cfg: BaseConfig, out_dir: str | Path) -> None:
         (tmp / CONFIG_FILE).write_text(json.dumps(to_dict(cfg), indent=2) + "\n", encoding="utf-8")
 
 
+# metrics/base.json (lookahead.report); throughput stays in the report
+HEADLINE = ("val_nll", "val_ppl", "val_unigram_nll", "parameters", "train_steps")
+
 def build_base(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, out_dir: str | Path,
                checkpoint_root: str | Path | None = None, tracker=None) -> tuple[dict, TrainResult | None]:
     """Produce the base model directory; return (metrics, training result or None)."""

@@ -141,8 +141,13 @@ def read_params(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("", f"params file {path} not found")
-    with path.open(encoding="utf-8") as f:
-        params = yaml.safe_load(f) or {}
+    try:
+        with path.open(encoding="utf-8") as f:
+            params = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        raise ConfigError("", f"{path} is not valid YAML{at}: {getattr(err, 'problem', None) or err}") from None
     if not isinstance(params, dict):
         raise ConfigError("", f"{path} must hold a mapping of sections")
     return params
@@ -227,6 +232,7 @@ def print_config(configs: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m lookahead.config [params.yaml]``: validate every section; one line, exit 2 on error."""
     from lookahead.sections import validate_all
 
     parser = argparse.ArgumentParser(description="Validate every section of a params file.")
@@ -235,11 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate_all(args.params)
     except ConfigError as err:
-        print(f"{args.params}: {err}", file=sys.stderr)
+        where = f"{args.params}: " if err.key else ""  # file-level messages name the file already
+        print(f"error (params): {where}{err}", file=sys.stderr)
         return 2
     print(f"{args.params}: ok")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``-m``, this file is ``__main__`` while :mod:`lookahead.sections` imports it again as
+    # ``lookahead.config``: two ConfigError classes. Delegate to the imported module so that its
+    # ``except ConfigError`` catches what the section classes raise.
+    from lookahead.config import main as _main
+
+    sys.exit(_main())

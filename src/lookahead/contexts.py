@@ -97,6 +97,9 @@ def resolve_device(device: str, key: str = "contexts.device") -> str:
     return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
+# metrics/contexts.json (lookahead.report); throughput stays in the report
+HEADLINE = ("encoder", "dim", "positions")
+
 def build_contexts(cfg: ContextsConfig, context_length: int, tokenizer, tokens_dir, base_dir, out_dir) -> dict:
     """Encode the windows and write the cache atomically; return the stage's metrics."""
     windows = draw_windows(tokens_dir, cfg, context_length)

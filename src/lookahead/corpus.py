@@ -109,6 +109,9 @@ def source_lines(cfg: CorpusConfig, wordnet_path: str | None = None) -> Iterator
     return hf_lines(cfg.source[3:], cfg.hf_split, cfg.hf_text_field)
 
 
+# metrics/corpus.json (lookahead.report): headline name -> path in the report
+HEADLINE = {"train_lines": "train.lines", "train_words": "train.words", "val_lines": "val.lines", "val_words": "val.words"}
+
 def build_corpus(cfg: CorpusConfig, out_dir: str | Path, wordnet_path: str | None = None) -> dict:
     """Write ``train.txt`` and ``val.txt`` (one document per line) into ``out_dir``.
 

@@ -140,6 +140,15 @@ def head_factors(affinity: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarra
     return u.astype(np.float32), v.astype(np.float32)
 
 
+# metrics/init.json (lookahead.report)
+HEADLINE = {
+    "reconstruction_correlation": "reconstruction_correlation",
+    "eigenvalue_share_kept": "eigenvalue_share_kept",
+    "alignment_cosine_anchors": "alignment_cosine_anchors.mean",
+    "alignment_cosine_heldout": "alignment_cosine_heldout.mean",
+    "affinity_rank_r_rel_error": "affinity_rank_r_rel_error",
+}
+
 def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir, heads_file, out_file,
                encode_batch_size: int = 64, max_text_tokens: int = 64) -> dict:
     """Compute (a), (b), (c) and write one safetensors file; return metrics."""

@@ -96,6 +96,10 @@ def _topology(edges: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
     return adjacency, default_gates(adjacency)
 
 
+# metrics/pairs.json (lookahead.report); throughput stays in the report
+HEADLINE = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
+            "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
+
 def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
     """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
     from safetensors.numpy import save_file

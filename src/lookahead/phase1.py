@@ -184,6 +184,11 @@ def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+# metrics/phase1.json (lookahead.report); throughput and per-layer figures stay in the report
+HEADLINE = ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction", "below_dense_fraction",
+            "static_pruning_nll", "random_heads_nll", "hard_nll_increase", "static_pruning_nll_increase",
+            "increase_over_static_increase")
+
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module)."""

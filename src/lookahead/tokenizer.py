@@ -92,6 +92,9 @@ def encode_file(tok, text_file: str | Path, batch_lines: int, desc: str) -> np.n
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
 
 
+# metrics/tokenizer.json (lookahead.report)
+HEADLINE = ("vocab_size", "train_tokens", "val_tokens", "val_bytes_per_token")
+
 def build_tokenizer(tok, corpus_dir: str | Path, tokenizer_dir: str | Path, tokens_dir: str | Path, batch_lines: int) -> dict:
     """Save ``tok`` and the encoded train/val streams; return metrics."""
     corpus_dir = Path(corpus_dir)

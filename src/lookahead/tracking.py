@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import subprocess
 import time
 import warnings
@@ -33,6 +34,7 @@ EXPERIMENT = "lookahead"
 TAG_PIPELINE = "lookahead.pipeline_id"
 TAG_ROLE = "lookahead.role"
 TAG_STAGE = "lookahead.stage"
+TAG_FAILED = "lookahead.failed_stages"
 EXP_WORKSPACE = os.path.join(".dvc", "tmp", "exps")
 
 
@@ -103,13 +105,16 @@ class StageRun:
             chunk = batch[i : i + 100]
             self._safely("log_params", lambda: self._client.log_batch(self.run_id, params=chunk))
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log every number in a nested dict of figures: ``a.b`` keys; a list of numbers (or of
+        dicts of numbers) as a step series over its index; strings are left to the report artifact."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step or 0) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if items:
-            self._safely("log_metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
+        items = [Metric(k, v, now, s) for k, v, s in _numbers(metrics, step or 0)]
+        for i in range(0, len(items), 1000):  # MLflow takes at most 1000 metrics per batch
+            chunk = items[i : i + 1000]
+            self._safely("log_metrics", lambda: self._client.log_batch(self.run_id, metrics=chunk))
 
     def log_artifact(self, path: str | Path) -> None:
         if Path(path).exists():
@@ -117,6 +122,33 @@ class StageRun:
 
     def set_tag(self, key: str, value: str) -> None:
         self._safely("set_tag", lambda: self._client.set_tag(self.run_id, key, value))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _metric_key(name: str) -> str:
+    """MLflow allows letters, digits, ``_ - . / :`` and spaces in metric names."""
+    return re.sub(r"[^\w\-./: ]", "_", name)[:250]
+
+
+def _numbers(figures: dict[str, Any], step: int, prefix: str = "") -> Iterator[tuple[str, float, int]]:
+    """``(key, value, step)`` for every number of a nested dict; lists become series over their index."""
+    for key, value in figures.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            yield from _numbers(value, step, name)
+        elif _is_number(value):
+            yield _metric_key(name), float(value), step
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                if _is_number(item):
+                    yield _metric_key(name), float(item), index
+                elif isinstance(item, dict):
+                    yield from _numbers(item, index, name)
+                elif isinstance(item, (list, tuple)):
+                    yield from _numbers({str(index): item}, step, name)
 
 
 def _experiment_id(client, root: Path, uri: str) -> str:
@@ -188,5 +220,15 @@ def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None
         status = "FINISHED"
     finally:
         tracker._safely("set_terminated", lambda: client.set_terminated(tracker.run_id, status))
-        # the parent shows the state of the pipeline's latest stage
-        parent_run._safely("set_terminated", lambda: client.set_terminated(parent_run.run_id, status))
+        parent_run._safely("set_terminated", lambda: _close_parent(client, parent_run.run_id, stage, status == "FAILED"))
+
+
+def _close_parent(client, parent_id: str, stage: str, failed: bool) -> None:
+    """The parent run is FAILED while any of its stages' latest run failed (tag
+    ``lookahead.failed_stages``), even when a later stage succeeds; rerunning the failed stage
+    successfully clears it."""
+    tags = client.get_run(parent_id).data.tags
+    failed_stages = {s for s in tags.get(TAG_FAILED, "").split(",") if s}
+    failed_stages = failed_stages | {stage} if failed else failed_stages - {stage}
+    client.set_tag(parent_id, TAG_FAILED, ",".join(sorted(failed_stages)))
+    client.set_terminated(parent_id, "FAILED" if failed_stages else "FINISHED")

@@ -281,6 +281,9 @@ def read_tsv(path: str | Path) -> list[dict]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
+# metrics/wordnet.json (lookahead.report); timings stay in the report (benchmarks/wordnet_matrix.py)
+HEADLINE = ("matched_tokens", "anchors", "mean_offdiag_wup", "eval_pairs")
+
 def build_wordnet(cfg: WordNetConfig, tokenizer, out_dir: str | Path) -> dict:
     """Write ``matched.tsv``, ``anchors.tsv``, ``wup.npy`` (anchor x anchor float32) and
     ``eval_pairs.tsv`` (anchor pairs with nltk path and Wu-Palmer similarity) into ``out_dir``.
