@@ -11,17 +11,7 @@ if found=$("$PY" -m lookahead.wordnet_data 2>/dev/null); then
   exit 0
 fi
 
-if command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }
-  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
-    echo "WordNet: installing Debian packages wordnet-base wordnet-sense-index"
-    $SUDO apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-           wordnet-base wordnet-sense-index >/dev/null \
-      || echo "WordNet: apt-get could not install the packages"
-  fi
-fi
+"$(dirname "$0")/apt_install.sh" WordNet wordnet-base wordnet-sense-index
 
 if ! "$PY" -m lookahead.wordnet_data >/dev/null 2>&1; then
   echo "WordNet: trying nltk.download('wordnet')"
