@@ -252,7 +252,7 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
     align, bands = {}, []
     for kind, vectors in (("static", static), ("contextual", ctx)):
         align[kind], kind_bands = relational_alignment(vectors, pairs, path_sim, cfg.seeds)
-        bands += [{"model": name, "kind": kind, **b} for b in kind_bands]
+        bands += [{"model": name, "kind": kind, "series": f"{name} {kind}", **b} for b in kind_bands]
     align["chain_decay"] = chain_decay(model, tokenizer, wn, anchors, cfg.chain_depth, cfg, ctx, static)
     block["relational"] = align
 
@@ -396,7 +396,7 @@ def build_probe(cfg: ProbeConfig, base_dir, tokens_dir, wordnet_dir, wordnet_pat
             head_table = head_rows(name, heads)
     if heads_out is None:
         raise ValueError("probe.models must include `base` (a causal LM): the init stage needs its head statistics")
-    write_csv(outputs["eigenspectrum"], [{"model": m, "component": i + 1, "variance_share": float(v)}
+    write_csv(outputs["eigenspectrum"], [{"series": m, "component": i + 1, "variance_share": float(v)}
                                          for m, spec in spectra.items() for i, v in enumerate(spec)])
     write_csv(outputs["heads_csv"], head_table)
     write_csv(outputs["bands"], bands)

@@ -123,13 +123,22 @@ def _reader(data_root: Path | None):
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
+    class WordNetReader(WordNetCorpusReader):
+        """nltk's reader, minus the one thing it does at start-up for the Open Multilingual Wordnet
+        only: mapping WordNet 3.0 offsets onto the loaded version (``map30``, read by nothing but
+        the OMW loaders, and there is no OMW here). That walk of index.sense took about half of
+        the reader's start-up — seconds in every stage that opens WordNet."""
+
+        def map_wn(self, version="wordnet"):
+            return None
+
     if data_root is not None and str(data_root) not in nltk.data.path:
         nltk.data.path.insert(0, str(data_root))
     root = nltk.data.find("corpora/wordnet")
     with warnings.catch_warnings():
         # "The multilingual functions are not available": no Open Multilingual Wordnet, by design.
         warnings.simplefilter("ignore", UserWarning)
-        return WordNetCorpusReader(root, None)
+        return WordNetReader(root, None)
 
 
 def open_wordnet(path: str | Path | None = None, root: str | Path | None = None):
