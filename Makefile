@@ -12,9 +12,9 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser repro test bench check-params mlflow-ui clean
+.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui clean
 
-setup: $(STAMP) wordnet browser $(PLOTS_TEMPLATE)
+setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
 # torch: the CPU build 2.13.0 where that file is available (it installs in seconds), the ordinary
 # install elsewhere; the package's own `torch>=2.4` is then already satisfied.
@@ -30,6 +30,9 @@ wordnet: $(STAMP)
 
 browser:
 	scripts/setup_browser.sh
+
+sshd:
+	scripts/setup_sshd.sh
 
 $(PLOTS_TEMPLATE): $(STAMP)
 	$(BIN)/python -m lookahead.offline_html $@

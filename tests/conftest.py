@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +93,36 @@ def phase_inputs(tiny_tokenizer, tmp_path_factory):
     save_file({"importance": torch.tensor([[0.3, 0.1], [0.05, 0.2]])}, str(d / "heads.safetensors"))
     return {"base": base, "tokens": d / "tokens", "contexts": d / "contexts", "init": d / "init.safetensors",
             "heads": d / "heads.safetensors", "root": d}
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
+    """Run a command; its stdout + stderr, or an AssertionError showing them when it fails."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def pipeline_repo(tmp_path_factory):
+    """A fresh git + DVC repository holding the project's files, with the tiny profile as params:
+    (path, env). Shared by the pipeline and sharing tests (one tiny `dvc repro` per session)."""
+    dest = tmp_path_factory.mktemp("pipeline") / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    for name in files:
+        src = REPO / name
+        if src.is_file() and not name.startswith(("metrics/", "data/", "models/")) and name != "dvc.lock":
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    shutil.copy(dest / "profiles" / "tiny.yaml", dest / "params.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` = this venv's
+    env["DVC_NO_ANALYTICS"] = "true"
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
+                ["git", "config", "user.name", "test"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        sh(cmd, dest, env)
+    return dest, env

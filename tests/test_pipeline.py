@@ -24,17 +24,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lookahead.config import flatten
+from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs")
-
-
-def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
-    return out
 
 
 def digest(path: Path) -> str:
@@ -47,27 +40,9 @@ def stage_runs(repo: Path) -> list:
     return client.search_runs([exp.experiment_id], max_results=1000)
 
 
-@pytest.fixture(scope="module")
-def repo(repo_root, tmp_path_factory):
-    """A fresh git + DVC repository holding the project's files, with the tiny profile as params."""
-    dest = tmp_path_factory.mktemp("pipeline") / "repo"
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo_root,
-        capture_output=True, text=True, check=True,
-    ).stdout.split()
-    for name in files:
-        src = repo_root / name
-        if src.is_file() and not name.startswith(("metrics/", "data/", "models/")) and name != "dvc.lock":
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    shutil.copy(dest / "profiles" / "tiny.yaml", dest / "params.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` = this venv's
-    env["DVC_NO_ANALYTICS"] = "true"
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
-                ["git", "config", "user.name", "test"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
-        sh(cmd, dest, env)
-    return dest, env
+@pytest.fixture
+def repo(pipeline_repo):
+    return pipeline_repo
 
 
 def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
