@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui clean
+.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -55,3 +55,8 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .nltk_data checkpoints $(PLOTS_TEMPLATE)
+
+# Depth vs width (issue 13): three ~5 M-parameter base models as DVC experiments, then the table
+# and figure in metrics/depth_width.*; SWEEP_ARGS="--steps N" changes the budget.
+sweep-depth-width: setup
+	$(BIN)/python scripts/sweep_depth_width.py $(SWEEP_ARGS)

@@ -9,7 +9,7 @@ import torch
 from lookahead import data
 
 
-def test_train_batches_depend_only_on_seed_step_rank():
+def test_train_batches_depend_only_on_seed_and_step():
     stream = np.arange(10_000, dtype=np.uint16)
     a = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
     b = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
@@ -17,7 +17,19 @@ def test_train_batches_depend_only_on_seed_step_rank():
     # windows are contiguous slices of the stream
     assert torch.equal(a[:, 1:] - a[:, :-1], torch.ones(4, 16, dtype=torch.int64))
     assert not torch.equal(a, data.train_batch(stream, step=8, batch_size=4, seq_len=16, seed=3))
-    assert not torch.equal(a, data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3, rank=1))
+    assert not torch.equal(a, data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=4))
+
+
+def test_processes_share_the_global_batch():
+    from lookahead.trainer import rank_rows
+
+    windows = torch.arange(8 * 5).view(8, 5)
+    batch = {"windows": windows, "tau": 0.5, "pair": (windows, torch.zeros(3))}
+    shares = [rank_rows(batch, r, 2, rows=8) for r in range(2)]
+    assert torch.equal(torch.cat([s["windows"] for s in shares]), windows)  # disjoint, in order, complete
+    assert shares[1]["tau"] == 0.5 and torch.equal(shares[1]["pair"][0], windows[4:])
+    assert torch.equal(shares[0]["pair"][1], torch.zeros(3))  # not a batch-rows tensor: whole
+    assert rank_rows(batch, 0, 1, rows=8) is batch
 
 
 def test_eval_windows_score_every_target_once():

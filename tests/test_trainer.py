@@ -37,10 +37,10 @@ def lm_module(tiny_tokenizer, train_cfg, interrupt_at=None):
     if interrupt_at is not None:
         batch = module.batch
 
-        def interrupting(step, rank):
+        def interrupting(step):
             if step == interrupt_at:
                 raise Interrupted(f"killed at step {step}")
-            return batch(step, rank)
+            return batch(step)
 
         module.batch = interrupting
     return module
@@ -89,9 +89,9 @@ def test_nan_loss_stops_with_the_stage_and_step(tiny_tokenizer):
     module.calls = 0
     batch = module.batch
 
-    def counting(step, rank):
+    def counting(step):
         module.calls = step
-        return batch(step, rank)
+        return batch(step)
 
     module.batch, module.loss = counting, poisoned
     with pytest.raises(NonFiniteLoss, match=r"test: training loss is nan at step 3"):

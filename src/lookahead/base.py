@@ -136,9 +136,9 @@ class LMTrainModule:
         self.val_windows = val_windows  # (n_eval, T+1): a fixed subset for periodic evaluation
         self.cfg = cfg
 
-    def batch(self, step: int, rank: int) -> torch.Tensor:
+    def batch(self, step: int) -> torch.Tensor:
         t = self.cfg.train
-        return data.train_batch(self.train_stream, step, t.batch_size, self.cfg.arch.context_length, t.seed, rank)
+        return data.train_batch(self.train_stream, step, t.batch_size, self.cfg.arch.context_length, t.seed)
 
     def loss(self, model, batch: torch.Tensor) -> torch.Tensor:
         return causal_lm_nll(model, batch)
@@ -216,6 +216,8 @@ def build_base(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, out_dir: str 
         "hidden_size": cfg_model.hidden_size,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens_per_s": result.tokens_per_s if result else None,
+        "train_seconds": result.train_seconds if result else None,
+        "train_wall_s": result.wall_seconds if result else None,
         "train_steps": cfg.train.steps if result else 0,
     })
     save_model(model, tokenizer, cfg, out_dir)

@@ -26,7 +26,7 @@ import torch
 from lookahead import data
 from lookahead.atomic import atomic_dir
 from lookahead.config import ConfigError, LookaheadError, require, to_dict
-from lookahead.encoders import load_context_encoder, encode_windows
+from lookahead.encoders import encode_windows, load_context_encoder, resolve_device
 
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
@@ -87,14 +87,6 @@ def draw_windows(tokens_dir: str | Path, cfg: ContextsConfig, context_length: in
                           f"windows of {context_length + 1} tokens; got {cfg.val_sequences}")
     pick = np.sort(np.random.default_rng([cfg.seed, 41]).choice(len(val_all), cfg.val_sequences, replace=False))
     return {"train": train, "val": val_all[pick]}
-
-
-def resolve_device(device: str, key: str = "contexts.device") -> str:
-    """`cpu` or `cuda` for a config's device (`auto` = CUDA when available); ``key`` names the
-    param in the error when `cuda` is asked for and there is none."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(key, "is 'cuda' but no CUDA device is available")
-    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 # metrics/contexts.json (lookahead.report); throughput stays in the report

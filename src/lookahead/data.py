@@ -1,9 +1,9 @@
 """Token streams and the batches cut from them.
 
-Training batches are a pure function of (seed, step, rank): random windows drawn by a generator
-seeded with those three numbers. Resuming at step s therefore sees exactly the batches an
-uninterrupted run would have seen, and data-parallel ranks see disjoint draws, with no sampler state
-to checkpoint. Evaluation uses fixed, non-overlapping windows from the start of the val stream.
+Training batches are a pure function of (seed, step): random windows drawn by a generator seeded
+with those numbers. Resuming at step s therefore sees exactly the batches an uninterrupted run
+would have seen, with no sampler state to checkpoint; data-parallel processes each take their share
+of the same global batch (:func:`lookahead.trainer.rank_rows`). Evaluation uses fixed, non-overlapping windows from the start of the val stream.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ def load_stream(tokens_dir: str | Path, split: str) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
 
-def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int, rank: int = 0) -> torch.Tensor:
+def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
     """``batch_size`` random windows of ``seq_len + 1`` tokens. Returns (B, T+1) int64."""
     n_starts = len(stream) - seq_len - 1
     if n_starts < 1:
         raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
-    rng = np.random.default_rng([seed, step, rank])
+    rng = np.random.default_rng([seed, step, 0])  # the 0 keeps the draws of runs made before this
     starts = rng.integers(0, n_starts + 1, size=batch_size)
     windows = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(windows)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lookahead.config import LookaheadError
+from lookahead.config import ConfigError, LookaheadError
 
 MINILM = "minilm"
 BASE = "base"
@@ -33,6 +33,14 @@ BASE = "base"
 
 class EncoderError(LookaheadError, ValueError):
     """A context encoder that cannot be loaded or used."""
+
+
+def resolve_device(device: str, key: str = "contexts.device") -> str:
+    """`cpu` or `cuda` for a config's device (`auto` = CUDA when available); ``key`` names the
+    param in the error when `cuda` is asked for and there is none."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(key, "is 'cuda' but no CUDA device is available")
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def minilm_path() -> Path:

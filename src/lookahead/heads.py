@@ -78,21 +78,23 @@ def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
     n_layers = len(attention_layers(model))
     n_heads = model.config.num_attention_heads
     model.eval()
+    device = next(model.parameters()).device
+    batches = [w.to(device) for w in batches]
     norms, grads, dense = [], torch.zeros(n_layers, n_heads), []
     for windows in batches:
-        mask = torch.ones(n_layers, n_heads, requires_grad=True)
+        mask = torch.ones(n_layers, n_heads, requires_grad=True, device=device)
         with HeadMasks(model, n_heads, mask) as hooks:
             loss = _nll(model, windows)
         (grad,) = torch.autograd.grad(loss, mask)
-        grads += grad.abs()
+        grads += grad.abs().cpu()
         dense.append(loss.item())
-        norms.append(torch.stack(hooks.norms, dim=2).flatten(0, 1))  # (B*T, L, H)
+        norms.append(torch.stack(hooks.norms, dim=2).flatten(0, 1).float().cpu())  # (B*T, L, H)
     norms_all = torch.cat(norms).flatten(1)  # (tokens, L*H)
     ablation = torch.zeros(n_layers, n_heads)
     with torch.no_grad():
         for layer in range(n_layers):
             for head in range(n_heads):
-                mask = torch.ones(n_layers, n_heads)
+                mask = torch.ones(n_layers, n_heads, device=device)
                 mask[layer, head] = 0.0
                 with HeadMasks(model, n_heads, mask):
                     ablated = [_nll(model, w).item() for w in batches]

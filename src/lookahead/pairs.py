@@ -30,7 +30,8 @@ import torch
 from tqdm import tqdm
 
 from lookahead.config import LookaheadError, require, to_dict
-from lookahead.contexts import ContextCache, resolve_device
+from lookahead.contexts import ContextCache
+from lookahead.encoders import resolve_device
 from lookahead.graph import allowed_mask, n_edges, pack_bits, to_dense, to_edges, unpack_bits
 from lookahead.predictor import load_init, load_predictor
 from lookahead.runtime import default_gates, forward_with_topology

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from lookahead.config import require, to_dict
-from lookahead.contexts import ContextCache, resolve_device
+from lookahead.contexts import ContextCache
+from lookahead.encoders import resolve_device
 from lookahead.graph import n_edges
 from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
 from lookahead.runtime import forward_with_topology
@@ -98,9 +99,9 @@ class Phase1Module:
         self.lm.to(self.device)
         self.geo = self.geo.to(self.device)
 
-    def batch(self, step: int, rank: int) -> dict:
+    def batch(self, step: int) -> dict:
         t = self.cfg.train
-        rows = np.random.default_rng([t.seed, step, rank, 50]).integers(0, len(self.cache.windows("train")), t.batch_size)
+        rows = np.random.default_rng([t.seed, step, 0, 50]).integers(0, len(self.cache.windows("train")), t.batch_size)
         windows, contexts = self.cache.batch("train", rows)
         self.tau_now = self.cfg.tau(step)
         hard = 0 <= self.cfg.hard_from_step <= step

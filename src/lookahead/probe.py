@@ -13,13 +13,14 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from lookahead import geometry
 from lookahead.config import require
-from lookahead.encoders import BASE, MINILM, encode_texts, minilm_path
+from lookahead.encoders import BASE, MINILM, encode_texts, minilm_path, resolve_device
 BANDS = ((0.0, 0.1), (0.1, 0.2), (0.2, 0.34), (0.34, 1.01))  # path-similarity bands (≥ lo, < hi)
 MAX_MODELS = 7  # 3 headline figures per model (+ 3 for the base) within lookahead.report's limit
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:layers|layer)\.(\d+)\.(.+)\.weight$")
@@ -51,6 +52,8 @@ class ProbeConfig:
     """Texts per forward pass when encoding glosses."""
     trust_remote_code: bool = False
     """Allow model repos' own code for HF ids."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the models run: `auto` = CUDA when available (statistics are computed in fp32 either way)."""
 
     def __post_init__(self) -> None:
         require(1 <= len(self.models) <= MAX_MODELS, "models",
@@ -61,15 +64,15 @@ class ProbeConfig:
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
 
 
-def load_model(spec: str, base_dir: str | Path, trust_remote_code: bool = False):
-    """(name, model, tokenizer, is_causal) for a ``probe.models`` entry, in fp32, eval mode."""
+def load_model(spec: str, base_dir: str | Path, trust_remote_code: bool = False, device: str = "cpu"):
+    """(name, model, tokenizer, is_causal) for a ``probe.models`` entry, in fp32, eval mode, on ``device``."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     source = {BASE: str(base_dir), MINILM: str(minilm_path())}.get(spec, spec)
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     causal = any(a.endswith("ForCausalLM") for a in (config.architectures or []))
     cls = AutoModelForCausalLM if causal else AutoModel
-    model = cls.from_pretrained(source, dtype=torch.float32, trust_remote_code=trust_remote_code).eval()
+    model = cls.from_pretrained(source, dtype=torch.float32, trust_remote_code=trust_remote_code).eval().to(device)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     return spec, model, tokenizer, causal
 
@@ -98,7 +101,7 @@ def layer_weights(model) -> dict[str, dict[int, np.ndarray]]:
     for name, param in model.named_parameters():
         match = _LAYER_WEIGHT.search(name)
         if match and param.ndim == 2:
-            out.setdefault(match.group(2), {})[int(match.group(1))] = param.detach().float().numpy()
+            out.setdefault(match.group(2), {})[int(match.group(1))] = param.detach().float().cpu().numpy()
     return out
 
 
@@ -153,10 +156,11 @@ def mlp_neurons(model, batches: list[dict]) -> dict:
                 count[0] += a.shape[0]
         return fn
 
+    device = next(model.parameters()).device
     handles = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(downs)]
     try:
         for batch in batches:
-            model(**batch)
+            model(**{k: v.to(device) for k, v in batch.items()})
     finally:
         for h in handles:
             h.remove()
@@ -173,7 +177,7 @@ def static_texts(model, tokenizer, texts: list[str]) -> np.ndarray:
     """Mean input embedding of each text's tokens (no special tokens). (n, d) float32."""
     emb = model.get_input_embeddings().weight
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return torch.stack([emb[torch.tensor(i or [0])].mean(0) for i in ids]).numpy().astype(np.float32)
+    return torch.stack([emb[torch.tensor(i or [0], device=emb.device)].mean(0) for i in ids]).cpu().numpy().astype(np.float32)
 
 
 def relational_alignment(vectors: np.ndarray, pairs: np.ndarray, path_sim: np.ndarray, seeds: list[int]) -> tuple[dict, list]:
@@ -234,11 +238,11 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
     from lookahead.heads import probe_heads
     from lookahead.wordnet import read_tsv
 
-    name, model, tokenizer, causal = load_model(spec, base_dir, cfg.trust_remote_code)
+    name, model, tokenizer, causal = load_model(spec, base_dir, cfg.trust_remote_code, resolve_device(cfg.device, "probe.device"))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     block: dict = {"causal_lm": causal, "parameters": int(sum(p.numel() for p in model.parameters()))}
-    emb = model.get_input_embeddings().weight.detach().float().numpy()
+    emb = model.get_input_embeddings().weight.detach().float().cpu().numpy()
     block["embedding"], spectrum = embedding_geometry(emb, cfg)
     block["weights"] = weight_geometry(model)
 

@@ -16,6 +16,7 @@ from lookahead.config import ConfigError, load_section, read_params
 
 # section -> "module:Class"; strings, so that validating imports only what it needs
 SECTIONS: dict[str, str] = {
+    "launch": "lookahead.launch:LaunchConfig",
     "corpus": "lookahead.corpus:CorpusConfig",
     "wordnet": "lookahead.wordnet:WordNetConfig",
     "tokenizer": "lookahead.tokenizer:TokenizerConfig",

@@ -8,6 +8,7 @@
 - Pipeline id: ``DVC_EXP_NAME`` inside ``dvc exp run``; else the git revision plus a hash of
   params.yaml. Stages of one pipeline run attach to the parent run carrying that id.
 - Params are logged prefixed by the stage name; a tracking failure warns and never fails a stage.
+- Under ``accelerate launch`` only the main process (``RANK`` 0) opens runs.
 """
 
 from __future__ import annotations
@@ -182,12 +183,22 @@ def _parent_run(client, experiment_id: str, pid: str) -> str:
     return run.info.run_id
 
 
+def is_main_process() -> bool:
+    """False in the worker processes of a multi-process launch (``accelerate launch`` and torchrun
+    set ``RANK``): the main process alone tracks a stage."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None) -> Iterator[StageRun]:
     """Open the stage's child run under its pipeline's parent run; yields a :class:`StageRun`.
 
-    The child ends FINISHED, or FAILED if the block raises (the exception propagates).
+    The child ends FINISHED, or FAILED if the block raises (the exception propagates). In a
+    worker process of a multi-process launch it yields an inactive run.
     """
+    if not is_main_process():
+        yield StageRun(None, None, stage)
+        return
     root = Path(root) if root else project_root()
     client = run = None
     try:

@@ -5,6 +5,10 @@ evaluation); the loop owns everything else: AdamW, linear warmup + cosine decay,
 HF Accelerate (so ``accelerate launch`` runs it data-parallel, DESIGN §9), the NaN/inf guard,
 periodic evaluation, tqdm progress, MLflow step metrics, and checkpoint/resume.
 
+Data parallelism: the module hands out the global batch of a step; each of N processes keeps its
+contiguous share of the rows and DDP averages the gradients, so N processes follow the same
+trajectory as one (up to floating-point summation order) at the same ``batch_size``.
+
 Resuming is exact: batches are a pure function of the step (see :mod:`lookahead.data`), and the
 checkpoint holds model, optimizer, scheduler, RNG state and the curves so far, so an interrupted
 run that resumes ends with the same weights as one that never stopped.
@@ -23,7 +27,7 @@ from typing import Any, Literal, Protocol
 import torch
 from tqdm import tqdm
 
-from lookahead.config import LookaheadError, require, to_dict
+from lookahead.config import ConfigError, LookaheadError, require, to_dict
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -39,7 +43,7 @@ class TrainConfig:
     steps: int = 1000
     """Optimizer steps."""
     batch_size: int = 32
-    """Sequences per step and process."""
+    """Sequences per optimizer step over all processes (each of N processes takes batch_size / N)."""
     lr: float = 1.0e-3
     """Peak learning rate (AdamW)."""
     min_lr_ratio: float = 0.1
@@ -86,8 +90,10 @@ class TrainModule(Protocol):
     model: torch.nn.Module
     """Holds every trainable parameter (frozen ones have requires_grad=False)."""
 
-    def batch(self, step: int, rank: int) -> Any:
-        """The batch of ``step`` for process ``rank`` (on CPU; the loop moves tensors)."""
+    def batch(self, step: int) -> Any:
+        """The global batch of ``step`` (``batch_size`` rows, on CPU): a tensor, or a dict/tuple of
+        tensors with rows first and other values. Each process keeps its own contiguous share of
+        the rows, so any number of processes trains on the same data."""
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
         """Scalar training loss of ``batch`` under ``model`` (the prepared, maybe wrapped, model);
@@ -111,6 +117,10 @@ class TrainResult:
     """Rows of step and the module's evaluation metrics."""
     tokens_per_s: float
     """Training throughput over all processes, evaluation time excluded."""
+    train_seconds: float
+    """Time spent in training steps (evaluation and checkpoints excluded), resumed runs included."""
+    wall_seconds: float
+    """Wall time of this call, evaluations and checkpoints included (a resumed run: since resuming)."""
     resumed_from: int
     """Step the run resumed from (0 = fresh start)."""
 
@@ -143,6 +153,23 @@ def _to_device(batch: Any, device: torch.device) -> Any:
         return {k: _to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
+    """Process ``rank``'s share of a global batch: rows ``[rank * rows / world, (rank + 1) * rows / world)``
+    of every tensor with ``rows`` rows; other values as they are."""
+    if world == 1:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.ndim == 0 or batch.shape[0] != rows:
+            return batch
+        share = rows // world
+        return batch[rank * share : (rank + 1) * share]
+    if isinstance(batch, dict):
+        return {k: rank_rows(v, rank, world, rows) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(rank_rows(v, rank, world, rows) for v in batch)
     return batch
 
 
@@ -189,15 +216,23 @@ def train(
             from. Give each distinct config its own directory. None disables checkpointing.
         tracker: a :class:`lookahead.tracking.StageRun` (or None) receiving step metrics.
         keep_checkpoint: keep the checkpoint after success (default: remove it).
+
+    Under ``accelerate launch`` with N processes only the main process returns; the others exit
+    (status 0) once training has ended, since what follows training is the main process's job.
     Raises:
         NonFiniteLoss: with the stage, step and value, when loss or gradient norm is NaN/inf.
     """
     from accelerate import Accelerator
 
+    wall_start = time.perf_counter()
     use_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"{stage}: train.device is 'cuda' but no CUDA device is available")
     accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no")
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if cfg.batch_size % world:
+        raise ConfigError("train.batch_size", f"must be divisible by the number of processes ({world}); "
+                          f"got {cfg.batch_size} (stage {stage})")
     torch.manual_seed(cfg.seed)
     if hasattr(module, "place"):
         module.place(accelerator.device)
@@ -242,9 +277,10 @@ def train(
         accelerator.wait_for_everyone()
 
     def run_eval(step: int) -> None:
+        # every process evaluates the unwrapped model (no collectives), so all hold the same curve
         model.eval()
         with torch.no_grad(), accelerator.autocast():
-            metrics = module.evaluate(model)
+            metrics = module.evaluate(accelerator.unwrap_model(model))
         model.train()
         eval_curve.append({"step": step, **metrics})
         if tracker is not None and accelerator.is_main_process:
@@ -257,13 +293,19 @@ def train(
     )
     tic = time.perf_counter()
     for step in bar:
-        batch = _to_device(module.batch(step, accelerator.process_index), accelerator.device)
+        batch = _to_device(rank_rows(module.batch(step), rank, world, cfg.batch_size), accelerator.device)
         with accelerator.autocast():
             loss = module.loss(model, batch)
         loss, parts = loss if isinstance(loss, tuple) else (loss, {})
-        loss_value = loss.item()
+        # every process sees every process's loss, so a NaN on one stops all of them at this step
+        # (one process raising alone would leave the others waiting in the gradient all-reduce)
+        losses = accelerator.gather(loss.detach().float().reshape(1)).tolist() if world > 1 else [loss.item()]
+        loss_value = sum(losses) / len(losses)
         if not math.isfinite(loss_value):
-            raise NonFiniteLoss(f"{stage}: training loss is {loss_value} at step {step} (lr {scheduler.get_last_lr()[0]:.3g}); stopping")
+            where = next(r for r, v in enumerate(losses) if not math.isfinite(v))
+            on = f" on process {where} of {world}" if world > 1 else ""
+            raise NonFiniteLoss(f"{stage}: training loss is {losses[where]} at step {step}{on} "
+                                f"(lr {scheduler.get_last_lr()[0]:.3g}); stopping")
         accelerator.backward(loss)
         grad_norm = (
             accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
@@ -275,7 +317,7 @@ def train(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens_done += module.tokens(batch) * accelerator.num_processes
+        tokens_done += module.tokens(batch) * world
 
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
@@ -300,10 +342,18 @@ def train(
 
     if ckpt_path and not keep_checkpoint and accelerator.is_main_process:
         shutil.rmtree(ckpt_path.parent, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        # Everything after training (final evaluation, writing outputs, tracking) is the main
+        # process's: the others are done.
+        accelerator.end_training()
+        raise SystemExit(0)
     module.model = accelerator.unwrap_model(model)
     return TrainResult(
         train_curve=train_curve,
         eval_curve=eval_curve,
         tokens_per_s=tokens_done / max(seconds_done, 1e-9),
+        train_seconds=seconds_done,
+        wall_seconds=time.perf_counter() - wall_start,
         resumed_from=resumed_from,
     )
