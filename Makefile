@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -55,6 +55,11 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .nltk_data checkpoints $(PLOTS_TEMPLATE)
+
+# Outputs, run records and the outputs those records point at, to the default DVC remote (REMOTE=name
+# for another): see "Sharing" in the README.
+push: $(STAMP)
+	$(BIN)/python -m lookahead.share $(if $(REMOTE),-r $(REMOTE))
 
 # Depth vs width (issue 13): three ~5 M-parameter base models as DVC experiments, then the table
 # and figure in metrics/depth_width.*; SWEEP_ARGS="--steps N" changes the budget.

@@ -1,19 +1,17 @@
 """Sharing through DVC remotes (DESIGN §11), for real: a local-directory remote and an SSH remote
 served by OpenSSH's sshd on a free loopback port (temporary host key, an authorised key of the
-test's own; DVC's `dvc-ssh` plugin). Repository A (the tiny pipeline run) pushes outputs and its
-run-cache; a fresh `git clone` B pulls and has nothing to recompute. A refused key and an
-unreachable server give DVC's error and leave cache and workspace as they were.
-
-Not covered yet (issue 13): restoring in B, from the pulled run-cache, a params value A ran and
-reverted. DVC 3 records `cache: false` outputs (our metrics json) in run-cache entries by hash but
-`dvc push` never sends their objects, so B reruns the stage ("Some of the cache files do not exist
-neither locally nor on remote").
+test's own; DVC's `dvc-ssh` plugin). Repository A (the tiny pipeline run, plus a params value it ran
+and reverted) pushes outputs and its whole run-cache (`python -m lookahead.share`); a fresh
+`git clone` B pulls, has nothing to recompute, and restores the reverted value's run from the
+run-cache. Experiments travel with `dvc exp push`/`pull` through a bare git remote. A refused key
+and an unreachable server give DVC's error and leave cache and workspace as they were.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -77,19 +75,31 @@ def sshd(tmp_path_factory):
     proc.wait(timeout=10)
 
 
+def set_pairs_seed(repo: Path, seed: int) -> None:
+    head, _, pairs = (repo / "params.yaml").read_text().partition("\npairs:\n")
+    (repo / "params.yaml").write_text(head + "\npairs:\n" + re.sub(r"(?m)^  seed: \d+", f"  seed: {seed}", pairs))
+
+
 @pytest.fixture(scope="module")
-def pushed_repo(pipeline_repo) -> tuple[Path, dict]:
-    """A with its pipeline run, committed."""
+def pushed_repo(pipeline_repo) -> tuple[Path, dict, bytes]:
+    """A with its pipeline run, committed, after running `pairs.seed: 1` and reverting it; and the
+    pairs that seed gave."""
     path, env = pipeline_repo
     sh(["dvc", "repro"], path, env)  # a no-op after the pipeline tests
     sh(["git", "add", "-A"], path, env)
     sh(["git", "commit", "-qm", "pipeline outputs", "--allow-empty"], path, env)
-    return path, env
+    set_pairs_seed(path, 1)
+    assert "Running stage 'pairs'" in sh(["dvc", "repro"], path, env)
+    seed1_pairs = (path / "data/pairs/pairs.safetensors").read_bytes()
+    sh(["git", "checkout", "--", "params.yaml"], path, env)
+    assert "Running stage" not in sh(["dvc", "repro"], path, env)  # restored from A's own run-cache
+    assert not sh(["git", "status", "--porcelain"], path, env).strip()
+    return path, env, seed1_pairs
 
 
-def share_round_trip(a: Path, env: dict, remote_args: list[list[str]], tmp: Path) -> dict:
-    """Configure the remote in A (committed), push outputs + run-cache, clone B, pull, check B;
-    return the timings."""
+def share_round_trip(a: Path, env: dict, seed1_pairs: bytes, remote_args: list[list[str]], tmp: Path) -> dict:
+    """Configure the remote in A (committed), push outputs + run-cache, clone B, pull, check B,
+    restore the reverted run in B; return the timings."""
     for args in remote_args:
         sh(["dvc", "remote", *args], a, env)
     sh(["git", "commit", "-qam", "remote"], a, env)
@@ -100,6 +110,10 @@ def share_round_trip(a: Path, env: dict, remote_args: list[list[str]], tmp: Path
     t = time.perf_counter()
     sh(["dvc", "push", "--run-cache"], a, env)
     timings["push_run_cache_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = sh(["python", "-m", "lookahead.share"], a, env)  # + the objects of every run record
+    timings["share_s"] = time.perf_counter() - t
+    assert re.search(r"run records, whose \d+ objects are on the remote \([1-9]\d* sent now\)", out), out
 
     b = tmp / "b"
     sh(["git", "clone", "-q", str(a), str(b)], tmp, env)
@@ -115,6 +129,13 @@ def share_round_trip(a: Path, env: dict, remote_args: list[list[str]], tmp: Path
     for name in ("models/base/model.safetensors", "data/pairs/pairs.safetensors", "metrics/probe_report.json"):
         assert (b / name).read_bytes() == (a / name).read_bytes(), name
 
+    set_pairs_seed(b, 1)  # the value A ran and reverted: restored, not rerun
+    t = time.perf_counter()
+    out = sh(["dvc", "repro", "--pull"], b, env)
+    timings["restore_reverted_s"] = time.perf_counter() - t
+    assert "Stage 'pairs' is cached - skipping run" in out and "Running stage" not in out, out
+    assert (b / "data/pairs/pairs.safetensors").read_bytes() == seed1_pairs
+
     c = tmp / "c"  # another fresh clone: `dvc repro --pull` fetches instead of recomputing
     sh(["git", "clone", "-q", str(a), str(c)], tmp, env)
     for args in remote_args:
@@ -129,22 +150,22 @@ def share_round_trip(a: Path, env: dict, remote_args: list[list[str]], tmp: Path
 
 
 def test_local_directory_remote_round_trip(pushed_repo, tmp_path):
-    a, env = pushed_repo
+    a, env, seed1_pairs = pushed_repo
     store = tmp_path / "store"
-    timings = share_round_trip(a, env, [["add", "-f", "-d", "team", str(store)]], tmp_path)
+    timings = share_round_trip(a, env, seed1_pairs, [["add", "-f", "-d", "team", str(store)]], tmp_path)
     print("local remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert any(store.rglob("*")) and (store / "runs").is_dir()  # outputs and run records
 
 
 def test_ssh_remote_round_trip_and_clean_failures(pushed_repo, sshd, tmp_path):
     port, key, stranger, home = sshd
-    a, env = pushed_repo
+    a, env, seed1_pairs = pushed_repo
     env = {**env, "HOME": str(home)}  # known_hosts with the server's temporary host key
     url = f"ssh://127.0.0.1:{port}{tmp_path / 'ssh-store'}"
     remote = [["add", "-f", "-d", "sshteam", url],
               ["modify", "--local", "sshteam", "user", getpass.getuser()],
               ["modify", "--local", "sshteam", "keyfile", str(key)]]
-    timings = share_round_trip(a, env, remote, tmp_path)
+    timings = share_round_trip(a, env, seed1_pairs, remote, tmp_path)
     print("ssh remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert (tmp_path / "ssh-store" / "files").is_dir()
 
@@ -162,3 +183,48 @@ def test_ssh_remote_round_trip_and_clean_failures(pushed_repo, sshd, tmp_path):
     assert cache_files(a) == before_cache and (a / "dvc.lock").read_bytes() == before_lock
     assert (a / "data" / "pairs" / "pairs.safetensors").read_bytes() == before_out
     sh(["git", "checkout", "--", ".dvc/config"], a, env)
+
+
+def test_experiments_travel_through_git_and_dvc_remotes(pushed_repo, tmp_path):
+    """Two queued experiments in A; `dvc exp push` to a bare git remote (+ the DVC remote); a clone
+    pulls them, `dvc exp show` lists both with metrics, `dvc exp apply` gives outputs unrun."""
+    a, env, _ = pushed_repo
+    origin = tmp_path / "origin.git"
+    sh(["git", "init", "-q", "--bare", str(origin)], tmp_path, env)
+    sh(["dvc", "remote", "add", "-f", "-d", "exps", str(tmp_path / "store")], a, env)
+    sh(["git", "commit", "-qam", "exps remote"], a, env)
+    sh(["git", "remote", "add", "origin", str(origin)], a, env)
+    sh(["git", "push", "-q", "origin", "HEAD"], a, env)
+    for name, keep in (("keep1", 1), ("keep3", 3)):
+        sh(["dvc", "exp", "run", "--queue", "pairs", "-n", name, "-S", f"pairs.keep={keep}"], a, env)
+    sh(["dvc", "exp", "run", "--run-all", "-j", "1"], a, env)
+    t = time.perf_counter()
+    sh(["dvc", "exp", "push", "origin", "keep1", "keep3"], a, env)
+    exp_push_s = time.perf_counter() - t
+    expected = {name: json.loads(sh(["git", "show", f"refs/exps/{ref}:metrics/pairs.json"], a, env))
+                for name, ref in _exp_refs(a, env).items()}
+    assert set(expected) == {"keep1", "keep3"} and expected["keep1"] != expected["keep3"]
+
+    d = tmp_path / "d"
+    sh(["git", "clone", "-q", str(origin), str(d)], tmp_path, env)
+    t = time.perf_counter()
+    sh(["dvc", "exp", "pull", "origin", "keep1", "keep3"], d, env)
+    exp_pull_s = time.perf_counter() - t
+    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=d, env=env, capture_output=True, text=True, check=True)
+    listed = {rev["name"]: rev for row in json.loads(shown.stdout) for exp in (row.get("experiments") or [])
+              for rev in exp["revs"]}
+    for name in ("keep1", "keep3"):
+        metrics = listed[name]["data"]["metrics"]["metrics/pairs.json"]["data"]
+        assert metrics == expected[name], name
+    sh(["dvc", "exp", "apply", "keep3"], d, env)
+    assert "Data and pipelines are up to date" in sh(["dvc", "status"], d, env)
+    assert "Running stage" not in sh(["dvc", "repro"], d, env)
+    assert json.loads((d / "metrics/pairs.json").read_text()) == expected["keep3"]
+    assert (d / "data/pairs/pairs.safetensors").is_file()
+    print("experiments", json.dumps({"exp_push_s": round(exp_push_s, 2), "exp_pull_s": round(exp_pull_s, 2)}))
+
+
+def _exp_refs(repo: Path, env: dict) -> dict[str, str]:
+    """{experiment name: ref under refs/exps/} of the experiments in ``repo``."""
+    out = sh(["git", "for-each-ref", "--format=%(refname)", "refs/exps/"], repo, env)
+    return {ref.rsplit("/", 1)[-1]: ref.removeprefix("refs/exps/") for ref in out.split() if ref.count("/") >= 4}
