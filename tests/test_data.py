@@ -9,7 +9,7 @@ import torch
 from lookahead import data
 
 
-def test_train_batches_depend_only_on_seed_and_step():
+def test_train_batches_depend_only_on_seed_step_and_salt():
     stream = np.arange(10_000, dtype=np.uint16)
     a = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
     b = data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3)
@@ -18,6 +18,7 @@ def test_train_batches_depend_only_on_seed_and_step():
     assert torch.equal(a[:, 1:] - a[:, :-1], torch.ones(4, 16, dtype=torch.int64))
     assert not torch.equal(a, data.train_batch(stream, step=8, batch_size=4, seq_len=16, seed=3))
     assert not torch.equal(a, data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=4))
+    assert not torch.equal(a, data.train_batch(stream, step=7, batch_size=4, seq_len=16, seed=3, salt=40))
 
 
 def test_processes_share_the_global_batch():

@@ -80,7 +80,7 @@ def draw_windows(tokens_dir: str | Path, cfg: ContextsConfig, context_length: in
     """{split: (n, T+1) int64 windows}: seeded random train windows, a seeded choice of the val
     stream's non-overlapping windows."""
     train = data.train_batch(data.load_stream(tokens_dir, "train"), step=0, batch_size=cfg.train_sequences,
-                             seq_len=context_length, seed=cfg.seed, rank=40).numpy()
+                             seq_len=context_length, seed=cfg.seed, salt=40).numpy()
     val_all = data.eval_windows(data.load_stream(tokens_dir, "val"), context_length, max_tokens=0).numpy()
     if len(val_all) < cfg.val_sequences:
         raise ConfigError("contexts.val_sequences", f"the val stream holds only {len(val_all)} non-overlapping "

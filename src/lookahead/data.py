@@ -22,12 +22,13 @@ def load_stream(tokens_dir: str | Path, split: str) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
 
-def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
-    """``batch_size`` random windows of ``seq_len + 1`` tokens. Returns (B, T+1) int64."""
+def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int, salt: int = 0) -> torch.Tensor:
+    """``batch_size`` random windows of ``seq_len + 1`` tokens; ``salt`` keeps one user's draws apart
+    from another's (the contexts stage draws with its own). Returns (B, T+1) int64."""
     n_starts = len(stream) - seq_len - 1
     if n_starts < 1:
         raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
-    rng = np.random.default_rng([seed, step, 0])  # the 0 keeps the draws of runs made before this
+    rng = np.random.default_rng([seed, step, salt])
     starts = rng.integers(0, n_starts + 1, size=batch_size)
     windows = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(windows)
