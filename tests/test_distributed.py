@@ -53,10 +53,10 @@ def test_training_stages_take_the_launcher_from_params(repo_root):
 
 
 def test_two_processes_end_at_the_one_process_val_nll(pipeline_repo):
-    """Tolerance 2e-3 nats: the two runs see the same windows in the same steps from the same
-    initialisation and differ only in the order gradients are summed (two half-batch means
-    averaged by the gloo all-reduce instead of one mean), which 30 Adam steps amplify to ~1e-5..1e-4;
-    another seed moves this val NLL by ~0.05 (see the note of issue 13)."""
+    """Tolerance 1e-4 nats: the two runs see the same windows in the same steps from the same
+    initialisation and differ only in the order float32 gradients are summed (two half-batch means
+    averaged by the gloo all-reduce instead of one mean); measured 2e-7 after the 30 steps. A real
+    difference in data or schedule moves this val NLL by far more (train seeds 0, 1, 2: 5.417, 5.392, 5.363)."""
     repo, env = pipeline_repo
     sh(["dvc", "repro", "base"], repo, env)  # the 1-process run (a no-op after the pipeline tests)
     one = json.loads((repo / "metrics/base_report.json").read_text())
@@ -68,9 +68,13 @@ def test_two_processes_end_at_the_one_process_val_nll(pipeline_repo):
     lock = sh(["git", "show", f"{ref}:dvc.lock"], repo, env)
     assert "accelerate launch --multi_gpu --num_processes 2" in lock  # the command DVC ran and recorded
     assert two_headline["train_steps"] == one["train_steps"]
-    assert abs(two_headline["val_nll"] - one["val_nll"]) < 2e-3, (two_headline["val_nll"], one["val_nll"])
-    print("1 vs 2 processes", json.dumps({"val_nll_1": one["val_nll"], "val_nll_2": two_headline["val_nll"],
-                                          "tokens_per_s_1": one["train_tokens_per_s"]}))
+    assert abs(two_headline["val_nll"] - one["val_nll"]) < 1e-4, (two_headline["val_nll"], one["val_nll"])
+    import dvc.api
+
+    two = json.loads(dvc.api.read("metrics/base_report.json", repo=str(repo), rev=ref))
+    print("1 vs 2 processes", json.dumps({"val_nll_1": one["val_nll"], "val_nll_2": two["val_nll"],
+                                          "tokens_per_s_1": round(one["train_tokens_per_s"]),
+                                          "tokens_per_s_2": round(two["train_tokens_per_s"])}))
 
 
 NAN_SCRIPT = textwrap.dedent('''
