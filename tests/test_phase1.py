@@ -91,7 +91,7 @@ def test_an_off_head_comes_back_when_the_loss_wants_it(hard_from_step):
     assert hard_gate() == 0.0
     opt = torch.optim.Adam(predictor.parameters(), lr=0.3)
     for step in range(cfg.train.steps):
-        loss, parts = module.loss(predictor, module.batch(step, 0))
+        loss, parts = module.loss(predictor, module.batch(step))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -167,10 +167,10 @@ def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, mon
 
     batch = Phase1Module.batch
 
-    def dying(self, step, rank):
+    def dying(self, step):
         if step == 5:
             raise Killed
-        return batch(self, step, rank)
+        return batch(self, step)
 
     monkeypatch.setattr(Phase1Module, "batch", dying)
     with pytest.raises(Killed):
