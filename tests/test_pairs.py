@@ -106,3 +106,36 @@ def test_cuda_without_a_device_names_the_pairs_key(phase_inputs, tmp_path, monke
                     tmp_path / "p.safetensors", tmp_path / "out")
     assert info.value.key == "pairs.device"
     assert not (tmp_path / "out").exists()
+
+
+def test_sampler_without_flips_is_the_predictors_own_noise(phase_inputs):
+    from lookahead.sampling import sample_topologies
+
+    cache = ContextCache(phase_inputs["contexts"])
+    torch.manual_seed(0)
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=0.5), phase_inputs["init"],
+                                             cache.dim).train()
+    windows, contexts = cache.batch("train", [0, 1])
+    from lookahead.scoring import GeoLookup
+    from lookahead.predictor import load_init
+
+    tensors, _ = load_init(phase_inputs["init"])
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())(windows[:, :-1])
+    with torch.no_grad():
+        expected = predictor(contexts, geo, hard=True, generator=torch.Generator().manual_seed(5))
+        got = sample_topologies(predictor.eval(), contexts, geo, 0.0, torch.Generator().manual_seed(5))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not predictor.training  # the caller's mode is restored
+
+
+def test_flips_turn_edges_of_a_saturated_predictor_off_at_their_rate():
+    """One layer: a head is on iff its edge from the source is; logits of +100 put every edge on, so
+    the share of heads on after flipping is 1 − flip_prob (binomial tolerance)."""
+    from lookahead.sampling import sample_topologies
+
+    predictor = StructurePredictor(PredictorConfig(rank=1, hidden=4, init_bias=100.0, geo_features=False), 1, 8, 3)
+    with torch.no_grad():
+        _, gates = sample_topologies(predictor, torch.zeros(4000, 3), None, 0.1, torch.Generator().manual_seed(0))
+        _, none = sample_topologies(predictor, torch.zeros(10, 3), None, 0.0, torch.Generator().manual_seed(0))
+    assert gates[:, 1:].mean().item() == pytest.approx(0.9, abs=0.005)  # sd of the mean ≈ 0.0017
+    assert (none == 1).all()

@@ -27,7 +27,7 @@ from lookahead.config import flatten
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs")
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs", "diffusion")
 
 
 def digest(path: Path) -> str:
@@ -49,7 +49,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     path, env = repo
     # --force: every stage runs here even if another test module reproduced some of them first
     out = sh(["dvc", "repro", "--force"], path, env)
-    for stage in ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs"):
+    for stage in STAGES:
         assert f"Running stage '{stage}'" in out
     headline = {stage: json.loads((path / "metrics" / f"{stage}.json").read_text()) for stage in STAGES}
     report = {stage: json.loads((path / "metrics" / f"{stage}_report.json").read_text()) for stage in STAGES}
@@ -86,6 +86,12 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert {"pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "approximation_spearman"} <= set(pairs)
     assert report["pairs"]["positions"] == 4 * 32 and report["pairs"]["pairs_per_s"] > 0
     assert (path / "data" / "pairs" / "pairs.safetensors").is_file()
+    diffusion = headline["diffusion"]
+    assert diffusion["dense_nll"] == pytest.approx(phase1["dense_nll"], rel=1e-5)  # the same val windows, the same LM
+    assert diffusion["deterministic_nll"] == pytest.approx(phase1["hard_nll"], rel=1e-5)  # the same hard predictor
+    assert diffusion["best_of_k_nll"] <= diffusion["sample_nll"] and diffusion["samples_per_s"] > 0
+    assert (path / "models" / "diffusion" / "model.safetensors").is_file()
+    assert (path / "metrics" / "diffusion_samplers.png").stat().st_size > 1000
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
     assert base_runs() == 1
@@ -100,9 +106,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     params["base"]["train"]["lr"] = 0.002
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("base", "probe", "init", "contexts", "phase1", "pairs"):
+    for stage in ("base", "probe", "init", "contexts", "phase1", "pairs", "diffusion"):
         assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 6
+    assert out.count("Running stage") == 7
     assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
     assert "Running stage 'wordnet'" not in out
     assert digest(path / "models" / "base" / "model.safetensors") != weights
@@ -123,9 +129,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     params["init"]["n_geo"] = 4
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("init", "phase1", "pairs"):
+    for stage in ("init", "phase1", "pairs", "diffusion"):
         assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 3
+    assert out.count("Running stage") == 4
     assert json.loads((path / "metrics" / "init_report.json").read_text())["n_geo"] == 4
     (path / "params.yaml").write_text(original)
     sh(["dvc", "repro"], path, env)
@@ -187,7 +193,8 @@ def test_plots_render_offline(repo):
         sh(["dvc", "repro"], path, env)
     out = sh(["dvc", "plots", "show", "--json"], path, env)
     shown = json.loads(out)
-    for plot in ("base_train.csv", "base_val.csv", "phase1_eval.csv", "phase1_pareto.csv", "phase1_layers.csv"):
+    for plot in ("base_train.csv", "base_val.csv", "phase1_eval.csv", "phase1_pareto.csv", "phase1_layers.csv",
+                 "diffusion_train.csv", "diffusion_samplers.csv"):
         assert f"metrics/{plot}" in json.dumps(shown), plot
     # the template `make setup` writes and .dvc/config names
     sh([sys.executable, "-m", "lookahead.offline_html", ".dvc/offline_plots.html"], path, env)
@@ -211,7 +218,7 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     path, env = repo
     sh(["git", "add", "-A"], path, env)
     sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
-    # a phase-1 sweep point, as in the README: only phase1 and pairs rerun, from the cache
+    # a phase-1 sweep point, as in the README: only phase1 and its dependants rerun, from the cache
     sh(["dvc", "exp", "run", "--queue", "-n", "queued-lambda", "-S", "phase1.lambda_head=0.2"], path, env)
     sh(["dvc", "queue", "start", "-j", "1"], path, env)
     deadline = time.time() + 300
@@ -224,7 +231,7 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lambda"], path, env, check=False)
     queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lambda"]
     stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    assert stages == {None, "phase1", "pairs"}  # the parent run, and the stages the change reran
+    assert stages == {None, "phase1", "pairs", "diffusion"}  # the parent run, and the stages the change reran
     (phase1,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "phase1"]
     assert phase1.data.params["phase1/phase1.lambda_head"] == "0.2"
     assert "hard_nll" in phase1.data.metrics

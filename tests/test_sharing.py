@@ -76,8 +76,10 @@ def sshd(tmp_path_factory):
 
 
 def set_pairs_seed(repo: Path, seed: int) -> None:
-    head, _, pairs = (repo / "params.yaml").read_text().partition("\npairs:\n")
-    (repo / "params.yaml").write_text(head + "\npairs:\n" + re.sub(r"(?m)^  seed: \d+", f"  seed: {seed}", pairs))
+    head, _, rest = (repo / "params.yaml").read_text().partition("\npairs:\n")
+    pairs, _, tail = rest.partition("\n\n")  # the pairs section only (later sections have seeds too)
+    pairs = re.sub(r"(?m)^  seed: \d+", f"  seed: {seed}", pairs)
+    (repo / "params.yaml").write_text(head + "\npairs:\n" + pairs + ("\n\n" + tail if tail else ""))
 
 
 @pytest.fixture(scope="module")

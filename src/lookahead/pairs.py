@@ -1,7 +1,8 @@
 """The pairs stage (DESIGN §2 pairs): (context, topology) pairs for the diffusion head.
 
 For the first ``pairs.sequences`` train windows of the context cache, ``pairs.samples`` hard
-topologies are drawn per position from the trained predictor (its logistic noise on), each sample
+topologies are drawn per position from the trained predictor (its logistic noise on, then each
+allowed edge flipped with probability ``pairs.flip_prob``: see :func:`sample_topologies`), each sample
 scored by the frozen LM in one hard forward pass of the whole window, and up to ``pairs.keep``
 distinct topologies per position that beat that position's dense NLL are kept (lowest NLL first).
 
@@ -35,6 +36,7 @@ from lookahead.encoders import resolve_device
 from lookahead.graph import allowed_mask, n_edges, pack_bits, to_dense, to_edges, unpack_bits
 from lookahead.predictor import load_init, load_predictor
 from lookahead.runtime import default_gates, forward_with_topology
+from lookahead.sampling import sample_topologies
 from lookahead.scoring import GeoLookup, token_nll
 
 PAIRS_FILE = "pairs.safetensors"
@@ -58,6 +60,9 @@ class PairsConfig:
     """Windows per forward pass."""
     approx_positions: int = 256
     """Kept pairs re-scored in isolation to measure the one-forward approximation (0 = skip)."""
+    flip_prob: float = 0.02
+    """Exploration: each allowed edge of a predictor sample flips with this probability before the
+    cascade (0 = the predictor's own sampler, which is near-deterministic once its logits are large)."""
     seed: int = 0
     """Seed of the sampling noise and of the re-scored subset."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -68,6 +73,7 @@ class PairsConfig:
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         require(self.keep <= self.samples, "keep", f"must be <= samples ({self.samples}); got {self.keep}")
         require(self.approx_positions >= 0, "approx_positions", f"must be >= 0; got {self.approx_positions}")
+        require(0.0 <= self.flip_prob <= 0.5, "flip_prob", f"must be in [0, 0.5]; got {self.flip_prob}")
         require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
 
 
@@ -137,14 +143,12 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
             ids, targets = windows[:, :-1], windows[:, 1:]
             dense = token_nll(lm(input_ids=ids).logits, targets)  # (B, T)
             features = geo(ids)
-            predictor.train()  # noise on: samples
             sample_bits, sample_nll, sample_heads = [], [], []
             for _ in range(cfg.samples):
-                adjacency, gates = predictor(contexts, features, hard=True, generator=gen)
+                adjacency, gates = sample_topologies(predictor, contexts, features, cfg.flip_prob, gen)
                 sample_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets))
                 sample_bits.append(to_edges(adjacency, mask))  # (B, T, E)
                 sample_heads.append(gates[..., 1:].mean(-1))  # (B, T)
-            predictor.eval()
             edges = torch.stack(sample_bits).flatten(1, 2)  # (S, P, E)
             packed = pack_bits(edges)  # (S, P, nbytes)
             nll = torch.stack(sample_nll).flatten(1).cpu().numpy()  # (S, P)

@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "contexts": "lookahead.contexts:ContextsConfig",
     "phase1": "lookahead.phase1:Phase1Config",
     "pairs": "lookahead.pairs:PairsConfig",
+    "diffusion": "lookahead.diffusion_train:DiffusionConfig",
 }
 
 

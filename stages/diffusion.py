@@ -1,0 +1,46 @@
+"""DVC stage `diffusion`: train the conditional discrete diffusion head on the (context, topology)
+pairs, then judge its samples against the phase-1 predictor's own sampler on held-out contexts."""
+
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.diffusion_plots import write_diffusion_reports
+from lookahead.diffusion_train import HEADLINE, DiffusionConfig, build_diffusion
+from lookahead.report import write_metrics
+from lookahead.tracking import stage_run
+
+OUTPUTS = {
+    "train-curve": "training curve csv (plot)",
+    "eval-curve": "held-out BCE curve csv (plot)",
+    "samplers": "samplers side by side csv (plot)",
+    "figure": "training curves png",
+    "comparison-figure": "samplers comparison png",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "contexts": "context cache directory (input)",
+        "init": "init safetensors (input)",
+        "predictor": "phase-1 predictor safetensors (input)",
+        "pairs": "pairs directory (input)",
+        "out": "diffusion head directory (output)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+        "checkpoints": "resumable checkpoints directory (not a DVC output)",
+        **OUTPUTS,
+    }, argv)
+    cfg = load_section(args.params, "diffusion", DiffusionConfig)
+    if args.dry_run:
+        return print_config({"diffusion": cfg})
+    with stage_run("diffusion", {"diffusion": to_dict(cfg)}) as run:
+        report, result, _ = build_diffusion(cfg, args.base, args.contexts, args.init, args.predictor, args.pairs,
+                                            args.out, args.checkpoints, tracker=run)
+        write_diffusion_reports(result, report, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
+                                                 for name in OUTPUTS})
+        write_metrics(report, HEADLINE, args.metrics, args.report, run)
+        run.log_artifact(args.figure)
+        run.log_artifact(args.comparison_figure)
+
+
+if __name__ == "__main__":
+    cli(main)
