@@ -197,33 +197,33 @@ def test_experiments_travel_through_git_and_dvc_remotes(pushed_repo, tmp_path):
     sh(["git", "commit", "-qam", "exps remote"], a, env)
     sh(["git", "remote", "add", "origin", str(origin)], a, env)
     sh(["git", "push", "-q", "origin", "HEAD"], a, env)
-    for name, keep in (("keep1", 1), ("keep3", 3)):
-        sh(["dvc", "exp", "run", "--queue", "pairs", "-n", name, "-S", f"pairs.keep={keep}"], a, env)
+    for name, steps in (("steps2", 2), ("steps3", 3)):  # the last stage: the experiments rerun only it
+        sh(["dvc", "exp", "run", "--queue", "diffusion", "-n", name, "-S", f"diffusion.sample_steps={steps}"], a, env)
     sh(["dvc", "exp", "run", "--run-all", "-j", "1"], a, env)
     t = time.perf_counter()
-    sh(["dvc", "exp", "push", "origin", "keep1", "keep3"], a, env)
+    sh(["dvc", "exp", "push", "origin", "steps2", "steps3"], a, env)
     exp_push_s = time.perf_counter() - t
     refs = _exp_refs(a, env)
-    expected = {name: json.loads(sh(["git", "show", f"refs/exps/{refs[name]}:metrics/pairs.json"], a, env))
-                for name in ("keep1", "keep3")}
-    assert expected["keep1"] != expected["keep3"]
+    expected = {name: json.loads(sh(["git", "show", f"refs/exps/{refs[name]}:metrics/diffusion.json"], a, env))
+                for name in ("steps2", "steps3")}
+    assert expected["steps2"] != expected["steps3"]
 
     d = tmp_path / "d"
     sh(["git", "clone", "-q", str(origin), str(d)], tmp_path, env)
     t = time.perf_counter()
-    sh(["dvc", "exp", "pull", "origin", "keep1", "keep3"], d, env)
+    sh(["dvc", "exp", "pull", "origin", "steps2", "steps3"], d, env)
     exp_pull_s = time.perf_counter() - t
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=d, env=env, capture_output=True, text=True, check=True)
     listed = {rev["name"]: rev for row in json.loads(shown.stdout) for exp in (row.get("experiments") or [])
               for rev in exp["revs"]}
-    for name in ("keep1", "keep3"):
-        metrics = listed[name]["data"]["metrics"]["metrics/pairs.json"]["data"]
+    for name in ("steps2", "steps3"):
+        metrics = listed[name]["data"]["metrics"]["metrics/diffusion.json"]["data"]
         assert metrics == expected[name], name
-    sh(["dvc", "exp", "apply", "keep3"], d, env)
+    sh(["dvc", "exp", "apply", "steps3"], d, env)
     assert "Data and pipelines are up to date" in sh(["dvc", "status"], d, env)
     assert "Running stage" not in sh(["dvc", "repro"], d, env)
-    assert json.loads((d / "metrics/pairs.json").read_text()) == expected["keep3"]
-    assert (d / "data/pairs/pairs.safetensors").is_file()
+    assert json.loads((d / "metrics/diffusion.json").read_text()) == expected["steps3"]
+    assert (d / "models/diffusion/model.safetensors").is_file()
     print("experiments", json.dumps({"exp_push_s": round(exp_push_s, 2), "exp_pull_s": round(exp_pull_s, 2)}))
 
 
