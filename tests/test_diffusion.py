@@ -3,6 +3,7 @@ distribution, the denoiser at 16 × 16 heads, causality, evaluation helpers and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -249,6 +250,15 @@ def test_saved_head_reloads_with_its_config_and_the_same_logits(stage_run):
     t = torch.full((5,), 0.5)
     module.model.cpu().eval()
     assert torch.equal(loaded(a_t, t, contexts, geo), module.model(a_t, t, contexts, geo))
+
+
+def test_a_head_without_geometric_features_is_judged_beside_a_predictor_with_them(stage_run, phase_inputs, tmp_path):
+    cfg, _, _, _, d, _ = stage_run
+    cfg = dataclasses.replace(cfg, geo_features=False, train=dataclasses.replace(cfg.train, steps=2, eval_every=2))
+    report, _, module = build_diffusion(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                                        d / "predictor.safetensors", d / "pairs", tmp_path / "out")
+    assert module.model.geo_dim == 0 and load_denoiser(tmp_path / "out")[1]["geo_dim"] == 0
+    assert set(HEADLINE) <= set(report)
 
 
 def test_unusable_inputs_are_refused_with_the_fix(stage_run, tmp_path):

@@ -55,15 +55,17 @@ class Sampler:
 
 def make_samplers(denoiser: Denoiser, predictor, sample_steps: int, temperature: float, flip_prob: float,
                   generator: torch.Generator) -> dict[str, Sampler]:
-    """The diffusion head, the baseline (predictor noise) and the exploration sampler of the pairs stage."""
+    """The diffusion head, the baseline (predictor noise) and the exploration sampler of the pairs stage.
+    Each takes the geometric features only if its model was built with them."""
     def diffusion(contexts, geo):
+        geo = geo if denoiser.geo_dim else None
         return denoiser.executed(denoiser.sample(contexts, geo, sample_steps, generator, temperature))
 
     def baseline(contexts, geo):
-        return sample_topologies(predictor, contexts, geo, 0.0, generator)
+        return sample_topologies(predictor, contexts, geo if predictor.geo_dim else None, 0.0, generator)
 
     def explore(contexts, geo):
-        return sample_topologies(predictor, contexts, geo, flip_prob, generator)
+        return sample_topologies(predictor, contexts, geo if predictor.geo_dim else None, flip_prob, generator)
 
     return {"diffusion": Sampler("diffusion", diffusion), "baseline": Sampler("baseline", baseline),
             "explore": Sampler("explore", explore)}
@@ -113,7 +115,7 @@ class _Totals:
 
 
 @torch.no_grad()
-def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCache, geo: GeoLookup | None,
+def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCache, geo: GeoLookup,
                   k: int, eval_sequences: int, batch_size: int, device, seed: int) -> dict:
     """Figures 1–3 on the val windows for every sampler, with dense and deterministic NLL."""
     n_val = len(cache.windows("val"))
@@ -129,7 +131,7 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
         windows, contexts = (x.to(device) for x in cache.batch("val", rows[start : start + batch_size]))
         ids, targets = windows[:, :-1], windows[:, 1:]
         b, t = ids.shape
-        features = geo(ids) if geo is not None else None
+        features = geo(ids)  # (B, T, G): every sampler picks what its model takes
         dense_sum += token_nll(lm(input_ids=ids).logits, targets).sum().item()
         adjacency, gates = predictor(contexts, features if predictor.geo_dim else None, hard=True)
         det_sum += token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets).sum().item()
@@ -137,8 +139,8 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
         count += b * t
         flat_c = contexts.flatten(0, 1)
         perm = torch.randperm(b * t, generator=perm_gen).to(device)
+        flat_g = features.flatten(0, 1)
         for name, sampler in samplers.items():
-            flat_g = _geo_for(sampler, predictor, features)
             nlls, edges, heads = [], [], []
             for _ in range(k):
                 adjacency, gates = sampler(flat_c, flat_g)  # (P, N, N), (P, N)
@@ -155,15 +157,6 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
     return out
 
 
-def _geo_for(sampler: Sampler, predictor, features: torch.Tensor | None):
-    """Flattened geometric features for a sampler (the predictor's take them only when trained with them)."""
-    if features is None:
-        return None
-    if sampler.name != "diffusion" and not predictor.geo_dim:
-        return None
-    return features.flatten(0, 1)
-
-
 @torch.no_grad()
 def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int, radius: int,
                 device, chunk: int = 256) -> dict:
@@ -178,8 +171,7 @@ def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int
     for start in range(0, len(multi), chunk):
         sel = multi[start : start + chunk]
         contexts, geo = features(rows[sel])
-        contexts = contexts.to(device)
-        geo = geo.to(device) if geo is not None else None
+        contexts, geo = contexts.to(device), (geo.to(device) if geo is not None else None)
         # kept topologies of these positions: (P, M, E) padded, with a validity mask (P, M)
         per_position = [held[np.flatnonzero(inverse == i)] for i in sel]
         width = max(len(x) for x in per_position)
@@ -190,8 +182,7 @@ def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int
             valid[i, : len(idx)] = True
         topologies += int(valid.sum())
         for name, sampler in samplers.items():
-            g = geo if (name == "diffusion" or predictor.geo_dim) else None
-            draws = torch.stack([to_edges(sampler(contexts, g)[0], mask) for _ in range(k)], dim=1)  # (P, K, E)
+            draws = torch.stack([to_edges(sampler(contexts, geo)[0], mask) for _ in range(k)], dim=1)  # (P, K, E)
             dist = hamming(kept, draws).min(-1).values  # (P, M): nearest sample to each kept topology
             found[name] += int(((dist <= radius) & valid).sum())
             nearest[name] += float(dist[valid].sum())

@@ -280,13 +280,14 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
     denoiser = module.model.to(device).eval()
     predictor.to(device).eval()
-    geo = module.features.geo.to(device) if module.features.geo is not None else None
+    tensors, _ = load_init(init_file)  # the predictor may take geometric features even when the head does not
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     flip_prob = float(module.pairs.info["config"].get("flip_prob", 0.0))
     samplers = make_samplers(denoiser, predictor, cfg.sample_steps, cfg.sample_temperature, flip_prob, generator)
-    lm_figures = lm_comparison(lm, predictor, samplers, cache, geo, cfg.eval_samples, cfg.eval_sequences,
+    lm_figures = lm_comparison(lm, predictor, samplers, cache, geo.to(device), cfg.eval_samples, cfg.eval_sequences,
                                cfg.eval_batch_size, device, cfg.seed)
-    recall = mode_recall(samplers, predictor, module.pairs, PairFeatures(cache, module.features.geo), cfg.eval_samples,
+    recall = mode_recall(samplers, predictor, module.pairs, PairFeatures(cache, geo), cfg.eval_samples,
                          cfg.recall_radius, device)
     pairs = module.pairs
     diff, base = lm_figures["diffusion"], lm_figures["baseline"]
