@@ -49,7 +49,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 from lookahead.config import LookaheadError, require
 from lookahead.graph import allowed_mask, n_edges, n_nodes, to_dense, to_edges
@@ -207,11 +206,6 @@ class Denoiser(nn.Module):
         bilinear = self.to_p(h) @ self.to_q(h).transpose(-1, -2) / math.sqrt(self.cfg.rank)  # (B, N, N)
         own = self.self_weight(temb) * (2 * a_t.to(context.dtype) - 1)  # (B, 1) · (B, E)
         return to_edges(bilinear, self.mask) + self.edge_bias + own
-
-    def loss(self, a0: torch.Tensor, a_t: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
-             geo: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean BCE of the a_0 logits over the allowed edges."""
-        return F.binary_cross_entropy_with_logits(self(a_t, t, context, geo), a0.to(context.dtype))
 
     def noisy(self, a0: torch.Tensor, t: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """a_t ~ q(a_t | a_0) for each row of a0 (B, E) at its time t (B,)."""

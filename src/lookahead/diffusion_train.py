@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lookahead.config import LookaheadError, require, to_dict
 from lookahead.contexts import ContextCache
 from lookahead.diffusion import DenoiserConfig, Denoiser, alpha_bar, q_probs, save_denoiser
-from lookahead.graph import n_edges, unpack_bits
+from lookahead.graph import unpack_bits
 from lookahead.predictor import load_init
 from lookahead.scoring import GeoLookup
 from lookahead.trainer import TrainConfig, TrainResult, train
@@ -210,10 +210,10 @@ def build_model(cfg: DiffusionConfig, pairs: PairSet, context_dim: int, geo_dim:
                     edge_marginals(pairs))
 
 
-def train_diffusion(cfg: DiffusionConfig, contexts_dir, init_file, pairs_dir, checkpoint_dir=None,
+def train_diffusion(cfg: DiffusionConfig, cache: ContextCache, geo: GeoLookup, pairs_dir, checkpoint_dir=None,
                     tracker=None) -> tuple[DiffusionModule, TrainResult]:
-    """Train the denoiser on the training pairs; return the module (its ``model`` trained) and the curves."""
-    cache = ContextCache(contexts_dir)
+    """Train the denoiser on the training pairs; return the module (its ``model`` trained) and the
+    curves. ``geo`` is the init stage's table; the head is conditioned on it when ``cfg.geo_features``."""
     pairs = load_pairs(pairs_dir, cache.context_length, cfg.heldout_fraction, cfg.seed)
     if pairs.info["encoder"] != cache.meta["encoder"]:
         raise DiffusionDataError(f"the pairs were made with contexts of {pairs.info['encoder']!r} but the cache holds "
@@ -221,26 +221,20 @@ def train_diffusion(cfg: DiffusionConfig, contexts_dir, init_file, pairs_dir, ch
     if len(pairs.train) == 0 or len(pairs.heldout) == 0:
         raise DiffusionDataError(f"{pairs_dir}: {len(pairs.train)} training and {len(pairs.heldout)} held-out pairs "
                                  "after the split; the stage needs both (raise pairs.sequences)")
-    geo = None
-    if cfg.geo_features:
-        tensors, _ = load_init(init_file)
-        geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    geo_dim = geo.table.shape[1] + 1 if geo is not None else 0
-    model = build_model(cfg, pairs, cache.dim, geo_dim)
-    if model.marginal.shape[0] != n_edges(model.n_layers, model.n_heads):
-        raise DiffusionDataError("pairs file and graph shape disagree")  # unreachable for files the stage wrote
+    geo = geo if cfg.geo_features else None
+    model = build_model(cfg, pairs, cache.dim, geo.table.shape[1] + 1 if geo is not None else 0)
     module = DiffusionModule(model, pairs, PairFeatures(cache, geo), cfg)
     result = train(module, cfg.train, stage="diffusion", checkpoint_dir=checkpoint_dir, tracker=tracker)
     return module, result
 
 
-def checkpoint_dir_for(root, cfg: DiffusionConfig, contexts_dir, init_file, pairs_dir) -> Path | None:
+def checkpoint_dir_for(root, cfg: DiffusionConfig, cache: ContextCache, init_file, pairs_dir) -> Path | None:
     """A checkpoint directory keyed by the config and the inputs' content (resume only what fits)."""
     if not root:
         return None
     digest = hashlib.sha256()
     digest.update(json.dumps({"diffusion": to_dict(cfg)}, sort_keys=True).encode())
-    digest.update(ContextCache(contexts_dir).fingerprint().encode())
+    digest.update(cache.fingerprint().encode())
     for path in (Path(init_file), Path(pairs_dir) / PAIRS_FILE):
         digest.update(path.read_bytes())
     return Path(root) / digest.hexdigest()[:16]
@@ -272,16 +266,16 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     if meta["context_dim"] != cache.dim:
         raise DiffusionDataError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache "
                                  f"holds {cache.dim}-dim ones: rerun `dvc repro phase1`")
-    ckpt = checkpoint_dir_for(checkpoint_root, cfg, contexts_dir, init_file, pairs_dir)
-    module, result = train_diffusion(cfg, contexts_dir, init_file, pairs_dir, ckpt, tracker)
+    tensors, _ = load_init(init_file)  # the predictor may take geometric features even when the head does not
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
+    ckpt = checkpoint_dir_for(checkpoint_root, cfg, cache, init_file, pairs_dir)
+    module, result = train_diffusion(cfg, cache, geo, pairs_dir, ckpt, tracker)
     save(module, out_dir)
 
     device = torch.device(resolve_device(cfg.train.device, "diffusion.train.device"))
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
     denoiser = module.model.to(device).eval()
     predictor.to(device).eval()
-    tensors, _ = load_init(init_file)  # the predictor may take geometric features even when the head does not
-    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     flip_prob = float(module.pairs.info["config"].get("flip_prob", 0.0))
     samplers = make_samplers(denoiser, predictor, cfg.sample_steps, cfg.sample_temperature, flip_prob, generator)
