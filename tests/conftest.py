@@ -126,3 +126,49 @@ def pipeline_repo(tmp_path_factory):
                 ["git", "config", "user.name", "test"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         sh(cmd, dest, env)
     return dest, env
+
+
+@pytest.fixture(scope="session")
+def downstream_inputs(phase_inputs, tmp_path_factory):
+    """What phase 2 and evaluate read besides ``phase_inputs``: a phase-1 predictor (init bias 1: a
+    mix of heads on and off) and a diffusion head trained for a few steps on its pairs."""
+    from lookahead.config import from_dict
+    from lookahead.contexts import ContextCache
+    from lookahead.diffusion_train import DiffusionConfig, build_diffusion
+    from lookahead.pairs import PairsConfig, build_pairs
+    from lookahead.predictor import PredictorConfig, StructurePredictor, save_predictor
+
+    d = tmp_path_factory.mktemp("downstream")
+    cache = ContextCache(phase_inputs["contexts"])
+    torch.manual_seed(0)
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
+                                             cache.dim)
+    torch.nn.init.normal_(predictor.to_v.weight, std=0.5)  # as if trained: the topology depends on the context
+    save_predictor(predictor, d / "predictor.safetensors")
+    build_pairs(PairsConfig(sequences=6, samples=4, keep=2, batch_size=3, approx_positions=0, device="cpu"),
+                phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], d / "predictor.safetensors",
+                d / "pairs")
+    cfg = from_dict(DiffusionConfig, {
+        "denoiser": {"hidden": 8, "layers": 1, "rank": 2, "cond_hidden": 8}, "sample_steps": 2, "eval_samples": 2,
+        "heldout_fraction": 0.25, "eval_batch_size": 2, "val_pairs": 16,
+        "train": {"steps": 2, "batch_size": 8, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "device": "cpu"}})
+    build_diffusion(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                    d / "predictor.safetensors", d / "pairs", d / "diffusion")
+    return {**phase_inputs, "predictor": d / "predictor.safetensors", "diffusion": d / "diffusion", "root": d}
+
+
+@pytest.fixture(scope="session")
+def phase2_run(downstream_inputs, tmp_path_factory):
+    """The phase-2 stage (decoder mlp) on the tiny inputs: (config, result, output directory)."""
+    from lookahead.config import from_dict
+    from lookahead.phase2 import Phase2Config, build_phase2
+
+    d = tmp_path_factory.mktemp("phase2")
+    cfg = from_dict(Phase2Config, {
+        "hard_from_step": 1, "eval_batch_size": 2,
+        "train": {"steps": 3, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 2, "device": "cpu"}})
+    i = downstream_inputs
+    result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], d / "out", d / "ckpt")
+    return cfg, result, d / "out", d

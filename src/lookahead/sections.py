@@ -28,6 +28,8 @@ SECTIONS: dict[str, str] = {
     "phase1": "lookahead.phase1:Phase1Config",
     "pairs": "lookahead.pairs:PairsConfig",
     "diffusion": "lookahead.diffusion_train:DiffusionConfig",
+    "phase2": "lookahead.phase2:Phase2Config",
+    "evaluate": "lookahead.evaluate:EvaluateConfig",
 }
 
 

@@ -1,0 +1,46 @@
+"""DVC stage `evaluate`: the final table (held-out NLL, active fractions, FLOPs and measured speed of
+every LM and topology against dense baselines), the causality check and the explainer figure."""
+
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.evaluate import HEADLINE, EvaluateConfig, build_evaluate
+from lookahead.evaluate_plots import write_evaluate_outputs
+from lookahead.report import write_metrics
+from lookahead.tracking import stage_run
+
+OUTPUTS = {
+    "table": "the table as markdown",
+    "pareto": "NLL vs active-head fraction csv (plot)",
+    "layers": "active-head fraction per layer csv (plot)",
+    "figure": "explainer png",
+    "page": "explainer html (inline svg, self-contained)",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "contexts": "context cache directory (input)",
+        "init": "init safetensors (input)",
+        "heads": "probe head statistics (input)",
+        "predictor": "phase-1 predictor safetensors (input)",
+        "diffusion": "diffusion head directory (input)",
+        "phase2": "phase-2 directory (input)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+        **OUTPUTS,
+    }, argv)
+    cfg = load_section(args.params, "evaluate", EvaluateConfig)
+    if args.dry_run:
+        return print_config({"evaluate": cfg})
+    with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
+        evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
+                                    args.diffusion, args.phase2)
+        write_evaluate_outputs(evaluation, {name: getattr(args, name) for name in OUTPUTS})
+        write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)
+        run.log_artifact(args.figure)
+        run.log_artifact(args.page)
+        run.log_artifact(args.table)
+
+
+if __name__ == "__main__":
+    cli(main)

@@ -1,0 +1,43 @@
+"""DVC stage `phase2`: continued pretraining of the base LM with per-token topologies (the phase-1
+predictor trained jointly, or diffusion samples), and the dense control at equal tokens."""
+
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2
+from lookahead.phase2_plots import write_phase2_reports
+from lookahead.report import write_metrics
+from lookahead.tracking import stage_run
+
+OUTPUTS = {
+    "train-curve": "training curves csv (plot)",
+    "eval-curve": "validation curves csv (plot)",
+    "figure": "curves png",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "tokens": "token streams directory (input: replay windows)",
+        "contexts": "context cache directory (input)",
+        "init": "init safetensors (input)",
+        "predictor": "phase-1 predictor safetensors (input)",
+        "diffusion": "diffusion head directory (input)",
+        "out": "phase-2 directory: lm/, control/, predictor.safetensors (output)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+        "checkpoints": "resumable checkpoints directory (not a DVC output)",
+        **OUTPUTS,
+    }, argv)
+    cfg = load_section(args.params, "phase2", Phase2Config)
+    if args.dry_run:
+        return print_config({"phase2": cfg})
+    with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
+        result = build_phase2(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor, args.diffusion, args.out,
+                              args.checkpoints, tracker=run)
+        write_phase2_reports(result, {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
+        write_metrics(result.report, HEADLINE, args.metrics, args.report, run)
+        run.log_artifact(args.figure)
+
+
+if __name__ == "__main__":
+    cli(main)

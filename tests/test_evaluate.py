@@ -1,0 +1,156 @@
+"""The evaluate stage: figures of a topology against a hand count, the causality check catches a
+decoder that peeks and fails the stage, and the table's rows are those of the models it reads."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lookahead import evaluate as ev
+from lookahead.config import ConfigError, from_dict
+from lookahead.contexts import ContextCache
+from lookahead.encoders import load_context_encoder
+from lookahead.evaluate import (HEADLINE, ROW_ORDER, EvaluateConfig, EvaluateError, Shapes, build_evaluate,
+                                causality_check, position_figures, predictor_topologies)
+from lookahead.evaluate_plots import write_evaluate_outputs
+from lookahead.graph import allowed_mask
+from lookahead.phase2 import CONTROL_DIR
+from lookahead.predictor import load_init, load_predictor
+from lookahead.scoring import GeoLookup, static_pruning_curve, token_nll
+
+
+def test_position_figures_match_a_hand_count():
+    s = Shapes(n_layers=2, n_heads=2, d_model=8, d_head=4)
+    mask = allowed_mask(2, 2).float()
+    # one window of 3 positions; node order: source, (l0 h0), (l0 h1), (l1 h0), (l1 h1)
+    gates = torch.tensor([[[1, 1, 0, 1, 1], [1, 1, 1, 0, 1], [1, 0, 0, 1, 0]]], dtype=torch.float32)
+    adjacency = mask * gates[..., :, None] * gates[..., None, :]
+    fig = position_figures(adjacency, gates, s)
+    d, D = 8, 4
+    for t in range(3):
+        flops = 0
+        for node in range(1, 5):
+            if gates[0, t, node]:
+                keys = int(gates[0, : t + 1, node].sum())  # positions <= t where this head runs
+                flops += 8 * d * D + 4 * D * keys
+        dense = 4 * (8 * d * D + 4 * D * (t + 1))
+        assert fig["attn_flops"][0, t].item() == flops and fig["dense_flops"][0, t].item() == dense
+        edges = int((adjacency[0, t] > 0).sum())
+        assert fig["mixing_flops"][0, t].item() == 2 * d * edges  # every edge here ends at a head that runs
+        assert fig["heads"][0, t].tolist() == [gates[0, t, 1:3].sum().item(), gates[0, t, 3:5].sum().item()]
+        into_l1 = adjacency[0, t, :, 3:5].sum().item()
+        assert fig["edges"][0, t, 1].item() == into_l1
+
+
+@pytest.fixture(scope="module")
+def causal_setup(downstream_inputs, tiny_tokenizer):
+    cache = ContextCache(downstream_inputs["contexts"])
+    tensors, _ = load_init(downstream_inputs["init"])
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
+    lm = AutoModelForCausalLM.from_pretrained(downstream_inputs["base"], dtype=torch.float32).eval()
+    encoder = load_context_encoder("base", downstream_inputs["base"], tiny_tokenizer, 8, False, device="cpu")
+    predictor, _ = load_predictor(downstream_inputs["predictor"])
+    return cache, geo, lm, encoder, predictor
+
+
+def peeking(predictor):
+    """A decoder that reads the last position's context: the topology at t depends on later tokens."""
+    def draw(ids, contexts, geo):
+        return [predictor(contexts[:, -1:].expand_as(contexts), geo, hard=False)]
+
+    return draw
+
+
+def test_causality_check_passes_a_causal_decoder_and_catches_one_that_peeks(causal_setup):
+    cache, geo, lm, encoder, predictor = causal_setup
+    cfg = EvaluateConfig(causality_windows=2, causality_cuts=3)
+    good = causality_check({"predictor": (lm, predictor_topologies(predictor, hard=True))}, encoder, cache, geo, cfg,
+                           lm.config.vocab_size, "cpu")
+    assert good["passed"] and good["max_change"] <= 1e-5
+    assert good["after_cut_changed_fraction"] > 0.9  # the perturbation does reach the model after t
+    bad = causality_check({"peeking": (lm, peeking(predictor))}, encoder, cache, geo, cfg, lm.config.vocab_size, "cpu")
+    assert not bad["passed"] and bad["per_decoder"]["peeking"] > 1e-3
+
+
+@pytest.fixture(scope="module")
+def evaluation(downstream_inputs, phase2_run):
+    _, _, phase2_dir, _ = phase2_run
+    i = downstream_inputs
+    cfg = from_dict(EvaluateConfig, {"eval_batch_size": 2, "diffusion_samples": 3, "random_draws": 2, "timing_rounds": 1,
+                                     "causality_windows": 1, "causality_cuts": 2, "explainer_tokens": 6})
+    return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
+                               phase2_dir)
+
+
+def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phase2_run):
+    cfg, result = evaluation
+    _, phase2, phase2_dir, _ = phase2_run
+    report = result.report
+    assert set(HEADLINE) <= set(report) and list(report["table"]) == list(ROW_ORDER)
+    cache = ContextCache(downstream_inputs["contexts"])
+    windows = torch.from_numpy(cache.windows("val").astype(np.int64))
+    base = AutoModelForCausalLM.from_pretrained(downstream_inputs["base"], dtype=torch.float32).eval()
+    control = AutoModelForCausalLM.from_pretrained(phase2_dir / CONTROL_DIR, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for lm, key in ((base, "dense_base_nll"), (control, "dense_control_nll")):
+            assert report[key] == pytest.approx(token_nll(lm(input_ids=windows[:, :-1]).logits, windows[:, 1:]).mean().item(),
+                                                rel=1e-5)
+    table = report["table"]
+    # the phase-2 rows are what the phase-2 stage measured on the same windows (another code path)
+    assert table["phase2_hard"]["nll"] == pytest.approx(phase2.report["hard_nll"], rel=1e-5)
+    assert table["phase2_soft"]["nll"] == pytest.approx(phase2.report["soft_nll"], rel=1e-5)
+    assert table["phase2_hard"]["active_head_fraction"] == pytest.approx(phase2.report["active_head_fraction"], rel=1e-5)
+    assert table["diffusion_best_of_k"]["nll"] <= table["diffusion_sample"]["nll"] + 1e-6
+    # static pruning keeps round(fraction * 4) heads: the point of the whole-head curve at that count
+    k = round(report["phase2_active_head_fraction"] * 4)
+    curve = static_pruning_curve(control, [windows], load_file_importance(downstream_inputs["heads"]))
+    assert table["static_pruning"]["nll"] == pytest.approx(curve[k]["nll"], rel=1e-5)
+    assert table["static_pruning"]["active_head_fraction"] == pytest.approx(k / 4)
+    for name, row in table.items():
+        assert 0.0 <= row["active_head_fraction"] <= 1.0 and len(row["active_head_fraction_per_layer"]) == 2, name
+        assert row["ppl"] == pytest.approx(np.exp(row["nll"]))
+    assert table["dense_base"]["attention_flops_over_dense"] == 1.0
+    assert table["phase2_hard"]["tokens_per_s_over_dense"] > 0
+    assert report["causality_max_change"] <= cfg.causality_tolerance
+
+
+def load_file_importance(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))["importance"].float()
+
+
+def test_outputs_table_plots_and_a_self_contained_explainer(evaluation, tmp_path):
+    _, result = evaluation
+    outputs = {"table": tmp_path / "t.md", "pareto": tmp_path / "p.csv", "layers": tmp_path / "l.csv",
+               "figure": tmp_path / "e.png", "page": tmp_path / "e.html"}
+    write_evaluate_outputs(result, outputs)
+    md = outputs["table"].read_text()
+    assert all(f"`{name}`" in md for name in ROW_ORDER)
+    assert outputs["figure"].stat().st_size > 20_000
+    page = outputs["page"].read_text()
+    assert page.count("<svg") == 1 and "<script" not in page and "<text" not in page  # text drawn as paths
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//|@import""", page)
+    assert "phase2_hard" in page
+
+
+def test_a_decoder_that_peeks_fails_the_stage(downstream_inputs, phase2_run, monkeypatch):
+    _, _, phase2_dir, _ = phase2_run
+    i = downstream_inputs
+    real = ev.predictor_topologies
+    monkeypatch.setattr(ev, "predictor_topologies", lambda p, hard: peeking(p) if hard else real(p, hard))
+    cfg = EvaluateConfig(eval_batch_size=4, diffusion_samples=1, random_draws=1, timing_rounds=1, causality_windows=1,
+                         causality_cuts=1)
+    with pytest.raises(EvaluateError, match="causality check failed"):
+        build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"], phase2_dir)
+
+
+def test_config_is_validated_with_the_key_named():
+    with pytest.raises(ConfigError, match="diffusion_samples"):
+        from_dict(EvaluateConfig, {"diffusion_samples": 0})
+    with pytest.raises(ConfigError, match="causality_tolerance"):
+        from_dict(EvaluateConfig, {"causality_tolerance": float("nan")})
