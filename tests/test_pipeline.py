@@ -27,7 +27,8 @@ from lookahead.config import flatten
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs", "diffusion")
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "phase1", "pairs", "diffusion",
+          "phase2", "evaluate")
 
 
 def digest(path: Path) -> str:
@@ -92,6 +93,20 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert diffusion["best_of_k_nll"] <= diffusion["sample_nll"] and diffusion["samples_per_s"] > 0
     assert (path / "models" / "diffusion" / "model.safetensors").is_file()
     assert (path / "metrics" / "diffusion_samplers.png").stat().st_size > 1000
+    phase2, evaluate = headline["phase2"], headline["evaluate"]
+    assert phase2["base_val_nll"] == pytest.approx(phase1["dense_nll"], rel=1e-5)  # the base LM on the same windows
+    assert report["phase2"]["start_hard_nll"] == pytest.approx(phase1["hard_nll"], rel=1e-5)
+    assert (path / "models" / "phase2" / "lm" / "model.safetensors").is_file()
+    assert (path / "models" / "phase2" / "control" / "model.safetensors").is_file()
+    assert evaluate["dense_base_nll"] == pytest.approx(phase1["dense_nll"], rel=1e-5)
+    assert evaluate["phase1_hard_nll"] == pytest.approx(phase1["hard_nll"], rel=1e-5)
+    assert evaluate["phase2_hard_nll"] == pytest.approx(phase2["hard_nll"], rel=1e-5)
+    assert evaluate["dense_control_nll"] == pytest.approx(phase2["control_val_nll"], rel=1e-5)
+    assert report["evaluate"]["causality"]["passed"] and evaluate["causality_max_change"] <= 1e-5
+    table = (path / "metrics" / "evaluate_table.md").read_text()
+    assert table.count("\n| `") == 12 and "passed" in table
+    assert (path / "metrics" / "evaluate_explainer.png").stat().st_size > 20_000
+    assert "<svg" in (path / "metrics" / "evaluate_explainer.html").read_text()
     weights = digest(path / "models" / "base" / "model.safetensors")
     base_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "base" for r in stage_runs(path))  # noqa: E731
     assert base_runs() == 1
@@ -106,9 +121,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     params["base"]["train"]["lr"] = 0.002
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("base", "probe", "init", "contexts", "phase1", "pairs", "diffusion"):
+    for stage in ("base", "probe", "init", "contexts", "phase1", "pairs", "diffusion", "phase2", "evaluate"):
         assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 7
+    assert out.count("Running stage") == 9
     assert "Running stage 'corpus'" not in out and "Running stage 'tokenizer'" not in out
     assert "Running stage 'wordnet'" not in out
     assert digest(path / "models" / "base" / "model.safetensors") != weights
@@ -122,19 +137,17 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert digest(path / "models" / "base" / "model.safetensors") == weights
     assert base_runs() == 2
 
-    # init.n_geo: init and the stages that read the init file rerun (not the context cache). A wordnet
-    # param would rerun wordnet → probe → init → phase1 → pairs by the same mechanism; not exercised
-    # here, to keep the suite within its time budget
+    # phase2.train.lr: phase2 and evaluate rerun, nothing else (DESIGN §2). A wordnet or init param
+    # would rerun their dependants by the same mechanism (test_stage_deps checks every stage's
+    # declared deps); not exercised here, to keep the suite within its time budget
     params = yaml.safe_load(original)
-    params["init"]["n_geo"] = 4
+    params["phase2"]["train"]["lr"] = 2e-3
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("init", "phase1", "pairs", "diffusion"):
-        assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 4
-    assert json.loads((path / "metrics" / "init_report.json").read_text())["n_geo"] == 4
+    assert "Running stage 'phase2'" in out and "Running stage 'evaluate'" in out
+    assert out.count("Running stage") == 2
     (path / "params.yaml").write_text(original)
-    sh(["dvc", "repro"], path, env)
+    assert "Running stage" not in sh(["dvc", "repro"], path, env)  # restored from the run-cache
 
     # outputs are byte-stable: forcing probe and init to run again leaves every stage up to date
     sh(["dvc", "repro", "-f", "-s", "probe"], path, env)
@@ -145,7 +158,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 3 and len(children) == 10 + 7 + 4 + 2
+    assert len(parents) == 3 and len(children) == 12 + 9 + 2 + 2
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
     assert all(p.info.status == "FINISHED" for p in parents.values())
     # the report reaches MLflow whole: as an artifact, and its lists as step series
@@ -218,8 +231,8 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     path, env = repo
     sh(["git", "add", "-A"], path, env)
     sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
-    # a phase-1 sweep point, as in the README: only phase1 and its dependants rerun, from the cache
-    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lambda", "-S", "phase1.lambda_head=0.2"], path, env)
+    # a phase-2 sweep point, as in the README: only phase2 and evaluate rerun
+    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lambda", "-S", "phase2.lambda_head=0.2"], path, env)
     sh(["dvc", "queue", "start", "-j", "1"], path, env)
     deadline = time.time() + 300
     status = ""
@@ -231,10 +244,10 @@ def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
     assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lambda"], path, env, check=False)
     queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lambda"]
     stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    assert stages == {None, "phase1", "pairs", "diffusion"}  # the parent run, and the stages the change reran
-    (phase1,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "phase1"]
-    assert phase1.data.params["phase1/phase1.lambda_head"] == "0.2"
-    assert "hard_nll" in phase1.data.metrics
+    assert stages == {None, "phase2", "evaluate"}  # the parent run, and the stages the change reran
+    (phase2,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "phase2"]
+    assert phase2.data.params["phase2/phase2.lambda_head"] == "0.2"
+    assert "hard_nll" in phase2.data.metrics and "control_train_loss" in phase2.data.metrics
     # nothing was written inside DVC's temporary workspace
     assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
     shown = sh(["dvc", "exp", "show", "--json"], path, env)

@@ -75,31 +75,33 @@ def sshd(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-def set_pairs_seed(repo: Path, seed: int) -> None:
-    head, _, rest = (repo / "params.yaml").read_text().partition("\npairs:\n")
-    pairs, _, tail = rest.partition("\n\n")  # the pairs section only (later sections have seeds too)
-    pairs = re.sub(r"(?m)^  seed: \d+", f"  seed: {seed}", pairs)
-    (repo / "params.yaml").write_text(head + "\npairs:\n" + pairs + ("\n\n" + tail if tail else ""))
+def set_eval_seed(repo: Path, seed: int) -> None:
+    """``evaluate.seed`` (the last stage: only it reruns)."""
+    head, _, rest = (repo / "params.yaml").read_text().partition("\nevaluate:\n")
+    section, _, tail = rest.partition("\n\n")  # the evaluate section only (other sections have seeds too)
+    section = re.sub(r"(?m)^  seed: \d+", f"  seed: {seed}", section)
+    (repo / "params.yaml").write_text(head + "\nevaluate:\n" + section + ("\n\n" + tail if tail else ""))
 
 
 @pytest.fixture(scope="module")
 def pushed_repo(pipeline_repo) -> tuple[Path, dict, bytes]:
-    """A with its pipeline run, committed, after running `pairs.seed: 1` and reverting it; and the
-    pairs that seed gave."""
+    """A with its pipeline run, committed, after running `evaluate.seed: 1` and reverting it; and the
+    evaluation report that seed gave."""
     path, env = pipeline_repo
     sh(["dvc", "repro"], path, env)  # a no-op after the pipeline tests
     sh(["git", "add", "-A"], path, env)
     sh(["git", "commit", "-qm", "pipeline outputs", "--allow-empty"], path, env)
-    set_pairs_seed(path, 1)
-    assert "Running stage 'pairs'" in sh(["dvc", "repro"], path, env)
-    seed1_pairs = (path / "data/pairs/pairs.safetensors").read_bytes()
+    set_eval_seed(path, 1)
+    out = sh(["dvc", "repro"], path, env)
+    assert "Running stage 'evaluate'" in out and out.count("Running stage") == 1
+    seed1_report = (path / "metrics/evaluate_report.json").read_bytes()
     sh(["git", "checkout", "--", "params.yaml"], path, env)
     assert "Running stage" not in sh(["dvc", "repro"], path, env)  # restored from A's own run-cache
     assert not sh(["git", "status", "--porcelain"], path, env).strip()
-    return path, env, seed1_pairs
+    return path, env, seed1_report
 
 
-def share_round_trip(a: Path, env: dict, seed1_pairs: bytes, remote_args: list[list[str]], tmp: Path) -> dict:
+def share_round_trip(a: Path, env: dict, seed1_report: bytes, remote_args: list[list[str]], tmp: Path) -> dict:
     """Configure the remote in A (committed), push outputs + run-cache, clone B, pull, check B,
     restore the reverted run in B; return the timings."""
     for args in remote_args:
@@ -131,12 +133,12 @@ def share_round_trip(a: Path, env: dict, seed1_pairs: bytes, remote_args: list[l
     for name in ("models/base/model.safetensors", "data/pairs/pairs.safetensors", "metrics/probe_report.json"):
         assert (b / name).read_bytes() == (a / name).read_bytes(), name
 
-    set_pairs_seed(b, 1)  # the value A ran and reverted: restored, not rerun
+    set_eval_seed(b, 1)  # the value A ran and reverted: restored, not rerun
     t = time.perf_counter()
     out = sh(["dvc", "repro", "--pull"], b, env)
     timings["restore_reverted_s"] = time.perf_counter() - t
-    assert "Stage 'pairs' is cached - skipping run" in out and "Running stage" not in out, out
-    assert (b / "data/pairs/pairs.safetensors").read_bytes() == seed1_pairs
+    assert "Stage 'evaluate' is cached - skipping run" in out and "Running stage" not in out, out
+    assert (b / "metrics/evaluate_report.json").read_bytes() == seed1_report
 
     c = tmp / "c"  # another fresh clone: `dvc repro --pull` fetches instead of recomputing
     sh(["git", "clone", "-q", str(a), str(c)], tmp, env)
@@ -152,22 +154,22 @@ def share_round_trip(a: Path, env: dict, seed1_pairs: bytes, remote_args: list[l
 
 
 def test_local_directory_remote_round_trip(pushed_repo, tmp_path):
-    a, env, seed1_pairs = pushed_repo
+    a, env, seed1_report = pushed_repo
     store = tmp_path / "store"
-    timings = share_round_trip(a, env, seed1_pairs, [["add", "-f", "-d", "team", str(store)]], tmp_path)
+    timings = share_round_trip(a, env, seed1_report, [["add", "-f", "-d", "team", str(store)]], tmp_path)
     print("local remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert any(store.rglob("*")) and (store / "runs").is_dir()  # outputs and run records
 
 
 def test_ssh_remote_round_trip_and_clean_failures(pushed_repo, sshd, tmp_path):
     port, key, stranger, home = sshd
-    a, env, seed1_pairs = pushed_repo
+    a, env, seed1_report = pushed_repo
     env = {**env, "HOME": str(home)}  # known_hosts with the server's temporary host key
     url = f"ssh://127.0.0.1:{port}{tmp_path / 'ssh-store'}"
     remote = [["add", "-f", "-d", "sshteam", url],
               ["modify", "--local", "sshteam", "user", getpass.getuser()],
               ["modify", "--local", "sshteam", "keyfile", str(key)]]
-    timings = share_round_trip(a, env, seed1_pairs, remote, tmp_path)
+    timings = share_round_trip(a, env, seed1_report, remote, tmp_path)
     print("ssh remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert (tmp_path / "ssh-store" / "files").is_dir()
 
@@ -198,13 +200,13 @@ def test_experiments_travel_through_git_and_dvc_remotes(pushed_repo, tmp_path):
     sh(["git", "remote", "add", "origin", str(origin)], a, env)
     sh(["git", "push", "-q", "origin", "HEAD"], a, env)
     for name, steps in (("steps2", 2), ("steps3", 3)):  # the last stage: the experiments rerun only it
-        sh(["dvc", "exp", "run", "--queue", "diffusion", "-n", name, "-S", f"diffusion.sample_steps={steps}"], a, env)
+        sh(["dvc", "exp", "run", "--queue", "evaluate", "-n", name, "-S", f"evaluate.diffusion_samples={steps}"], a, env)
     sh(["dvc", "exp", "run", "--run-all", "-j", "1"], a, env)
     t = time.perf_counter()
     sh(["dvc", "exp", "push", "origin", "steps2", "steps3"], a, env)
     exp_push_s = time.perf_counter() - t
     refs = _exp_refs(a, env)
-    expected = {name: json.loads(sh(["git", "show", f"refs/exps/{refs[name]}:metrics/diffusion.json"], a, env))
+    expected = {name: json.loads(sh(["git", "show", f"refs/exps/{refs[name]}:metrics/evaluate.json"], a, env))
                 for name in ("steps2", "steps3")}
     assert expected["steps2"] != expected["steps3"]
 
@@ -217,13 +219,13 @@ def test_experiments_travel_through_git_and_dvc_remotes(pushed_repo, tmp_path):
     listed = {rev["name"]: rev for row in json.loads(shown.stdout) for exp in (row.get("experiments") or [])
               for rev in exp["revs"]}
     for name in ("steps2", "steps3"):
-        metrics = listed[name]["data"]["metrics"]["metrics/diffusion.json"]["data"]
+        metrics = listed[name]["data"]["metrics"]["metrics/evaluate.json"]["data"]
         assert metrics == expected[name], name
     sh(["dvc", "exp", "apply", "steps3"], d, env)
     assert "Data and pipelines are up to date" in sh(["dvc", "status"], d, env)
     assert "Running stage" not in sh(["dvc", "repro"], d, env)
-    assert json.loads((d / "metrics/diffusion.json").read_text()) == expected["steps3"]
-    assert (d / "models/diffusion/model.safetensors").is_file()
+    assert json.loads((d / "metrics/evaluate.json").read_text()) == expected["steps3"]
+    assert (d / "metrics/evaluate_explainer.png").is_file()
     print("experiments", json.dumps({"exp_push_s": round(exp_push_s, 2), "exp_pull_s": round(exp_pull_s, 2)}))
 
 
