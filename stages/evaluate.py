@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
         "phase2": "phase-2 directory (input)",
+        "control": "dense control LM directory (input)",
         "metrics": "headline metrics json",
         "report": "full report json",
         **OUTPUTS,
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"evaluate": cfg})
     with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
-                                    args.diffusion, args.phase2)
+                                    args.diffusion, args.phase2, args.control)
         write_evaluate_outputs(evaluation, {name: getattr(args, name) for name in OUTPUTS})
         write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

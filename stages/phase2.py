@@ -1,5 +1,5 @@
 """DVC stage `phase2`: continued pretraining of the base LM with per-token topologies (the phase-1
-predictor trained jointly, or diffusion samples), and the dense control at equal tokens."""
+predictor trained jointly, or diffusion samples); its dense control is the `control` stage."""
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         "init": "init safetensors (input)",
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
-        "out": "phase-2 directory: lm/, control/, predictor.safetensors (output)",
+        "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         return print_config({"phase2": cfg})
     with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
-        result = build_phase2(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor, args.diffusion, args.out,
-                              args.checkpoints, tracker=run)
+        report, result = build_phase2(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
+                                      args.diffusion, args.out, args.checkpoints, tracker=run)
         write_phase2_reports(result, {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
-        write_metrics(result.report, HEADLINE, args.metrics, args.report, run)
+        write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
 
 

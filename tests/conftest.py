@@ -160,9 +160,10 @@ def downstream_inputs(phase_inputs, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def phase2_run(downstream_inputs, tmp_path_factory):
-    """The phase-2 stage (decoder mlp) on the tiny inputs: (config, result, output directory)."""
+    """The phase-2 stage (decoder mlp) and its dense control on the tiny inputs: (config, phase-2
+    report, its training result, its output directory, the control's report, its LM directory, root)."""
     from lookahead.config import from_dict
-    from lookahead.phase2 import Phase2Config, build_phase2
+    from lookahead.phase2 import Phase2Config, build_control, build_phase2
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {
@@ -170,5 +171,8 @@ def phase2_run(downstream_inputs, tmp_path_factory):
         "train": {"steps": 3, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 2, "device": "cpu"}})
     i = downstream_inputs
-    result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], d / "out", d / "ckpt")
-    return cfg, result, d / "out", d
+    report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"],
+                                  d / "out", d / "ckpt")
+    control, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "control", d / "ckpt")
+    return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "control": control,
+            "control_dir": d / "control", "root": d}

@@ -18,7 +18,6 @@ from lookahead.evaluate import (HEADLINE, ROW_ORDER, EvaluateConfig, EvaluateErr
                                 causality_check, position_figures, predictor_topologies)
 from lookahead.evaluate_plots import write_evaluate_outputs
 from lookahead.graph import allowed_mask
-from lookahead.phase2 import CONTROL_DIR
 from lookahead.predictor import load_init, load_predictor
 from lookahead.scoring import GeoLookup, static_pruning_curve, token_nll
 
@@ -78,32 +77,31 @@ def test_causality_check_passes_a_causal_decoder_and_catches_one_that_peeks(caus
 
 @pytest.fixture(scope="module")
 def evaluation(downstream_inputs, phase2_run):
-    _, _, phase2_dir, _ = phase2_run
     i = downstream_inputs
     cfg = from_dict(EvaluateConfig, {"eval_batch_size": 2, "diffusion_samples": 3, "random_draws": 2, "timing_rounds": 1,
                                      "causality_windows": 1, "causality_cuts": 2, "explainer_tokens": 6})
     return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
-                               phase2_dir)
+                               phase2_run["out"], phase2_run["control_dir"])
 
 
 def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phase2_run):
     cfg, result = evaluation
-    _, phase2, phase2_dir, _ = phase2_run
+    phase2 = phase2_run["report"]
     report = result.report
     assert set(HEADLINE) <= set(report) and list(report["table"]) == list(ROW_ORDER)
     cache = ContextCache(downstream_inputs["contexts"])
     windows = torch.from_numpy(cache.windows("val").astype(np.int64))
     base = AutoModelForCausalLM.from_pretrained(downstream_inputs["base"], dtype=torch.float32).eval()
-    control = AutoModelForCausalLM.from_pretrained(phase2_dir / CONTROL_DIR, dtype=torch.float32).eval()
+    control = AutoModelForCausalLM.from_pretrained(phase2_run["control_dir"], dtype=torch.float32).eval()
     with torch.no_grad():
         for lm, key in ((base, "dense_base_nll"), (control, "dense_control_nll")):
             assert report[key] == pytest.approx(token_nll(lm(input_ids=windows[:, :-1]).logits, windows[:, 1:]).mean().item(),
                                                 rel=1e-5)
     table = report["table"]
     # the phase-2 rows are what the phase-2 stage measured on the same windows (another code path)
-    assert table["phase2_hard"]["nll"] == pytest.approx(phase2.report["hard_nll"], rel=1e-5)
-    assert table["phase2_soft"]["nll"] == pytest.approx(phase2.report["soft_nll"], rel=1e-5)
-    assert table["phase2_hard"]["active_head_fraction"] == pytest.approx(phase2.report["active_head_fraction"], rel=1e-5)
+    assert table["phase2_hard"]["nll"] == pytest.approx(phase2["hard_nll"], rel=1e-5)
+    assert table["phase2_soft"]["nll"] == pytest.approx(phase2["soft_nll"], rel=1e-5)
+    assert table["phase2_hard"]["active_head_fraction"] == pytest.approx(phase2["active_head_fraction"], rel=1e-5)
     assert table["diffusion_best_of_k"]["nll"] <= table["diffusion_sample"]["nll"] + 1e-6
     # static pruning keeps round(fraction * 4) heads: the point of the whole-head curve at that count
     k = round(report["phase2_active_head_fraction"] * 4)
@@ -139,14 +137,14 @@ def test_outputs_table_plots_and_a_self_contained_explainer(evaluation, tmp_path
 
 
 def test_a_decoder_that_peeks_fails_the_stage(downstream_inputs, phase2_run, monkeypatch):
-    _, _, phase2_dir, _ = phase2_run
     i = downstream_inputs
     real = ev.predictor_topologies
     monkeypatch.setattr(ev, "predictor_topologies", lambda p, hard: peeking(p) if hard else real(p, hard))
     cfg = EvaluateConfig(eval_batch_size=4, diffusion_samples=1, random_draws=1, timing_rounds=1, causality_windows=1,
                          causality_cuts=1)
     with pytest.raises(EvaluateError, match="causality check failed"):
-        build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"], phase2_dir)
+        build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
+                       phase2_run["out"], phase2_run["control_dir"])
 
 
 def test_config_is_validated_with_the_key_named():

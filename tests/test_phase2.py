@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from lookahead.config import ConfigError, from_dict
 from lookahead.contexts import ContextCache
 from lookahead.data import load_stream
-from lookahead.phase2 import (CONTROL_DIR, HEADLINE, LM_DIR, PREDICTOR_FILE, Phase2Config, Phase2Error, Phase2Module,
-                              Phase2Model, build_phase2, load_phase2, plain_parameters, scale_learning_rate)
+from lookahead.phase2 import (CONTROL_HEADLINE, HEADLINE, LM_DIR, PREDICTOR_FILE, Phase2Config, Phase2Error,
+                              Phase2Module, Phase2Model, build_phase2, load_phase2, plain_parameters, scale_learning_rate)
 from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
 from lookahead.runtime import forward_with_topology
 from lookahead.scoring import GeoLookup, token_nll
@@ -34,7 +34,7 @@ def val_nll(lm, cache: ContextCache, topology=None) -> float:
 
 
 def test_control_is_plain_adamw_on_the_same_windows_as_the_joint_run(phase2_run, downstream_inputs):
-    cfg, result, out, _ = phase2_run
+    cfg = phase2_run["cfg"]
     cache = ContextCache(downstream_inputs["contexts"])
     geo = GeoLookup(torch.zeros(1, 1), torch.zeros(1))
     stream = load_stream(downstream_inputs["tokens"], "train")
@@ -65,11 +65,14 @@ def test_control_is_plain_adamw_on_the_same_windows_as_the_joint_run(phase2_run,
         torch.nn.utils.clip_grad_norm_(lm.parameters(), t.grad_clip)
         opt.step()
         opt.zero_grad()
-    saved = AutoModelForCausalLM.from_pretrained(out / CONTROL_DIR, dtype=torch.float32)
+    saved = AutoModelForCausalLM.from_pretrained(phase2_run["control_dir"], dtype=torch.float32)
     ref = dict(lm.named_parameters())
     for name, p in saved.named_parameters():
         torch.testing.assert_close(p, ref[name], rtol=1e-5, atol=1e-6)
-    assert result.report["control_val_nll"] == pytest.approx(val_nll(saved.eval(), cache), rel=1e-5)
+    control = phase2_run["control"]
+    assert set(CONTROL_HEADLINE) <= set(control)
+    assert control["val_nll"] == pytest.approx(val_nll(saved.eval(), cache), rel=1e-5)
+    assert control["train_tokens"] == phase2_run["report"]["train_tokens"]  # equal tokens
 
 
 def test_predictor_learning_rate_scale_is_c_times_the_lm_step(phase_inputs, seed):
@@ -100,8 +103,7 @@ def test_predictor_learning_rate_scale_is_c_times_the_lm_step(phase_inputs, seed
 
 
 def test_stage_figures_are_those_of_the_saved_models(phase2_run, downstream_inputs):
-    cfg, result, out, d = phase2_run
-    report = result.report
+    cfg, report, result, out, d = (phase2_run[k] for k in ("cfg", "report", "result", "out", "root"))
     assert set(HEADLINE) <= set(report)
     cache = ContextCache(downstream_inputs["contexts"])
     tensors, _ = load_init(downstream_inputs["init"])
@@ -118,22 +120,21 @@ def test_stage_figures_are_those_of_the_saved_models(phase2_run, downstream_inpu
     assert report["dense_nll"] == pytest.approx(val_nll(lm, cache), rel=1e-5)
     assert report["hard_nll"] == pytest.approx(val_nll(lm, cache, topology_of(predictor)), rel=1e-5)
     assert report["start_hard_nll"] == pytest.approx(val_nll(base, cache, topology_of(phase1)), rel=1e-5)
-    assert report["hard_nll_minus_control"] == pytest.approx(report["hard_nll"] - report["control_val_nll"])
     assert report["passes_over_cache"] == pytest.approx(3 * 2 / len(cache.windows("train")))
     assert report["train_tokens"] == 3 * 2 * cache.context_length * 2  # half of each step is replay
     assert meta["phase2"]["predictor_lr_scale"] == cfg.predictor_lr_scale
     assert not torch.equal(predictor.static, phase1.static)  # the predictor trained too
     assert load_phase2(out)["decoder"] == "mlp"
-    assert [r["step"] for r in result.joint.eval_curve] == [0, 2, 3]
+    assert [r["step"] for r in result.eval_curve] == [0, 2, 3]
     assert not any((d / "ckpt").rglob("checkpoint.pt"))  # removed after success
 
 
 def test_diffusion_decoder_trains_the_lm_on_sampled_topologies(downstream_inputs, phase2_run, tmp_path):
-    cfg, _, _, _ = phase2_run
+    cfg = phase2_run["cfg"]
     cfg = dataclasses.replace(cfg, decoder="diffusion", train=dataclasses.replace(cfg.train, steps=2, eval_every=2))
     i = downstream_inputs
-    result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "out")
-    report = result.report
+    report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"],
+                             tmp_path / "out")
     assert report["decoder"] == "diffusion" and report["soft_nll"] is None
     assert not (tmp_path / "out" / PREDICTOR_FILE).exists()
     assert 0.0 < report["active_head_fraction"] <= 1.0

@@ -404,14 +404,14 @@ def _load_lm(path, device):
 
 
 def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads_file, predictor_file, diffusion_dir,
-                   phase2_dir) -> Evaluation:
+                   phase2_dir, control_dir) -> Evaluation:
     """Score every row, time the hard ones, check causality; raise :class:`EvaluateError` if it fails."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     from lookahead.diffusion import load_denoiser
     from lookahead.encoders import load_context_encoder, resolve_device
-    from lookahead.phase2 import CONTROL_DIR, LM_DIR, PREDICTOR_FILE, load_phase2
+    from lookahead.phase2 import LM_DIR, PREDICTOR_FILE, load_phase2
     from lookahead.predictor import load_init, load_predictor
 
     device = torch.device(resolve_device(cfg.device, "evaluate.device"))
@@ -425,7 +425,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
     importance = load_file(str(heads_file))["importance"].float()
     phase2 = load_phase2(phase2_dir)
-    base, lm2, control = (_load_lm(p, device) for p in (base_dir, Path(phase2_dir) / LM_DIR, Path(phase2_dir) / CONTROL_DIR))
+    base, lm2, control = (_load_lm(p, device) for p in (base_dir, Path(phase2_dir) / LM_DIR, control_dir))
     s = Shapes.of(base)
     if tuple(importance.shape) != (s.n_layers, s.n_heads) or (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
         raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} heads), head statistics {heads_file} "

@@ -164,7 +164,8 @@ def _dag(ax, data: dict, n_layers: int, n_heads: int) -> None:
     ax.set_ylim(-1.6, n_layers - 0.4)
     ax.legend(fontsize=8, loc="upper right")
     word = repr(data["tokens"][data["token"]])[1:-1]
-    ax.set_title(f"c  head graph at token '{word}' (widths: A; mean gate {g[1:].mean():.2f})", loc="left", fontsize=11)
+    ax.set_title(f"c  head graph at '{word}' (widths = A)", loc="left", fontsize=11)
+    ax.text(0.02, 0.02, f"mean gate {g[1:].mean():.2f}", transform=ax.transAxes, fontsize=8, color="0.3")
 
 
 def _pareto(ax, report: dict, static_curve: list[dict]) -> None:
@@ -176,9 +177,12 @@ def _pareto(ax, report: dict, static_curve: list[dict]) -> None:
         marker = next((m for k, m in markers.items() if name.startswith(k)), "P")
         ax.plot(row["active_head_fraction"], row["nll"], marker, ms=13 if marker == "*" else 8, color=f"C{i % 10}",
                 label=name)
+    nlls = [row["nll"] for row in report["table"].values()]
+    span = max(nlls) - min(nlls)
+    ax.set_ylim(min(nlls) - 0.1 * span - 0.05, max(nlls) + 0.15 * span + 0.05)  # the rows; the curve may leave it
     ax.set(xlabel="active-head fraction (mean over head, position)", ylabel="val NLL (nats / token)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6.5, ncol=2)
+    ax.legend(fontsize=6.5, ncol=2, loc="upper left", bbox_to_anchor=(0.0, -0.16), frameon=False)
     ax.set_title("d  NLL against heads kept", loc="left", fontsize=11)
 
 
@@ -198,8 +202,8 @@ def _layers(ax, report: dict, n_layers: int) -> None:
 def explainer_figure(report: dict, static_curve: list[dict], data: dict, info: dict):
     """The five-panel explainer (a matplotlib Figure) from the evaluation's real figures."""
     plt = _pyplot()
-    fig = plt.figure(figsize=(16, 12), dpi=100)
-    grid = fig.add_gridspec(3, 3, height_ratios=[0.8, 1.1, 1.5], hspace=0.55, wspace=0.28)
+    fig = plt.figure(figsize=(16, 12.5), dpi=100)
+    grid = fig.add_gridspec(3, 3, height_ratios=[0.55, 1.1, 1.5], hspace=0.5, wspace=0.3, top=0.95, bottom=0.17)
     _flow(fig.add_subplot(grid[0, :]), info)
     _token_grid(fig.add_subplot(grid[1, :]), data, info["n_layers"], info["n_heads"])
     _dag(fig.add_subplot(grid[2, 0]), data, info["n_layers"], info["n_heads"])
@@ -208,7 +212,7 @@ def explainer_figure(report: dict, static_curve: list[dict], data: dict, info: d
     p2 = report["table"]["phase2_hard"]
     fig.suptitle(f"Lookahead: phase-2 LM runs {p2['active_head_fraction']:.1%} of its heads per token at val NLL "
                  f"{p2['nll']:.3f} (dense control {report['dense_control_nll']:.3f}, base {report['dense_base_nll']:.3f})",
-                 fontsize=13, y=0.995)
+                 fontsize=13, y=0.99)
     return fig
 
 

@@ -1,6 +1,8 @@
 """Phase 2 (DESIGN §2 phase2): continued pretraining of the base LM, unfrozen, with per-token
-topologies — and the **dense control**, the same LM trained on the same windows in the same order
-for the same steps with the same optimiser and no topology, so every comparison is at equal tokens.
+topologies — and the **dense control** (its own stage, ``control``): the same LM trained on the same
+windows in the same order for the same steps with the same optimiser and no topology, so every
+comparison is at equal tokens. (Two stages rather than one: under ``accelerate launch`` the shared
+loop's worker processes exit when a training run ends, so one stage runs one training.)
 
 ``decoder: mlp`` — the phase-1 predictor keeps training jointly with the LM under phase 1's loss
 (NLL(A) + lambda_head · mean gate + lambda_edge · mean edge weight, τ annealed, straight-through hard
@@ -10,7 +12,7 @@ a sample of the frozen diffusion head (a new one each step) and only the LM trai
 Data: the context cache's train windows (the predictor needs the context encoder's embedding of
 every trained position, and the cache is where those exist), drawn at random per step; the report
 says how many passes over the cached windows that is. The cache is small (128 windows at the
-default: MiniLM encodes ~130 positions/s on 2 cores), and a few passes over it overfit the LM — the
+default: MiniLM encodes ~140 positions/s on 2 cores), and a few passes over it overfit the LM — the
 control's val NLL rose from 4.39 to 5.50 in 12.5 passes. With ``replay`` each step also trains on as
 many windows of the whole train stream (the base's pretraining data, drawn like its batches), run
 dense in both runs: the LM keeps its general text while it learns to run under the topologies.
@@ -44,7 +46,7 @@ from lookahead.scoring import GeoLookup, token_nll
 from lookahead.trainer import TrainConfig, TrainResult, train
 
 DECODERS = ("mlp", "diffusion")
-LM_DIR, CONTROL_DIR = "lm", "control"  # save_pretrained directories inside the stage's output
+LM_DIR = "lm"  # the save_pretrained directory inside the stage's output
 PREDICTOR_FILE, CONFIG_FILE = "predictor.safetensors", "config.json"
 
 
@@ -54,7 +56,7 @@ class Phase2Error(LookaheadError, ValueError):
 
 @dataclasses.dataclass
 class Phase2Config:
-    """Joint continued pretraining and its dense control (DESIGN §2 phase2)."""
+    """Joint continued pretraining; the dense control reads `train`, `replay` and the eval keys (DESIGN §2 phase2)."""
 
     decoder: Literal["mlp", "diffusion"] = "mlp"
     """Topologies from the phase-1 predictor, trained on (`mlp`), or sampled from the frozen diffusion head."""
@@ -275,32 +277,21 @@ class Phase2Module:
         return metrics
 
 
-class PrefixedTracker:
-    """Logs a second training run's step metrics into the same MLflow run under a prefix."""
-
-    def __init__(self, tracker, prefix: str):
-        self.tracker, self.prefix = tracker, prefix
-
-    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        self.tracker.log_metrics({f"{self.prefix}{k}": v for k, v in metrics.items()}, step=step)
-
-
-def checkpoint_dirs(root, cfg: Phase2Config, cache: ContextCache, files: list[Path]) -> tuple[Path | None, Path | None]:
-    """Checkpoint directories of the joint run and of the control, keyed by the config and the inputs' content."""
+def checkpoint_dir(root, kind: str, config: dict, cache: ContextCache, files: list[Path]) -> Path | None:
+    """A checkpoint directory keyed by ``kind``, the config and the inputs' content (resume only what fits)."""
     import hashlib
 
     if not root:
-        return None, None
-    digest = hashlib.sha256(json.dumps({"phase2": to_dict(cfg)}, sort_keys=True).encode())
+        return None
+    digest = hashlib.sha256(json.dumps({kind: config}, sort_keys=True).encode())
     digest.update(cache.fingerprint().encode())
     for path in files:
         digest.update(Path(path).read_bytes())
-    key = digest.hexdigest()[:16]
-    return Path(root) / key / "joint", Path(root) / key / "control"
+    return Path(root) / digest.hexdigest()[:16]
 
 
 def save_lm(lm, tokenizer_dir, out_dir: Path, config: dict) -> None:
-    """``save_pretrained`` (safetensors) with the base's tokenizer and the phase-2 config (STYLE 6)."""
+    """``save_pretrained`` (safetensors) with the base's tokenizer and the resolved config (STYLE 6)."""
     from transformers import AutoTokenizer
 
     lm.save_pretrained(out_dir, safe_serialization=True)
@@ -316,26 +307,36 @@ def load_phase2(phase2_dir) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = ""):
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if n_layers is not None and (lm.config.num_hidden_layers, lm.config.num_attention_heads) != (n_layers, n_heads):
+        raise Phase2Error(f"base model ({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) and "
+                          f"{source} ({n_layers} x {n_heads}) disagree: rerun `dvc repro phase1`")
+    return lm.train()
+
+
+def _data_report(cfg: Phase2Config, cache: ContextCache, module: Phase2Module, result: TrainResult) -> dict:
+    return {
+        "train_steps": cfg.train.steps,
+        "train_tokens": cfg.train.steps * cfg.train.batch_size * cache.context_length * (2 if cfg.replay else 1),
+        "passes_over_cache": cfg.train.steps * cfg.train.batch_size / len(cache.windows("train")),
+        "val_positions": int(len(module.val_rows) * cache.context_length),
+        "train_tokens_per_s": result.tokens_per_s,
+        "train_seconds": result.train_seconds,
+    }
+
+
 # metrics/phase2.json (lookahead.report)
-HEADLINE = ("base_val_nll", "control_val_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
-            "hard_nll_minus_control", "train_steps", "train_tokens", "passes_over_cache")
-
-
-@dataclasses.dataclass
-class Phase2Result:
-    """What the stage's reports are made of."""
-
-    report: dict
-    joint: TrainResult
-    control: TrainResult
+HEADLINE = ("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
+            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache")
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
-                 checkpoint_root=None, tracker=None) -> Phase2Result:
-    """Train the phase-2 LM (with its decoder) and the dense control; write both (and the predictor)
-    to ``out_dir``; return the report and both training results."""
-    from transformers import AutoModelForCausalLM
-
+                 checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult]:
+    """Train the phase-2 LM with its decoder; write the LM (and the predictor) to ``out_dir``;
+    return the report and the training result."""
     from lookahead.atomic import atomic_dir
     from lookahead.diffusion import load_denoiser
     from lookahead.predictor import load_init, load_predictor, save_predictor
@@ -353,70 +354,77 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         denoiser.requires_grad_(False)
         predictor = None
 
-    def fresh_lm():
-        lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        if (lm.config.num_hidden_layers, lm.config.num_attention_heads) != (meta["n_layers"], meta["n_heads"]):
-            raise Phase2Error(f"base model ({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) and "
-                              f"predictor {predictor_file} ({meta['n_layers']} x {meta['n_heads']}) disagree: "
-                              "rerun `dvc repro phase1`")
-        return lm.train()
-
     torch.manual_seed(cfg.train.seed)
+    lm = _base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
     if predictor is not None:
         predictor.train()
         scale_learning_rate(predictor, cfg.predictor_lr_scale)
     stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
-    joint = Phase2Module(Phase2Model(fresh_lm(), predictor), cache, geo, cfg, denoiser, stream=stream)
+    module = Phase2Module(Phase2Model(lm, predictor), cache, geo, cfg, denoiser, stream=stream)
     if denoiser is not None:
         settings = diffusion_meta.get("diffusion", {})
-        joint.set_sampling(int(settings.get("sample_steps", 10)), float(settings.get("sample_temperature", 1.0)))
-    control = Phase2Module(Phase2Model(fresh_lm()), cache, geo, cfg, dense=True, stream=stream)
+        module.set_sampling(int(settings.get("sample_steps", 10)), float(settings.get("sample_temperature", 1.0)))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
-    if cfg.replay:
-        files.append(Path(tokens_dir) / "train.npy")
-    if denoiser is not None:
-        files.append(Path(diffusion_dir) / "model.safetensors")
-    joint_ckpt, control_ckpt = checkpoint_dirs(checkpoint_root, cfg, cache, files)
+    files += [Path(tokens_dir) / "train.npy"] if cfg.replay else []
+    files += [Path(diffusion_dir) / "model.safetensors"] if denoiser is not None else []
+    ckpt = checkpoint_dir(checkpoint_root, "phase2", to_dict(cfg), cache, files)
 
-    base_eval = control.evaluate(control.model)  # the starting points (before any step): the base LM
-    start_eval = joint.evaluate(joint.model)  # and the base LM under the phase-1 decoder
-    joint_result = train(joint, cfg.train, stage="phase2", checkpoint_dir=joint_ckpt, tracker=tracker)
-    control_result = train(control, cfg.train, stage="phase2 control", checkpoint_dir=control_ckpt,
-                           tracker=PrefixedTracker(tracker, "control_") if tracker is not None else None)
-
-    joint_result.eval_curve.insert(0, {"step": 0, **start_eval})
-    control_result.eval_curve.insert(0, {"step": 0, **base_eval})
-    final, control_final = joint.last_eval, control.last_eval
+    start = module.evaluate(module.model)  # the starting point: the base LM under the phase-1 decoder
+    result = train(module, cfg.train, stage="phase2", checkpoint_dir=ckpt, tracker=tracker)
+    result.eval_curve.insert(0, {"step": 0, **start})
+    final = module.last_eval
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
               "encoder": cache.meta["encoder"]}
     with atomic_dir(out_dir) as tmp:
-        save_lm(joint.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
-        save_lm(control.model.lm.cpu(), base_dir, tmp / CONTROL_DIR, {**config, "control": True})
+        save_lm(module.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
         if predictor is not None:
-            trained = joint.model.predictor.cpu()
+            trained = module.model.predictor.cpu()
             plain_parameters(trained)
             save_predictor(trained, tmp / PREDICTOR_FILE, extra={"phase2": to_dict(cfg), "encoder": cache.meta["encoder"]})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-
-    tokens = cfg.train.steps * cfg.train.batch_size * cache.context_length * (2 if cfg.replay else 1)
     report = {
         "decoder": cfg.decoder,
-        "base_val_nll": base_eval["dense_nll"],
-        "control_val_nll": control_final["dense_nll"],
+        "base_val_nll": start["dense_nll"],
+        "start_hard_nll": start["hard_nll"],
+        "start_active_head_fraction": start["active_head_fraction"],
         "dense_nll": final["dense_nll"],
         "hard_nll": final["hard_nll"],
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
-        "hard_nll_minus_control": final["hard_nll"] - control_final["dense_nll"],
-        "train_steps": cfg.train.steps,
-        "train_tokens": tokens,
-        "passes_over_cache": cfg.train.steps * cfg.train.batch_size / len(cache.windows("train")),
-        "val_positions": int(len(joint.val_rows) * cache.context_length),
-        "train_tokens_per_s": joint_result.tokens_per_s,
-        "control_train_tokens_per_s": control_result.tokens_per_s,
-        "train_seconds": joint_result.train_seconds,
-        "control_train_seconds": control_result.train_seconds,
-        "start_hard_nll": start_eval["hard_nll"],
-        "start_active_head_fraction": start_eval["active_head_fraction"],
+        **_data_report(cfg, cache, module, result),
     }
-    return Phase2Result(report, joint_result, control_result)
+    return report, result
+
+
+def control_config(cfg: Phase2Config) -> dict:
+    """The keys of ``phase2`` the dense control reads (dvc.yaml lists the same)."""
+    return {"train": to_dict(cfg.train), "replay": cfg.replay, "eval_sequences": cfg.eval_sequences,
+            "eval_batch_size": cfg.eval_batch_size}
+
+
+# metrics/control.json (lookahead.report)
+CONTROL_HEADLINE = ("base_val_nll", "val_nll", "train_steps", "train_tokens", "passes_over_cache")
+
+
+def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
+                  tracker=None) -> tuple[dict, TrainResult]:
+    """The dense control of phase 2: the base LM trained with phase 2's optimiser and schedule on
+    the same windows in the same order (cache windows and replay), no topology. Writes the LM to
+    ``out_dir``; returns the report and the training result."""
+    from lookahead.atomic import atomic_dir
+
+    cache = ContextCache(contexts_dir)
+    torch.manual_seed(cfg.train.seed)
+    stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
+    geo = GeoLookup(torch.zeros(1, 1), torch.zeros(1))  # a dense run reads no geometric features
+    module = Phase2Module(Phase2Model(_base_lm(base_dir)), cache, geo, cfg, dense=True, stream=stream)
+    files = [Path(base_dir) / "model.safetensors"] + ([Path(tokens_dir) / "train.npy"] if cfg.replay else [])
+    ckpt = checkpoint_dir(checkpoint_root, "control", control_config(cfg), cache, files)
+    start = module.evaluate(module.model)
+    result = train(module, cfg.train, stage="control", checkpoint_dir=ckpt, tracker=tracker)
+    result.eval_curve.insert(0, {"step": 0, **start})
+    with atomic_dir(out_dir) as tmp:
+        save_lm(module.model.lm.cpu(), base_dir, tmp, {"control": control_config(cfg)})
+    report = {"base_val_nll": start["dense_nll"], "val_nll": module.last_eval["dense_nll"],
+              **_data_report(cfg, cache, module, result)}
+    return report, result

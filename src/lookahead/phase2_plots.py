@@ -1,5 +1,5 @@
-"""The phase-2 stage's plot data (DVC plots, csv) and figure (PNG): the joint run's and the dense
-control's training loss and validation NLL, step by step on one axis (they see the same windows)."""
+"""The phase-2 and control stages' plot data (DVC plots, csv) and the phase-2 figure (PNG): training
+loss and NLL, and validation NLL of the phase-2 LM (hard and soft topologies, and run dense)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,16 @@ from pathlib import Path
 
 from lookahead.atomic import atomic_file, write_csv
 
-
-def train_rows(joint: list[dict], control: list[dict]) -> list[dict]:
-    """Rows of step, the joint run's loss parts and the control's loss (logged at the same steps)."""
-    by_step = {r["step"]: r["loss"] for r in control}
-    return [{"step": r["step"], "loss": r["loss"], "nll": r.get("nll", r["loss"]), "head_gate": r.get("head_gate", ""),
-             "control_loss": by_step.get(r["step"], "")} for r in joint]
+TRAIN_COLUMNS = ["step", "loss", "nll", "replay_nll", "head_gate", "lr", "grad_norm"]
+EVAL_COLUMNS = ["step", "hard_nll", "soft_nll", "dense_nll", "active_head_fraction"]
 
 
-def eval_rows(joint: list[dict], control: list[dict]) -> list[dict]:
-    """Rows of step, the phase-2 LM's val NLL (dense, soft, hard), its active fraction and the control's val NLL."""
-    by_step = {r["step"]: r["dense_nll"] for r in control}
-    return [{"step": r["step"], "hard_nll": r["hard_nll"], "soft_nll": r.get("soft_nll", ""),
-             "dense_nll": r["dense_nll"], "control_nll": by_step.get(r["step"], ""),
-             "active_head_fraction": r["active_head_fraction"]} for r in joint]
+def _rows(curve: list[dict], columns: list[str]) -> list[dict]:
+    return [{k: r.get(k, "") if r.get(k) is not None else "" for k in columns} for r in curve]
 
 
 def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
-    """Left: training NLL of the joint run and of the control; right: val NLL and active fraction."""
+    """Left: training loss and NLL; right: val NLL (hard, soft, dense) and the active-head fraction."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,18 +24,21 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
     steps = [r["step"] for r in train]
-    ax.plot(steps, [r["nll"] for r in train], lw=1, label="phase 2 (its topologies)")
-    ax.plot(steps, [r["control_loss"] for r in train], lw=1, label="dense control")
-    ax.set(xlabel="step", ylabel="train nats / token", title="phase 2 - training NLL (same windows)")
+    for key, label in (("loss", "loss (NLL + penalties)"), ("nll", "NLL, cached windows (topologies)"),
+                       ("replay_nll", "NLL, replay windows (dense)")):
+        values = [r[key] for r in train]
+        if all(v != "" for v in values):
+            ax.plot(steps, values, lw=1, label=label)
+    ax.set(xlabel="step", ylabel="train nats / token", title="phase 2 - training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     steps = [r["step"] for r in evals]
-    for key, style, label in (("hard_nll", "s-", "phase 2, hard topologies"), ("soft_nll", "o-", "phase 2, soft"),
-                              ("dense_nll", "^:", "phase 2 LM run dense"), ("control_nll", "k--", "dense control")):
+    for key, style, label in (("hard_nll", "s-", "hard topologies"), ("soft_nll", "o-", "soft topologies"),
+                              ("dense_nll", "^:", "the same LM run dense")):
         values = [r[key] for r in evals]
         if all(v != "" for v in values):
             bx.plot(steps, values, style, lw=1.2, ms=4, label=label)
-    bx.set(xlabel="step", ylabel="val nats / token", title="phase 2 - validation")
+    bx.set(xlabel="step", ylabel="val nats / token", title="phase 2 - validation (step 0: base + phase-1 decoder)")
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8, loc="upper right")
     fx = bx.twinx()
@@ -56,9 +51,14 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
 
 
 def write_phase2_reports(result, outputs: dict) -> None:
-    """Write every plot file of the phase2 stage (paths in ``outputs``)."""
-    train = train_rows(result.joint.train_curve, result.control.train_curve)
-    evals = eval_rows(result.joint.eval_curve, result.control.eval_curve)
+    """Every plot file of the phase2 stage (paths in ``outputs``)."""
+    train, evals = _rows(result.train_curve, TRAIN_COLUMNS), _rows(result.eval_curve, EVAL_COLUMNS)
     write_csv(outputs["train_curve"], train)
     write_csv(outputs["eval_curve"], evals)
     plot_curves(train, evals, outputs["figure"])
+
+
+def write_control_reports(result, outputs: dict) -> None:
+    """The control stage's curves: training loss and val NLL per step."""
+    write_csv(outputs["train_curve"], _rows(result.train_curve, ["step", "loss", "nll", "replay_nll", "lr"]))
+    write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r["dense_nll"]} for r in result.eval_curve])

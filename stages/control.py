@@ -1,0 +1,34 @@
+"""DVC stage `control`: the dense control of phase 2 — the base LM trained with phase 2's optimiser,
+steps and windows (in the same order), no topology — so phase 2 is judged at equal tokens."""
+
+from lookahead.config import cli, load_section, parse_stage_args, print_config
+from lookahead.phase2 import CONTROL_HEADLINE, Phase2Config, build_control, control_config
+from lookahead.phase2_plots import write_control_reports
+from lookahead.report import write_metrics
+from lookahead.tracking import stage_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "tokens": "token streams directory (input: replay windows)",
+        "contexts": "context cache directory (input: its train windows)",
+        "out": "control LM directory (output)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+        "train-curve": "training curve csv (plot)",
+        "eval-curve": "validation curve csv (plot)",
+        "checkpoints": "resumable checkpoints directory (not a DVC output)",
+    }, argv)
+    cfg = load_section(args.params, "phase2", Phase2Config)
+    if args.dry_run:
+        return print_config({"phase2 (the keys the control reads)": control_config(cfg)})
+    with stage_run("control", {"phase2": control_config(cfg)}) as run:
+        report, result = build_control(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
+                                       tracker=run)
+        write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
+        write_metrics(report, CONTROL_HEADLINE, args.metrics, args.report, run)
+
+
+if __name__ == "__main__":
+    cli(main)
