@@ -124,8 +124,7 @@ def _token_grid(ax, data: dict, n_layers: int, n_heads: int) -> None:
     image = np.full((n_layers, t * (n_heads + 1)), np.nan)
     for i in range(t):
         image[:, i * (n_heads + 1) : i * (n_heads + 1) + n_heads] = gates[i]
-    cmap = _pyplot().get_cmap("Blues").copy()
-    cmap.set_bad("white")
+    cmap = _pyplot().get_cmap("Blues").with_extremes(bad="white")
     ax.imshow(image, origin="lower", cmap=cmap, vmin=-0.25, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xticks([i * (n_heads + 1) + (n_heads - 1) / 2 for i in range(t)])
     ax.set_xticklabels([repr(p)[1:-1] for p in data["tokens"]], rotation=60, ha="right", fontsize=8)
