@@ -43,7 +43,7 @@ from lookahead.config import LookaheadError, require
 from lookahead.contexts import ContextCache
 from lookahead.graph import allowed_mask
 from lookahead.runtime import forward_with_topology
-from lookahead.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve, token_nll
+from lookahead.scoring import GeoLookup, interpolate_curve, static_pruning_curve, token_nll
 
 
 class EvaluateError(LookaheadError, ValueError):
