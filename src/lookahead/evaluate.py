@@ -214,7 +214,7 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
         features = geo(ids)
         b, t = ids.shape
         for spec in specs:
-            s = Shapes.of(spec.lm)
+            s = totals[spec.name].s
             samples = spec.topologies(ids, contexts, features) if spec.topologies else None
             if samples is None:
                 totals[spec.name].add(token_nll(spec.lm(input_ids=ids).logits, targets), None)
@@ -237,7 +237,7 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
     return {name: tot.row() for name, tot in totals.items()}
 
 
-def _median_seconds(call: Callable[[], object], device: torch.device) -> float:
+def _seconds(call: Callable[[], object], device: torch.device) -> float:
     tic = time.perf_counter()
     call()
     if device.type == "cuda":
@@ -246,27 +246,25 @@ def _median_seconds(call: Callable[[], object], device: torch.device) -> float:
 
 
 @torch.no_grad()
-def time_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: np.ndarray, batch_size: int,
-              rounds: int, device: torch.device) -> dict[str, float]:
-    """Forward tokens/s of each row's LM with its topology, over the stock dense forward of the same LM
-    and batch (the first val batch; topologies drawn beforehand; rounds interleaved; medians)."""
-    windows, contexts = (x.to(device) for x in cache.batch("val", rows[:batch_size]))
-    ids = windows[:, :-1]
-    features = geo.to(device)(ids)
+def time_rows(specs: list[RowSpec], ids: torch.Tensor, topologies: dict[str, tuple], rounds: int,
+              device: torch.device) -> dict[str, float]:
+    """Forward tokens/s of each row's LM with its topology (``topologies[name]``, drawn beforehand for the
+    batch ``ids``), over the stock dense forward of the same LM and batch (rounds interleaved; medians).
+    Models, ids and topologies are moved to ``device`` (and the models back where they were)."""
+    ids = ids.to(device)
     out = {}
     for spec in specs:
-        samples = spec.topologies(ids, contexts, features) if spec.topologies else None
-        if samples is None:
-            continue
-        adjacency, gates = samples[0]
-        spec.lm(input_ids=ids)  # warm-up
-        forward_with_topology(spec.lm, ids, adjacency, gates, hard=spec.hard)
+        home = next(spec.lm.parameters()).device
+        lm = spec.lm.to(device)
+        adjacency, gates = (x.to(device) for x in topologies[spec.name])
+        lm(input_ids=ids)  # warm-up
+        forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard)
         dense, graph = [], []
         for _ in range(rounds):
-            dense.append(_median_seconds(lambda: spec.lm(input_ids=ids), device))
-            graph.append(_median_seconds(lambda: forward_with_topology(spec.lm, ids, adjacency, gates, hard=spec.hard),
-                                         device))
+            dense.append(_seconds(lambda: lm(input_ids=ids), device))
+            graph.append(_seconds(lambda: forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard), device))
         out[spec.name] = statistics.median(dense) / statistics.median(graph)  # (tokens/s) / (dense tokens/s)
+        spec.lm.to(home)
     return out
 
 
@@ -288,15 +286,14 @@ def causality_check(decoders: dict[str, tuple[object, Topologies]], encoder, cac
     t_len = windows.shape[1]
     cuts = sorted({int(c) for c in np.linspace(t_len // 4, 3 * t_len // 4, cfg.causality_cuts)})
     gen = torch.Generator().manual_seed(cfg.seed)
-    vocab = vocab_size
     variants, cut_of = [], []
     for w in windows:
         variants.append(w)
         cut_of.append(None)
         for cut in cuts:
             changed = w.clone()
-            tail = torch.randint(0, vocab, (t_len - cut - 1,), generator=gen)
-            changed[cut + 1 :] = torch.where(tail == w[cut + 1 :], (tail + 1) % vocab, tail)  # every later token differs
+            tail = torch.randint(0, vocab_size, (t_len - cut - 1,), generator=gen)
+            changed[cut + 1 :] = torch.where(tail == w[cut + 1 :], (tail + 1) % vocab_size, tail)  # every later token differs
             variants.append(changed)
             cut_of.append(cut)
     ids = torch.stack(variants)
@@ -451,6 +448,26 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     else:
         phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device)
 
+    # causality (§4.5) first — a failure fails the stage before the long scoring: the real encoder on
+    # perturbed val text, every decoder
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    enc_cfg = cache.meta.get("config", {})
+    encoder = load_context_encoder(cache.meta["encoder"], base_dir, tokenizer, int(enc_cfg.get("window", 16)),
+                                   bool(enc_cfg.get("trust_remote_code", False)), device=device)
+    decoders = {"phase1 predictor": (base, predictor_topologies(predictor1, hard=True)),
+                "diffusion head": (base, diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed, device, reseed=True))}
+    if predictor2 is not None:
+        decoders["phase-2 predictor"] = (lm2, predictor_topologies(predictor2, hard=True))
+    else:
+        decoders["phase-2 diffusion"] = (lm2, diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device,
+                                                                   reseed=True))
+    causality = causality_check(decoders, encoder, cache, geo, cfg, base.config.vocab_size, device)
+    if not causality["passed"]:
+        worst = max(causality["per_decoder"], key=causality["per_decoder"].get)
+        raise EvaluateError(f"causality check failed (DESIGN §4.5): changing tokens after t changed the {worst}'s "
+                            f"topology or logits at <= t by {causality['per_decoder'][worst]:.3g} "
+                            f"(tolerance {cfg.causality_tolerance}); per decoder: {causality['per_decoder']}")
+
     specs = [
         RowSpec("dense_base", base, None),
         RowSpec("phase1_soft", base, predictor_topologies(predictor1, hard=False), hard=False),
@@ -475,41 +492,18 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
                for i in range(0, len(rows), cfg.eval_batch_size)]
     static_curve = static_pruning_curve(control, windows, importance)
 
+    # timing: the first val batch, each row's first topology drawn once and timed on every device
     timed = [spec for spec in specs + baselines if spec.topologies is not None]
-    speed = {device.type: time_rows(timed, cache, geo, rows, cfg.eval_batch_size, cfg.timing_rounds, device)}
+    windows, contexts = (x.to(device) for x in cache.batch("val", rows[: cfg.eval_batch_size]))
+    ids = windows[:, :-1]
+    first = {spec.name: spec.topologies(ids, contexts, geo(ids))[0] for spec in timed}
+    speed = {device.type: time_rows(timed, ids, first, cfg.timing_rounds, device)}
     if device.type == "cpu" and torch.cuda.is_available():  # a GPU is present: time there too
-        cuda = torch.device("cuda")
-        moved = [dataclasses.replace(spec, lm=spec.lm.to(cuda)) for spec in timed]
-        # the topology functions hold CPU models/tensors; timing needs only their first sample, moved
-        first = {spec.name: [tuple(x.to(cuda) for x in spec.topologies(*_first_batch(cache, geo, rows, cfg, device))[0])]
-                 for spec in timed}
-        moved = [dataclasses.replace(spec, topologies=(lambda f: lambda *a: f)(first[spec.name])) for spec in moved]
-        speed["cuda"] = time_rows(moved, cache, geo.to(cuda), rows, cfg.eval_batch_size, cfg.timing_rounds, cuda)
-        for spec in timed:
-            spec.lm.to(device)
+        speed["cuda"] = time_rows(timed, ids, first, cfg.timing_rounds, torch.device("cuda"))
     for name, row in results.items():
         row["tokens_per_s_over_dense"] = speed[device.type].get(name, 1.0 if name.startswith("dense") else None)
         if "cuda" in speed and device.type != "cuda":
             row["cuda_tokens_per_s_over_dense"] = speed["cuda"].get(name)
-
-    # causality (§4.5): the real encoder on perturbed val text, every decoder
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    enc_cfg = cache.meta.get("config", {})
-    encoder = load_context_encoder(cache.meta["encoder"], base_dir, tokenizer, int(enc_cfg.get("window", 16)),
-                                   bool(enc_cfg.get("trust_remote_code", False)), device=device)
-    decoders = {"phase1 predictor": (base, predictor_topologies(predictor1, hard=True)),
-                "diffusion head": (base, diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed, device, reseed=True))}
-    if predictor2 is not None:
-        decoders["phase-2 predictor"] = (lm2, predictor_topologies(predictor2, hard=True))
-    else:
-        decoders["phase-2 diffusion"] = (lm2, diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device,
-                                                                   reseed=True))
-    causality = causality_check(decoders, encoder, cache, geo, cfg, base.config.vocab_size, device)
-    if not causality["passed"]:
-        worst = max(causality["per_decoder"], key=causality["per_decoder"].get)
-        raise EvaluateError(f"causality check failed (DESIGN §4.5): changing tokens after t changed the {worst}'s "
-                            f"topology or logits at <= t by {causality['per_decoder'][worst]:.3g} "
-                            f"(tolerance {cfg.causality_tolerance}); per decoder: {causality['per_decoder']}")
 
     explainer = explainer_data(cfg, cache, geo, tokenizer, lm2, predictor2, phase2_hard, device)
     table = {name: results[name] for name in ROW_ORDER if name in results}
@@ -540,12 +534,6 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     info = {"context_length": cache.context_length, "encoder": cache.meta["encoder"], "context_dim": cache.dim,
             "nodes": 1 + s.n_layers * s.n_heads, "rank": rank, "n_layers": s.n_layers, "n_heads": s.n_heads}
     return Evaluation(report, static_curve, explainer, info)
-
-
-def _first_batch(cache, geo, rows, cfg, device):
-    windows, contexts = (x.to(device) for x in cache.batch("val", rows[: cfg.eval_batch_size]))
-    ids = windows[:, :-1]
-    return ids, contexts, geo(ids)
 
 
 @torch.no_grad()
