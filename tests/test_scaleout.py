@@ -48,7 +48,7 @@ def test_training_stages_take_the_launcher_from_params(repo_root):
     import yaml
 
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
-    for name in ("base", "phase1", "diffusion", "phase2", "control"):
+    for name in ("base", "modulator", "phase1", "diffusion", "phase2", "control"):
         assert stages[name]["cmd"].startswith("${launch.train} stages/"), name
 
 

@@ -23,6 +23,7 @@ SECTIONS: dict[str, str] = {
     "base": "lookahead.base:BaseConfig",
     "probe": "lookahead.probe:ProbeConfig",
     "init": "lookahead.init:InitConfig",
+    "modulator": "lookahead.modulator:ModulatorConfig",
     "predictor": "lookahead.predictor:PredictorConfig",
     "contexts": "lookahead.contexts:ContextsConfig",
     "phase1": "lookahead.phase1:Phase1Config",

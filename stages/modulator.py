@@ -1,0 +1,49 @@
+"""DVC stage `modulator`: the seed notebook's LERP geometric residual modulator, trained on next-token
+NLL with the base LM frozen; val NLL and relational alignment with WordNet before and after."""
+
+from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.modulator import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator
+from lookahead.modulator_plots import write_modulator_metrics, write_modulator_reports
+from lookahead.tracking import stage_run
+from lookahead.wordnet_data import WordNetSource
+
+OUTPUTS = {
+    "train-curve": "training curve csv (plot)",
+    "eval-curve": "val NLL curve csv (plot)",
+    "alpha-curve": "alpha per layer against step csv (plot)",
+    "bands": "mean cosine per path-similarity band, before and after, csv (plot)",
+    "figure": "summary png",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "tokens": "token streams directory (input)",
+        "wordnet": "wordnet stage directory (input)",
+        "init": "init safetensors (input)",
+        "out": "modulator directory (output)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+        "checkpoints": "resumable checkpoints directory (not a DVC output)",
+        **OUTPUTS,
+    }, argv)
+    configs = {
+        "modulator": load_section(args.params, "modulator", ModulatorConfig),
+        "probe": load_section(args.params, "probe", AlignmentConfig, partial=True),
+        "wordnet": load_section(args.params, "wordnet", WordNetSource, partial=True),
+    }
+    if args.dry_run:
+        return print_config(configs)
+    with stage_run("modulator", {k: to_dict(v) for k, v in configs.items()}) as run:
+        report, result, alpha_rows = build_modulator(configs["modulator"], configs["probe"], args.base, args.tokens,
+                                                     args.wordnet, configs["wordnet"].path, args.init, args.out,
+                                                     args.checkpoints, tracker=run)
+        write_modulator_reports(result, alpha_rows, report,
+                                {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
+        write_modulator_metrics(report, HEADLINE, args.metrics, args.report, run)
+        run.log_artifact(args.figure)
+
+
+if __name__ == "__main__":
+    cli(main)
