@@ -196,6 +196,10 @@ def test_the_stage_measures_before_and_after_and_trains_only_alpha(tiny, stage_i
     probe, _ = relational_alignment(ctx, np.array([[int(r["i"]), int(r["j"])] for r in rows]),
                                     np.array([float(r["path_similarity"]) for r in rows]), [0, 1])
     assert report["pearson_before"] == probe["pearson"]["mean"] and report["spearman_before"] == probe["spearman"]["mean"]
+    lemmas = encode_texts(lm, AutoTokenizer.from_pretrained(d / "base"), [" " + a["lemma"] for a in anchors], 4, 16)
+    lemma, _ = relational_alignment(lemmas, np.array([[int(r["i"]), int(r["j"])] for r in rows]),
+                                    np.array([float(r["path_similarity"]) for r in rows]), [0, 1])
+    assert report["before"]["lemma"]["spearman"] == lemma["spearman"]
     # after: the saved modulator through the block-by-block reference
     mod, config = load_modulator(tmp_path / "out" / "modulator.safetensors")
     alphas = mod.alphas().tolist()

@@ -277,7 +277,8 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
               acfg: AlignmentConfig) -> tuple[dict, np.ndarray]:
     """Relational alignment of ``model`` with WordNet as the probe stage measures it: Pearson and
     Spearman of the anchors' contextual gloss encodings against path similarity, mean cosine per
-    band, hypernym-chain decay; plus the pentachoron CV of those encodings. Returns (block, encodings)."""
+    band, hypernym-chain decay; plus the pentachoron CV of those encodings, and (``lemma``) the same
+    correlations for each anchor's lemma token encoded alone. Returns (block, gloss encodings)."""
     from lookahead.encoders import encode_texts
     from lookahead.probe import chain_decay, relational_alignment, static_texts
 
@@ -285,11 +286,15 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
     correlations, bands = relational_alignment(ctx, pairs, path_sim, acfg.seeds)
     static = static_texts(model, tokenizer, [" " + a["lemma"] for a in anchors])
     decay = chain_decay(model, tokenizer, wn, anchors, acfg.chain_depth, acfg, ctx, static)
+    # diagnostic beside the probe's measure: each anchor's lemma token alone, encoded by the model
+    # (its final hidden state), against the same path similarities; the nudge reaches it directly
+    lemma = encode_texts(model, tokenizer, [" " + a["lemma"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
+    lemma_correlations, _ = relational_alignment(lemma, pairs, path_sim, acfg.seeds)
     cv: dict[str, list] = {}
     for seed in acfg.seeds:
         for k, v in geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, np.random.default_rng([seed, 10])).items():
             cv.setdefault(k, []).append(v)
-    block = {**correlations, "bands": bands, "chain_decay": decay["contextual"],
+    block = {**correlations, "lemma": lemma_correlations, "bands": bands, "chain_decay": decay["contextual"],
              "pentachoron": {k: geometry.mean_ci(v) for k, v in cv.items()}}
     return block, ctx
 
@@ -304,6 +309,7 @@ HEADLINE = {
     "pearson_before": "pearson_before", "pearson_after": "pearson_after", "pearson_gain_pct": "pearson_gain_pct",
     "spearman_before": "spearman_before", "spearman_after": "spearman_after", "spearman_gain_pct": "spearman_gain_pct",
     "cv_ratio_before": "before.pentachoron.cv_ratio.mean", "cv_ratio_after": "after.pentachoron.cv_ratio.mean",
+    "lemma_spearman_before": "before.lemma.spearman.mean", "lemma_spearman_after": "after.lemma.spearman.mean",
     "alpha_mean": "alpha_mean",
 }
 

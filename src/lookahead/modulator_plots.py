@@ -29,27 +29,29 @@ def band_rows(report: dict) -> list[dict]:
 
 def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: list[dict], report: dict,
                    path: str | Path) -> None:
-    """Three panels: training NLL and val NLL; α per layer against step; cosine by band and along
-    hypernym chains, before and after."""
+    """Four panels: training NLL and val NLL; α per layer against step; cosine by similarity band,
+    and along hypernym chains, before and after."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(15, 4), dpi=110)
+    fig, (ax, bx, cx, dx) = plt.subplots(1, 4, figsize=(19, 4), dpi=110)
     if train_curve:
         ax.plot([r["step"] for r in train_curve], [r["loss"] for r in train_curve], lw=1, label="train NLL (modulated)")
     if eval_curve:
         ax.plot([r["step"] for r in eval_curve], [r["val_nll"] for r in eval_curve], "o-", ms=4, label="val NLL (modulated)")
     ax.axhline(report["val_nll_before"], color="gray", ls="--", lw=1, label="val NLL, base model")
     ax.axhline(report["val_nll_before"] * 1.01, color="tab:red", ls=":", lw=1, label="+1 % (coherence limit)")
-    ax.set(xlabel="step", ylabel="nats / token", title="modulator - NLL (LM frozen)")
+    ax.set(xlabel="step", ylabel="nats / token", title=f"modulator - NLL (LM frozen): {report['val_nll_before']:.3f} → "
+                                                       f"{report['val_nll_after']:.3f}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     for series in dict.fromkeys(r["series"] for r in alpha_rows):
         rows = [r for r in alpha_rows if r["series"] == series]
-        bx.plot([r["step"] for r in rows], [r["alpha"] for r in rows], lw=1.2, label=series)
-    bx.set(xlabel="step", ylabel="α", title="modulator - α per layer")
+        bx.plot([r["step"] for r in rows], [r["alpha"] for r in rows], "o-" if len(rows) == 1 else "-", lw=1.2,
+                label=series)
+    bx.set(xlabel="step", ylabel="α", title="modulator - α per layer" + ("" if report["trained"] else " (fixed)"))
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8)
     bands = band_rows(report)
@@ -57,16 +59,20 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
     for offset, when in ((-0.2, "before"), (0.2, "after")):
         values = [next((r["mean_cosine"] for r in bands if r["series"] == when and r["band"] == b), None) or 0.0
                   for b in labels]
-        cx.bar([i + offset for i in range(len(labels))], values, width=0.4, label=f"{when}: band mean cosine")
-    cx.set_xticks(range(len(labels)), [f"path sim {b}" for b in labels], fontsize=7)
-    for when, style in (("before", "k--"), ("after", "k-")):
-        decay = report[when]["chain_decay"]
-        cx.plot([i * (len(labels) - 1) / max(1, len(decay) - 1) for i in range(len(decay))], decay, style, lw=1,
-                marker="o", ms=3, label=f"{when}: cosine to k-th hypernym (k = 1..{len(decay)})")
-    cx.set(ylabel="cosine of gloss encodings", title=f"alignment - Spearman {report['spearman_before']:.3f} → "
-                                                     f"{report['spearman_after']:.3f}")
+        cx.bar([i + offset for i in range(len(labels))], values, width=0.4, label=when)
+    cx.set_xticks(range(len(labels)), labels, fontsize=8)
+    cx.set(xlabel="WordNet path similarity band", ylabel="mean cosine of gloss encodings",
+           title=f"alignment - Spearman {report['spearman_before']:.3f} → {report['spearman_after']:.3f}")
     cx.grid(alpha=0.3, axis="y")
-    cx.legend(fontsize=7)
+    cx.legend(fontsize=8)
+    for when, style in (("before", "o--"), ("after", "s-")):
+        decay = report[when]["chain_decay"]
+        dx.plot(range(1, len(decay) + 1), decay, style, lw=1.2, ms=4, label=when)
+    dx.set_xticks(range(1, len(report["before"]["chain_decay"]) + 1))
+    dx.set(xlabel="k (hypernym steps up)", ylabel="cosine of gloss encodings",
+           title="cosine to the k-th hypernym")
+    dx.grid(alpha=0.3)
+    dx.legend(fontsize=8)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
