@@ -6,18 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from lookahead.atomic import atomic_file, write_csv, write_json
-from lookahead.report import pick
+from lookahead.report import write_metrics
 
 
 def write_modulator_metrics(report: dict, headline_keys: dict, metrics_path, report_path, tracker=None) -> dict:
-    """:func:`lookahead.report.write_metrics` plus ``alpha_per_layer`` as a nested {layer: α} dict
-    (``dvc metrics show`` and ``dvc exp show`` flatten it to ``alpha_per_layer.l<i>`` columns)."""
-    headline = {**pick(report, headline_keys), "alpha_per_layer": dict(report["alpha_per_layer"])}
-    write_json(report_path, report)
+    """:func:`lookahead.report.write_metrics`, then ``alpha_per_layer`` added to the headline as a
+    {layer: α} dict (``dvc metrics show`` and ``dvc exp show`` flatten it to ``alpha_per_layer.l<i>``)."""
+    headline = {**write_metrics(report, headline_keys, metrics_path, report_path, tracker),
+                "alpha_per_layer": dict(report["alpha_per_layer"])}
     write_json(metrics_path, headline)
-    if tracker is not None:
-        tracker.log_metrics(report)
-        tracker.log_artifact(report_path)
     return headline
 
 
