@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from lookahead.config import ConfigError, from_dict
 from lookahead.modulator import (
-    AlignmentConfig, GeometricModulator, ModulatedLM, ModulatorConfig, ModulatorError, build_modulator, load_modulator,
+    AlignmentConfig, GeometricModulator, ModulatorConfig, ModulatorError, build_modulator, load_modulator,
 )
 from tests.conftest import save_tiny_lm
 
@@ -227,6 +227,7 @@ def test_a_fixed_alpha_trains_nothing_and_is_measured(tiny, stage_inputs, tmp_pa
                                                  tmp_path / "out", None)
     mod, _ = load_modulator(tmp_path / "out" / "modulator.safetensors")
     assert result is None and report["trained"] is False and report["alpha_mean"] == pytest.approx(0.29154)
+    assert torch.allclose(mod.alphas(), torch.full((3,), 0.29154)) and not mod.alpha_logit.requires_grad
     assert report["val_nll_after"] == pytest.approx(val_nll_by_hand(lm, d, {0: 0.29154, 1: 0.29154, 2: 0.29154}),
                                                     rel=1e-6)
     assert len(alpha_rows) == 3
