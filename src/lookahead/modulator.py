@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from lookahead import data, geometry
+from lookahead.base import causal_lm_nll, evaluate_nll
 from lookahead.config import LookaheadError, require, to_dict
 from lookahead.trainer import TrainConfig, TrainResult, train
 
@@ -254,23 +255,15 @@ class ModulatorModule:
         return data.train_batch(self.stream, step, t.batch_size, self.seq_len, t.seed, salt=BATCH_SALT)
 
     def loss(self, model, windows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        logits = model(self.lm, windows[:, :-1]).logits
-        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+        nll = causal_lm_nll(ModulatedLM(self.lm, model), windows)
         alphas = self.model.alphas().detach().cpu().tolist()
         return nll, {f"alpha_l{layer}": a for layer, a in zip(self.model.layers, alphas)}
 
     def evaluate(self, model) -> dict[str, float]:
-        return {"val_nll": val_nll(ModulatedLM(self.lm, model), self.val_windows, self.cfg.eval_batch_size)}
+        return {"val_nll": evaluate_nll(ModulatedLM(self.lm, model), self.val_windows, self.cfg.eval_batch_size)}
 
     def tokens(self, windows: torch.Tensor) -> int:
         return windows[:, 1:].numel()
-
-
-def val_nll(model, windows: torch.Tensor, batch_size: int) -> float:
-    """Mean NLL per target token of ``windows`` (the base stage's evaluation)."""
-    from lookahead.base import evaluate_nll
-
-    return evaluate_nll(model, windows, batch_size, device=next(model.parameters()).device)
 
 
 def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path_sim: np.ndarray,
@@ -284,11 +277,11 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
 
     ctx = encode_texts(model, tokenizer, [a["gloss"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
     correlations, bands = relational_alignment(ctx, pairs, path_sim, acfg.seeds)
-    static = static_texts(model, tokenizer, [" " + a["lemma"] for a in anchors])
-    decay = chain_decay(model, tokenizer, wn, anchors, acfg.chain_depth, acfg, ctx, static)
+    lemmas = [" " + a["lemma"] for a in anchors]
+    decay = chain_decay(model, tokenizer, wn, anchors, acfg.chain_depth, acfg, ctx, static_texts(model, tokenizer, lemmas))
     # diagnostic beside the probe's measure: each anchor's lemma token alone, encoded by the model
     # (its final hidden state), against the same path similarities; the nudge reaches it directly
-    lemma = encode_texts(model, tokenizer, [" " + a["lemma"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
+    lemma = encode_texts(model, tokenizer, lemmas, acfg.encode_batch_size, acfg.max_text_tokens)
     lemma_correlations, _ = relational_alignment(lemma, pairs, path_sim, acfg.seeds)
     cv: dict[str, list] = {}
     for seed in acfg.seeds:
@@ -351,7 +344,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     lm.to(device)
 
     before, ctx = alignment(lm, tokenizer, wn, anchors, pairs, path_sim, acfg)
-    nll_before = val_nll(lm, val_windows, cfg.eval_batch_size)
+    nll_before = evaluate_nll(lm, val_windows, cfg.eval_batch_size)
     pcs = (ctx.astype(np.float64) - init["pca_mean"].double().numpy()) @ init["pca_components"].double().numpy().T
     geo_scale = float(np.linalg.norm(pcs, axis=1).mean())
 
@@ -375,7 +368,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     modulated = ModulatedLM(lm, modulator)
     with torch.no_grad():
         after, _ = alignment(modulated, tokenizer, wn, anchors, pairs, path_sim, acfg)
-        nll_after = val_nll(modulated, val_windows, cfg.eval_batch_size)
+        nll_after = evaluate_nll(modulated, val_windows, cfg.eval_batch_size)
         matched = float(modulator.mask[val_windows[:, :-1].to(device)].mean())
         alphas = modulator.alphas().cpu().tolist()
 
