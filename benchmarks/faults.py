@@ -46,9 +46,8 @@ def bad_values(value) -> dict[str, object]:
     if isinstance(value, bool):
         return {"wrong_type": "yes", "empty": None}
     if isinstance(value, (int, float)):
-        out = {"wrong_type": "abc", "empty": None, "out_of_range": -10**6,
-               "huge": HUGE_INT if isinstance(value, int) else HUGE_FLOAT, "nan": math.nan, "inf": math.inf}
-        return out
+        return {"wrong_type": "abc", "empty": None, "out_of_range": -10**6,
+                "huge": HUGE_INT if isinstance(value, int) else HUGE_FLOAT, "nan": math.nan, "inf": math.inf}
     if isinstance(value, str):
         return {"wrong_type": 12345, "empty": ""}
     if isinstance(value, list):
@@ -98,8 +97,7 @@ def main() -> None:
     for path, value in leaves(params):
         key = ".".join(path)
         for kind, bad in bad_values(value).items():
-            if bad == value or (isinstance(value, (int, float)) and not isinstance(value, bool) and kind == "huge"
-                                and value == bad):
+            if bad == value:  # not a fault for this key
                 continue
             cases.append((kind, key, edited(params, path, bad)))
     for section in params:
