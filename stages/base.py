@@ -6,6 +6,7 @@ from transformers import AutoTokenizer
 from lookahead.atomic import write_csv
 from lookahead.base import HEADLINE, BaseConfig, build_base
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.inputs import check_inputs
 from lookahead.plots import plot_training_curves
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_section(args.params, "base", BaseConfig)
     if args.dry_run:
         return print_config({"base": cfg})
+    check_inputs(args.inputs)
     with stage_run("base", {"base": to_dict(cfg)}) as run:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         metrics, result = build_base(cfg, tokenizer, args.tokens, args.out, args.checkpoints, tracker=run)

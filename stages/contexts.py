@@ -5,6 +5,7 @@ from transformers import AutoTokenizer
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.contexts import HEADLINE, ContextsConfig, build_contexts, read_context_length
+from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     context_length = read_context_length(args.params)
     if args.dry_run:
         return print_config({"contexts": cfg, "base.arch.context_length": context_length})
+    check_inputs(args.inputs)
     with stage_run("contexts", {"contexts": to_dict(cfg), "base.arch": {"context_length": context_length}}) as run:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         metrics = build_contexts(cfg, context_length, tokenizer, args.tokens, args.base, args.out)

@@ -2,6 +2,7 @@
 steps and windows (in the same order), no topology — so phase 2 is judged at equal tokens."""
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config
+from lookahead.inputs import check_inputs
 from lookahead.phase2 import CONTROL_HEADLINE, Phase2Config, build_control, control_config
 from lookahead.phase2_plots import write_control_reports
 from lookahead.report import write_metrics
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_section(args.params, "phase2", Phase2Config)
     if args.dry_run:
         return print_config({"phase2 (the keys the control reads)": control_config(cfg)})
+    check_inputs(args.inputs)
     with stage_run("control", {"phase2": control_config(cfg)}) as run:
         report, result = build_control(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
                                        tracker=run)

@@ -2,6 +2,7 @@
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.corpus import HEADLINE, CorpusConfig, build_corpus
+from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 from lookahead.wordnet_data import WordNetSource
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.dry_run:
         return print_config(configs)
+    check_inputs(args.inputs)
     with stage_run("corpus", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_corpus(configs["corpus"], args.out, wordnet_path=configs["wordnet"].path)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)

@@ -4,6 +4,7 @@ every LM and topology against dense baselines), the causality check and the expl
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.evaluate import HEADLINE, EvaluateConfig, build_evaluate
 from lookahead.evaluate_plots import write_evaluate_outputs
+from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_section(args.params, "evaluate", EvaluateConfig)
     if args.dry_run:
         return print_config({"evaluate": cfg})
+    check_inputs(args.inputs)
     with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
                                     args.diffusion, args.phase2, args.control)

@@ -3,6 +3,7 @@ Procrustes alignment to the base model's residual stream, and the predictor's in
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.init import HEADLINE, FactorsConfig, InitConfig, build_init
+from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.dry_run:
         return print_config(configs)
+    check_inputs(args.inputs)
     with stage_run("init", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_init(configs["init"], configs["predictor"], args.base, args.wordnet, args.heads, args.out)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)

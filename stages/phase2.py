@@ -2,6 +2,7 @@
 predictor trained jointly, or diffusion samples); its dense control is the `control` stage."""
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.inputs import check_inputs
 from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2
 from lookahead.phase2_plots import write_phase2_reports
 from lookahead.report import write_metrics
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_section(args.params, "phase2", Phase2Config)
     if args.dry_run:
         return print_config({"phase2": cfg})
+    check_inputs(args.inputs)
     with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
         report, result = build_phase2(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
                                       args.diffusion, args.out, args.checkpoints, tracker=run)

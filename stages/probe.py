@@ -2,6 +2,7 @@
 embedding and weight geometry, head probes, relational alignment with WordNet."""
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.inputs import check_inputs
 from lookahead.probe import ProbeConfig, build_probe
 from lookahead.probe import headline_keys as probe_headline
 from lookahead.report import write_metrics
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.dry_run:
         return print_config(configs)
+    check_inputs(args.inputs)
     outputs = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS}
     with stage_run("probe", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics = build_probe(configs["probe"], args.base, args.tokens, args.wordnet, configs["wordnet"].path, outputs)

@@ -2,9 +2,10 @@
 and the tokenized train/val streams."""
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.inputs import check_inputs
+from lookahead.report import write_metrics
 from lookahead.source import ModelSource
 from lookahead.tokenizer import HEADLINE, TokenizerConfig, build_tokenizer, train_bpe
-from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.dry_run:
         return print_config(configs)
+    check_inputs(args.inputs)
     cfg, source = configs["tokenizer"], configs["base"]
     with stage_run("tokenizer", {k: to_dict(v) for k, v in configs.items()}) as run:
         if source.source == "scratch":

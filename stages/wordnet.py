@@ -4,6 +4,7 @@ matrix (exactly nltk's values) and seeded evaluation pairs with their path simil
 from transformers import AutoTokenizer
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
+from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 from lookahead.wordnet import HEADLINE, WordNetConfig, build_wordnet
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_section(args.params, "wordnet", WordNetConfig)
     if args.dry_run:
         return print_config({"wordnet": cfg})
+    check_inputs(args.inputs)
     with stage_run("wordnet", {"wordnet": to_dict(cfg)}) as run:
         metrics = build_wordnet(cfg, AutoTokenizer.from_pretrained(args.tokenizer), args.out)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,11 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items):
+    """The reliability suite last: it starts from the tiny pipeline run the pipeline tests make."""
+    items.sort(key=lambda item: "reliability" in item.path.parts)
 
 
 @pytest.fixture(scope="session")
@@ -97,35 +99,21 @@ def phase_inputs(tiny_tokenizer, tmp_path_factory):
 
 def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
     """Run a command; its stdout + stderr, or an AssertionError showing them when it fails."""
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
-    return out
+    from lookahead.faults import run
+
+    try:
+        return run(cmd, cwd, env, check)
+    except RuntimeError as err:
+        raise AssertionError(str(err)) from None
 
 
 @pytest.fixture(scope="session")
 def pipeline_repo(tmp_path_factory):
     """A fresh git + DVC repository holding the project's files, with the tiny profile as params:
     (path, env). Shared by the pipeline and sharing tests (one tiny `dvc repro` per session)."""
-    dest = tmp_path_factory.mktemp("pipeline") / "repo"
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-        capture_output=True, text=True, check=True,
-    ).stdout.split()
-    for name in files:
-        src = REPO / name
-        if src.is_file() and not name.startswith(("metrics/", "data/", "models/")) and name != "dvc.lock":
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    shutil.copy(dest / "profiles" / "tiny.yaml", dest / "params.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` = this venv's
-    env["DVC_NO_ANALYTICS"] = "true"
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
-                ["git", "config", "user.name", "test"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
-        sh(cmd, dest, env)
-    return dest, env
+    from lookahead.faults import scratch_repo
+
+    return scratch_repo(REPO, tmp_path_factory.mktemp("pipeline") / "repo")
 
 
 @pytest.fixture(scope="session")
@@ -176,3 +164,28 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     control, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "control", d / "ckpt")
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "control": control,
             "control_dir": d / "control", "root": d}
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """An OpenSSH server on 127.0.0.1:<free port> accepting one generated key; yields
+    (port, key file, a refused key file, home with known_hosts). `make setup` installs openssh-server."""
+    from lookahead.faults import start_sshd
+
+    proc, port, key, stranger, home = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield port, key, stranger, home
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def reproduced(pipeline_repo, tmp_path_factory):
+    """A private copy of the tiny pipeline repository after `dvc repro` (a no-op when the pipeline
+    tests ran first), everything committed: the state a fault starts from and must come back to."""
+    path, env = pipeline_repo
+    sh(["dvc", "repro"], path, env)
+    dest = tmp_path_factory.mktemp("reproduced") / "repo"
+    shutil.copytree(path, dest, symlinks=True)
+    sh(["git", "add", "-A"], dest, env)
+    sh(["git", "commit", "-qm", "reproduced", "--allow-empty"], dest, env)
+    return dest, env

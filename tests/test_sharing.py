@@ -12,67 +12,18 @@ from __future__ import annotations
 import getpass
 import json
 import re
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from lookahead.faults import free_port
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cache_files(repo: Path) -> set[str]:
     return {str(p.relative_to(repo)) for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    """An OpenSSH server on 127.0.0.1:<free port> accepting one generated key; yields
-    (port, key file, home with known_hosts). `make setup` installs openssh-server."""
-    if not Path(SSHD).is_file():
-        raise AssertionError("no sshd: run `make setup` (scripts/setup_sshd.sh installs Debian's openssh-server)")
-    d = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "client_key", "stranger_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
-    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
-    port = free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
-        "Subsystem sftp internal-sftp\n"
-    )
-    try:
-        Path("/run/sshd").mkdir(exist_ok=True)  # the privilege-separation directory sshd wants as root
-    except PermissionError:
-        pass  # not root: sshd runs unprivileged and does not need it
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {proc.stderr.read()}")
-        time.sleep(0.2)
-    home = d / "home"
-    (home / ".ssh").mkdir(parents=True)
-    host_pub = (d / "host_key.pub").read_text().split()
-    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
-    yield port, d / "client_key", d / "stranger_key", home
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def set_eval_seed(repo: Path, seed: int) -> None:
@@ -156,7 +107,8 @@ def share_round_trip(a: Path, env: dict, seed1_report: bytes, remote_args: list[
 def test_local_directory_remote_round_trip(pushed_repo, tmp_path):
     a, env, seed1_report = pushed_repo
     store = tmp_path / "store"
-    timings = share_round_trip(a, env, seed1_report, [["add", "-f", "-d", "team", str(store)]], tmp_path)
+    remote = [["add", "-f", "-d", "team", str(store)], ["modify", "team", "verify", "true"]]  # as the README says
+    timings = share_round_trip(a, env, seed1_report, remote, tmp_path)
     print("local remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert any(store.rglob("*")) and (store / "runs").is_dir()  # outputs and run records
 
@@ -167,6 +119,7 @@ def test_ssh_remote_round_trip_and_clean_failures(pushed_repo, sshd, tmp_path):
     env = {**env, "HOME": str(home)}  # known_hosts with the server's temporary host key
     url = f"ssh://127.0.0.1:{port}{tmp_path / 'ssh-store'}"
     remote = [["add", "-f", "-d", "sshteam", url],
+              ["modify", "sshteam", "verify", "true"],
               ["modify", "--local", "sshteam", "user", getpass.getuser()],
               ["modify", "--local", "sshteam", "keyfile", str(key)]]
     timings = share_round_trip(a, env, seed1_report, remote, tmp_path)

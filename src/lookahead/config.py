@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -23,6 +24,11 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import yaml
 
 T = TypeVar("T")
+
+# Bounds every number in a params file obeys, whatever its key: beyond them a value is a typo (a
+# step count no run reaches, a size no memory holds, an overflowing float), refused before any work.
+MAX_INT = 2**31 - 1
+MAX_FLOAT = 1e12
 
 class LookaheadError(Exception):
     """An error the user can fix (bad params, missing data, diverged training): a stage prints
@@ -98,19 +104,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(key, f"must be an integer; got {value!r}")
+        if abs(value) > MAX_INT:
+            raise ConfigError(key, f"must be at most {MAX_INT} in magnitude; got {value}")
         return value
     if tp is float:
         # YAML 1.1 reads `3e-4` (no dot) as a string: accept numeric strings, reject anything else.
         if isinstance(value, bool):
             raise ConfigError(key, f"must be a number; got {value!r}")
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(key, f"must be a number; got {value!r}")
+        if number is None:
+            raise ConfigError(key, f"must be a number; got {value!r}")
+        if not math.isfinite(number) or abs(number) > MAX_FLOAT:
+            raise ConfigError(key, f"must be a finite number at most {MAX_FLOAT:g} in magnitude; got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"must be a string; got {value!r}")
@@ -212,6 +225,8 @@ def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | 
     missing = [f"--{n}" for n in paths if getattr(args, n.replace("-", "_")) is None]
     if missing and not args.dry_run:
         parser.error(f"missing {', '.join(missing)} (dvc.yaml passes them)")
+    # the paths whose help says "(input": the stage checks them (lookahead.inputs) once its params are valid
+    args.inputs = {n: getattr(args, n.replace("-", "_")) for n, help_text in paths.items() if "(input" in help_text}
     return args
 
 

@@ -52,6 +52,8 @@ class CorpusConfig:
         require(self.source != "files" or len(self.files) > 0, "files", "must list at least one file when source is 'files'")
         require(self.max_lines >= 0, "max_lines", f"must be >= 0 (0 = all); got {self.max_lines}")
         require(0.0 < self.val_fraction < 1.0, "val_fraction", f"must be in (0, 1); got {self.val_fraction}")
+        for name in ("hf_split", "hf_text_field", "split_salt"):
+            require(getattr(self, name).strip() != "", name, "must not be empty")
 
 
 def wordnet_lines(wn) -> Iterator[str]:

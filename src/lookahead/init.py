@@ -47,6 +47,7 @@ class InitConfig:
         require(self.k_neighbors >= 1, "k_neighbors", f"must be >= 1; got {self.k_neighbors}")
         require(self.softmax_temp > 0, "softmax_temp", f"must be > 0; got {self.softmax_temp}")
         require(self.heldout_tokens >= 0, "heldout_tokens", f"must be >= 0; got {self.heldout_tokens}")
+        require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
 
 
 @dataclasses.dataclass

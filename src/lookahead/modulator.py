@@ -217,8 +217,9 @@ def save_modulator(modulator: GeometricModulator, path: str | Path, config: dict
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in modulator.state_dict().items()}
     with atomic_file(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"config": json.dumps(config, sort_keys=True),
-                                               "layers": json.dumps(modulator.layers)})
+        # one metadata key: safetensors writes several in a random order (different bytes each run)
+        save_file(tensors, str(tmp), metadata={"config": json.dumps({**config, "resolved_layers": modulator.layers},
+                                                                    sort_keys=True)})
 
 
 def load_modulator(path: str | Path) -> tuple[GeometricModulator, dict]:
@@ -232,7 +233,7 @@ def load_modulator(path: str | Path) -> tuple[GeometricModulator, dict]:
     cfg = ModulatorConfig(**{k: v for k, v in config["modulator"].items() if k != "train"})
     t = load_file(str(path))
     modulator = GeometricModulator(t["table"], t["mask"], t["projection"], t["pca_mean"], float(t["geo_scale"]),
-                                   json.loads(meta["layers"]), cfg)
+                                   config["resolved_layers"], cfg)
     modulator.load_state_dict(t)
     return modulator, config
 

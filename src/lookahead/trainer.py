@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Literal, Protocol
 import torch
 from tqdm import tqdm
 
+from lookahead.atomic import atomic_file
 from lookahead.config import ConfigError, LookaheadError, require, to_dict
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -34,6 +34,10 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 class NonFiniteLoss(LookaheadError, FloatingPointError):
     """A loss or gradient norm became NaN or infinite; the stage stops."""
+
+
+class CheckpointError(LookaheadError, RuntimeError):
+    """A checkpoint exists but cannot be resumed from (unreadable, or written by another config)."""
 
 
 @dataclasses.dataclass
@@ -187,16 +191,14 @@ def _set_rng_state(state: dict | torch.Tensor) -> None:
     torch.set_rng_state(state["cpu"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         if len(state["cuda"]) != torch.cuda.device_count():
-            raise RuntimeError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
-                               f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
+            raise CheckpointError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
+                                  f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        torch.save(state, tmp)
 
 
 def train(
@@ -248,9 +250,15 @@ def train(
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir else None
     start, train_curve, eval_curve, tokens_done, seconds_done = 0, [], [], 0, 0.0
     if ckpt_path and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - truncated, garbled or foreign: all mean the same here
+            raise CheckpointError(
+                f"{stage}: checkpoint {ckpt_path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                f"delete it to train from step 0: rm -r {ckpt_path.parent}") from None
         if state["config"] != to_dict(cfg):
-            raise RuntimeError(f"{stage}: checkpoint {ckpt_path} was written by another config; remove it to start over")
+            raise CheckpointError(f"{stage}: checkpoint {ckpt_path} was written by another config; "
+                                  f"delete it to train from step 0: rm -r {ckpt_path.parent}")
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

@@ -153,8 +153,17 @@ def open_wordnet(path: str | Path | None = None, root: str | Path | None = None)
     local = (Path(root) if root else project_root()) / LOCAL_DATA_DIR
     if path is not None:
         return _reader(assemble(Path(path), local))
-    if (local / "corpora" / "wordnet" / "data.noun").is_file():
-        return _reader(local)
+    assembled = local / "corpora" / "wordnet"
+    if (assembled / "data.noun").is_file():
+        missing = [n for n in REQUIRED_FILES if not (assembled / n).is_file()]
+        if not missing:
+            return _reader(local)
+        debian = debian_wordnet_dir()
+        if debian is None or not _is_wordnet_dir(debian):
+            raise WordNetMissing(
+                f"{assembled} is missing {', '.join(missing)}. Reinstall WordNet "
+                f"(apt-get install --reinstall wordnet-base wordnet-sense-index), then run `make wordnet`.")
+        return _reader(assemble(debian, local))  # copy the missing files again
     try:
         return _reader(None)
     except LookupError:
@@ -162,6 +171,10 @@ def open_wordnet(path: str | Path | None = None, root: str | Path | None = None)
     debian = debian_wordnet_dir()
     if debian is None:
         raise WordNetMissing(MISSING_MESSAGE)
+    if not _is_wordnet_dir(debian):
+        missing = [n for n in REQUIRED_FILES if not (debian / n).is_file()]
+        raise WordNetMissing(f"the Debian WordNet in {debian} is missing {', '.join(missing)}: reinstall it with "
+                             f"apt-get install --reinstall wordnet-base wordnet-sense-index")
     return _reader(assemble(debian, local))
 
 

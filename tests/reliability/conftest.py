@@ -1,0 +1,31 @@
+"""The reliability suite (issue 17): faults injected into the tiny pipeline, each checked to end with
+nothing lost and, where it stops a command, an error that names the file or key and the fix.
+
+The repository tests start from `reproduced` (tests/conftest.py): a private copy of the tiny pipeline
+run, whose dvc.lock records the outputs of runs never interrupted. Their wider sweep (every training
+stage, both signals, several points, the default profile's keys) is `benchmarks/faults.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import sh
+
+
+def lock_outs(repo: Path, lock: bytes | None = None) -> dict[str, str]:
+    """{output path: md5} of every stage in ``repo``'s dvc.lock (or of ``lock``'s bytes)."""
+    data = yaml.safe_load(lock if lock is not None else (repo / "dvc.lock").read_bytes())
+    return {out["path"]: out["md5"] for entry in data["stages"].values() for out in entry.get("outs", [])}
+
+
+def data_outs(outs: dict[str, str], stage_prefixes: tuple[str, ...]) -> dict[str, str]:
+    """The model and data outputs among ``outs`` under the given paths (metrics hold timings)."""
+    return {p: md5 for p, md5 in outs.items() if p.startswith(stage_prefixes)}
+
+
+def assert_up_to_date(repo: Path, env: dict) -> None:
+    out = sh(["dvc", "status"], repo, env)
+    assert "Data and pipelines are up to date" in out, out
