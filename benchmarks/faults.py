@@ -47,6 +47,7 @@ from pathlib import Path
 import yaml
 
 from lookahead import faults, wordnet_data
+from lookahead.atomic import temporaries
 from lookahead.inputs import CorruptInput, check_input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,7 @@ def kill_writing(tally: Tally, repo: Path, env: dict, reference: dict) -> None:
         told = f"{stage}:" in status and "deleted:" in status
         faults.run(["dvc", "repro", "-f", "-s", stage], repo, env, check=False)
         same = data_outs(lock_outs(repo)[stage]) == data_outs(reference[stage])
-        swept = not list((repo / first).parent.glob(f".{Path(first).name}.*.tmp"))
+        swept = not temporaries(repo / first)
         ok = gone and told and same and swept and up_to_date(repo, env)
         tally.add("kill_writing", f"{stage} while writing {first}", ok,
                   f"no half output {gone}, status says rerun {told}, same bytes {same}, leftovers swept {swept}")
@@ -268,20 +269,17 @@ def full_disk(tally: Tally, repo: Path, env: dict, tmp: Path) -> None:
             tally.missed("resources")
             continue
         try:
-            before = {}
             for rel in outputs[stage].values():
                 (disk / rel).parent.mkdir(parents=True, exist_ok=True)
                 (shutil.copytree if (repo / rel).is_dir() else shutil.copy)(repo / rel, disk / rel)
-                before[rel] = sorted((p.relative_to(disk), p.read_bytes()) for p in (disk / rel).rglob("*") if p.is_file()) \
-                    if (disk / rel).is_dir() else (disk / rel).read_bytes()
+            before = {rel: faults.file_digests(disk / rel) for rel in outputs[stage].values()}
             with open(disk / "filler", "wb") as f:
                 f.write(b"\0" * (shutil.disk_usage(disk).free - 8192))
             proc = subprocess.run([sys.executable, *cmd, *[f"--{n}={disk / rel}" for n, rel in outputs[stage].items()]],
                                   cwd=repo, env=env, capture_output=True, text=True)
             line = error_line(proc.stderr) or proc.stderr[-300:]
             clear = proc.returncode == 2 and line.startswith("error (DiskFull)") and "Traceback" not in proc.stderr
-            after = {rel: sorted((p.relative_to(disk), p.read_bytes()) for p in (disk / rel).rglob("*") if p.is_file())
-                     if (disk / rel).is_dir() else (disk / rel).read_bytes() for rel in outputs[stage].values()}
+            after = {rel: faults.file_digests(disk / rel) for rel in outputs[stage].values()}
             intact = after == before and not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
             tally.add("resources", f"disk full under {stage}'s outputs", intact, line, bad_input=True, clear=clear)
         finally:

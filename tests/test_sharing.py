@@ -22,6 +22,8 @@ from lookahead.faults import free_port
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
+
+
 def cache_files(repo: Path) -> set[str]:
     return {str(p.relative_to(repo)) for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file()}
 

@@ -45,9 +45,16 @@ def _full_disk(err: BaseException, path: Path) -> DiskFull | None:
                     f"run). Free some space and run the stage again.")
 
 
+def temporaries(path: str | Path) -> list[Path]:
+    """The temporary siblings of ``path`` that exist now (``.<name>.XXXXXXXX.tmp``, tempfile's 8
+    random characters): one being written, or one left by a writer that was killed."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"))
+
+
 def _tmp_sibling(path: Path, is_dir: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):  # tempfile's 8 random characters
+    for stale in temporaries(path):
         _remove(stale)  # left by a writer that was killed (SIGKILL runs no cleanup); one writer per output
     if is_dir:
         return Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))

@@ -20,7 +20,6 @@ Nothing here is imported by a stage.
 from __future__ import annotations
 
 import copy
-import glob
 import hashlib
 import math
 import os
@@ -40,7 +39,9 @@ from typing import Any
 
 import yaml
 
+from lookahead.atomic import temporaries
 from lookahead.config import ConfigError, from_dict
+from lookahead.inputs import visible_files
 
 HUGE_INT, HUGE_FLOAT = 10**12, 1e30
 # keys whose negative values are legitimate (the fuzz's out-of-range value is -10**6)
@@ -152,13 +153,12 @@ def flip_bit(path: str | Path, offset: int, bit: int = 0) -> None:
 # --- what survived -------------------------------------------------------------------------------
 
 def file_digests(path: str | Path) -> dict[str, str]:
-    """{name: md5} of a file, or {path relative to it: md5} of every file under a directory; hidden
-    names (an interrupted writer's ``.<name>.XXXXXXXX.tmp``, DVC's ``.gitignore``) are left out."""
+    """{name: md5} of a file, or {path relative to it: md5} of every visible file under a directory
+    (:func:`lookahead.inputs.visible_files`: an interrupted writer's temporaries are left out)."""
     path = Path(path)
     if not path.is_dir():
         return {path.name: hashlib.md5(path.read_bytes()).hexdigest()}
-    return {str(p.relative_to(path)): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)}
+    return {str(p.relative_to(path)): hashlib.md5(p.read_bytes()).hexdigest() for p in visible_files(path)}
 
 
 def dvc_objects(root: str | Path) -> dict[str, Path]:
@@ -197,8 +197,7 @@ def after_checkpoints(root: str | Path, n: int = 1) -> Callable[[], bool]:
 
 def while_writing(path: str | Path) -> Callable[[], bool]:
     """True while a temporary sibling of ``path`` exists (lookahead.atomic writes it, then renames)."""
-    path = Path(path)
-    return lambda: any(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+    return lambda: bool(temporaries(path))
 
 
 def interrupt(cmd: list[str], cwd: Path, env: dict, sig: int, *, when: Callable[[], bool] | None = None,

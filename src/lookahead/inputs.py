@@ -124,18 +124,20 @@ def fix_for(path: Path) -> str:
     return f"restore it with `dvc checkout --force {out}`, or rebuild it with `dvc repro -f {stage}`"
 
 
+def visible_files(directory: Path) -> list[Path]:
+    """The files under ``directory``, sorted, without hidden ones (an editor's, a killed writer's
+    ``.<name>.XXXXXXXX.tmp``, DVC's ``.gitignore``): what a stage reads from a directory output."""
+    return sorted(p for p in directory.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+
+
 def check_input(path: str | Path, what: str = "input", fix: str | None = None) -> None:
     """Raise :class:`CorruptInput` naming the first bad file under ``path`` (a file or a directory)
     and ``fix`` (default: the DVC command that restores or rebuilds it)."""
     path = Path(path)
     if not path.exists():
         raise CorruptInput(f"{what} {path} does not exist: {fix or fix_for(path)}")
-    if path.is_dir():  # hidden files (editors', a killed writer's temporaries) are not inputs
-        files = sorted(p for p in path.rglob("*")
-                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
-    else:
-        files = [path]
-    for file in files:
+    for file in visible_files(path) if path.is_dir() else [path]:
         problem = file_problem(file)
         if problem is not None:
             raise CorruptInput(f"{what} {file} {problem}: {fix or fix_for(file)}")
