@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test bench check-params mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test verify bench check-params mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -45,6 +45,12 @@ repro: setup check-params
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# This workspace's headline figures against a git revision's (REV=<rev>, default HEAD), each within
+# its seed spread (DESIGN §12; "Reproducing the numbers" in the README). Exit 1: a research headline
+# is outside its spread.
+verify: $(STAMP)
+	$(BIN)/python -m lookahead.verify $(if $(REV),--rev $(REV))
 
 # The local MLflow store (DESIGN §8) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
 mlflow-ui: $(STAMP)

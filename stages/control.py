@@ -3,7 +3,7 @@ steps and windows (in the same order), no topology — so phase 2 is judged at e
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config
 from lookahead.inputs import check_inputs
-from lookahead.phase2 import CONTROL_HEADLINE, Phase2Config, build_control, control_config
+from lookahead.phase2 import CONTROL_HEADLINE, Phase2Config, build_control_seeds, control_config
 from lookahead.phase2_plots import write_control_reports
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"phase2 (the keys the control reads)": control_config(cfg)})
     check_inputs(args.inputs)
     with stage_run("control", {"phase2": control_config(cfg)}) as run:
-        report, result = build_control(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
-                                       tracker=run)
+        report, result = build_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
+                                             tracker=run)
         write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
         write_metrics(report, CONTROL_HEADLINE, args.metrics, args.report, run)
 

@@ -3,7 +3,7 @@ pairs, then judge its samples against the phase-1 predictor's own sampler on hel
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.diffusion_plots import write_diffusion_reports
-from lookahead.diffusion_train import HEADLINE, DiffusionConfig, build_diffusion
+from lookahead.diffusion_train import HEADLINE, DiffusionConfig, build_diffusion_seeds
 from lookahead.inputs import check_inputs
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"diffusion": cfg})
     check_inputs(args.inputs)
     with stage_run("diffusion", {"diffusion": to_dict(cfg)}) as run:
-        report, result, _ = build_diffusion(cfg, args.base, args.contexts, args.init, args.predictor, args.pairs,
-                                            args.out, args.checkpoints, tracker=run)
+        report, result, _ = build_diffusion_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.pairs,
+                                                  args.out, args.checkpoints, tracker=run)
         write_diffusion_reports(result, report, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
                                                  for name in OUTPUTS})
         write_metrics(report, HEADLINE, args.metrics, args.report, run)

@@ -3,7 +3,7 @@ NLL with the base LM frozen; val NLL and relational alignment with WordNet befor
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.inputs import check_inputs
-from lookahead.modulator import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator
+from lookahead.modulator import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator_seeds
 from lookahead.modulator_plots import write_modulator_metrics, write_modulator_reports
 from lookahead.tracking import stage_run
 from lookahead.wordnet_data import WordNetSource
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         return print_config(configs)
     check_inputs(args.inputs)
     with stage_run("modulator", {k: to_dict(v) for k, v in configs.items()}) as run:
-        report, result, alpha_rows = build_modulator(configs["modulator"], configs["probe"], args.base, args.tokens,
-                                                     args.wordnet, configs["wordnet"].path, args.init, args.out,
-                                                     args.checkpoints, tracker=run)
+        report, result, alpha_rows = build_modulator_seeds(configs["modulator"], configs["probe"], args.base,
+                                                           args.tokens, args.wordnet, configs["wordnet"].path, args.init,
+                                                           args.out, args.checkpoints, tracker=run)
         write_modulator_reports(result, alpha_rows, report,
                                 {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
         write_modulator_metrics(report, HEADLINE, args.metrics, args.report, run)

@@ -3,7 +3,7 @@ the frozen LM, and keep the distinct ones that beat the dense NLL, as (context, 
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.inputs import check_inputs
-from lookahead.pairs import HEADLINE, PairsConfig, build_pairs
+from lookahead.pairs import HEADLINE, PairsConfig, build_pairs_seeds
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"pairs": cfg})
     check_inputs(args.inputs)
     with stage_run("pairs", {"pairs": to_dict(cfg)}) as run:
-        metrics = build_pairs(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
+        metrics = build_pairs_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 

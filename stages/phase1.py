@@ -3,7 +3,7 @@ and the encoder frozen; evaluate soft and hard topologies against dense and two 
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.inputs import check_inputs
-from lookahead.phase1 import HEADLINE, Phase1Config, build_phase1
+from lookahead.phase1 import HEADLINE, Phase1Config, build_phase1_seeds
 from lookahead.phase1_plots import write_phase1_reports
 from lookahead.predictor import PredictorConfig
 from lookahead.report import write_metrics
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         return print_config(configs)
     check_inputs(args.inputs)
     with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
-        metrics, result, module = build_phase1(configs["phase1"], configs["predictor"], args.base, args.contexts,
-                                               args.init, args.heads, args.out, args.checkpoints, tracker=run)
+        metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
+                                                     args.init, args.heads, args.out, args.checkpoints, tracker=run)
         write_phase1_reports(result, module, metrics, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
                                                        for name in OUTPUTS})
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)

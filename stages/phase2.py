@@ -3,7 +3,7 @@ predictor trained jointly, or diffusion samples); its dense control is the `cont
 
 from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
 from lookahead.inputs import check_inputs
-from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2
+from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2_seeds
 from lookahead.phase2_plots import write_phase2_reports
 from lookahead.report import write_metrics
 from lookahead.tracking import stage_run
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"phase2": cfg})
     check_inputs(args.inputs)
     with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
-        report, result = build_phase2(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
-                                      args.diffusion, args.out, args.checkpoints, tracker=run)
+        report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
+                                            args.diffusion, args.out, args.checkpoints, tracker=run)
         write_phase2_reports(result, {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

@@ -184,3 +184,30 @@ def test_broken_cache_is_refused_with_the_fix(tiny_tokenizer, token_dir, base_di
     assert not (tmp_path / "big").exists()
     meta = json.loads((tmp_path / "ctx" / "meta.json").read_text())
     assert meta["encoder"] == "base" and meta["dim"] == 32
+
+
+
+ORDER_IN_A_FRESH_PROCESS = """
+import hashlib, random
+from lookahead.encoders import encoding_order
+rng = random.Random(0)
+texts = [" ".join(rng.choice("ab cd ef gh ij".split()) for _ in range(rng.randint(2, 6))) for _ in range(500)]
+print(hashlib.sha256("|".join(encoding_order(texts)).encode()).hexdigest())
+"""
+
+
+def test_minilm_batches_do_not_follow_the_string_hashing():
+    """Each process hashes strings with its own seed, so a set of texts iterates in another order
+    per run; which texts share an encoder batch (and so each text's float rounding) must not follow
+    it. The seeds below give three different set orders of these texts."""
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for hash_seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run([sys.executable, "-c", ORDER_IN_A_FRESH_PROCESS], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        digests.add(out.split()[-1])
+    assert len(digests) == 1, digests

@@ -73,5 +73,5 @@ def test_mean_ci_closed_form():
 
     out = geometry.mean_ci([1.0, 2.0, 3.0])
     half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
-    assert out == pytest.approx({"mean": 2.0, "ci95_low": 2.0 - half, "ci95_high": 2.0 + half})
-    assert geometry.mean_ci([5.0]) == {"mean": 5.0, "ci95_low": 5.0, "ci95_high": 5.0}
+    assert out == pytest.approx({"mean": 2.0, "sd": 1.0, "ci95_low": 2.0 - half, "ci95_high": 2.0 + half})
+    assert geometry.mean_ci([5.0]) == {"mean": 5.0, "sd": 0.0, "ci95_low": 5.0, "ci95_high": 5.0}

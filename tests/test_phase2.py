@@ -19,6 +19,7 @@ from lookahead.phase2 import (CONTROL_HEADLINE, HEADLINE, LM_DIR, PREDICTOR_FILE
 from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
 from lookahead.runtime import forward_with_topology
 from lookahead.scoring import GeoLookup, token_nll
+from lookahead.seeds import one_run
 
 
 def val_nll(lm, cache: ContextCache, topology=None) -> float:
@@ -70,7 +71,7 @@ def test_control_is_plain_adamw_on_the_same_windows_as_the_joint_run(phase2_run,
     for name, p in saved.named_parameters():
         torch.testing.assert_close(p, ref[name], rtol=1e-5, atol=1e-6)
     control = phase2_run["control"]
-    assert set(CONTROL_HEADLINE) <= set(control)
+    assert one_run(CONTROL_HEADLINE) <= set(control)
     assert control["val_nll"] == pytest.approx(val_nll(saved.eval(), cache), rel=1e-5)
     assert control["train_tokens"] == phase2_run["report"]["train_tokens"]  # equal tokens
 
@@ -104,7 +105,7 @@ def test_predictor_learning_rate_scale_is_c_times_the_lm_step(phase_inputs, seed
 
 def test_stage_figures_are_those_of_the_saved_models(phase2_run, downstream_inputs):
     cfg, report, result, out, d = (phase2_run[k] for k in ("cfg", "report", "result", "out", "root"))
-    assert set(HEADLINE) <= set(report)
+    assert one_run(HEADLINE) <= set(report)
     cache = ContextCache(downstream_inputs["contexts"])
     tensors, _ = load_init(downstream_inputs["init"])
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())

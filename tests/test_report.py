@@ -44,23 +44,43 @@ def test_write_metrics_writes_headline_and_whole_report_and_logs_the_report(tmp_
     headline = write_metrics(REPORT, {"train_lines": "train.lines"}, tmp_path / "m.json", tmp_path / "r.json", run)
     assert json.loads((tmp_path / "m.json").read_text()) == headline == {"train_lines": 10}
     assert json.loads((tmp_path / "r.json").read_text()) == REPORT
-    assert run.metrics == [REPORT] and run.artifacts == [str(tmp_path / "r.json")]
+    assert run.metrics == [REPORT] and run.artifacts == [str(tmp_path / "r.json"), str(tmp_path / "m_timing.json")]
+
+
+def test_timings_leave_the_headline_and_the_report_for_their_own_file(tmp_path):
+    """What measures the machine (throughputs, seconds) is kept out of the DVC outputs, so that a
+    rerun writes the same bytes (DESIGN §12); nested and per-row timings included."""
+    report = {"val_nll": 3.25, "train_tokens_per_s": 900.0, "train_seconds": 12.0, "train_wall_s": 13.0,
+              "table": {"dense": {"nll": 3.0, "tokens_per_s_over_dense": 1.0}, "hard": {"nll": 3.5}},
+              "rows": [{"name": "a", "samples_per_s": 5.0}, {"name": "b", "samples_per_s": 6.0}],
+              "per_layer": [0.5, 1.0], "seconds_of_audio": 4}
+    write_metrics(report, ("val_nll",), tmp_path / "m.json", tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text()) == {
+        "val_nll": 3.25, "table": {"dense": {"nll": 3.0}, "hard": {"nll": 3.5}}, "rows": [{"name": "a"}, {"name": "b"}],
+        "per_layer": [0.5, 1.0], "seconds_of_audio": 4}
+    assert json.loads((tmp_path / "m_timing.json").read_text()) == {
+        "train_tokens_per_s": 900.0, "train_seconds": 12.0, "train_wall_s": 13.0,
+        "table": {"dense": {"tokens_per_s_over_dense": 1.0}}, "rows": [{"samples_per_s": 5.0}, {"samples_per_s": 6.0}]}
+    with pytest.raises(KeyError, match="train_seconds"):  # a timing cannot be a headline figure
+        write_metrics(report, ("train_seconds",), tmp_path / "m.json", tmp_path / "r.json")
 
 
 def test_probe_headline_names_each_model_and_the_base_head_figures():
     def block(heads: bool):
-        b = {"embedding": {"cv_ratio": {"mean": 2.0}, "participation_ratio": 9.0},
-             "relational": {"contextual": {"pearson": {"mean": 0.1}, "spearman": {"mean": 0.2}}}}
+        b = {"embedding": {"cv_ratio": {"mean": 2.0, "sd": 0.3}, "participation_ratio": 9.0},
+             "relational": {"contextual": {"pearson": {"mean": 0.1, "sd": 0.01}, "spearman": {"mean": 0.2, "sd": 0.02}}}}
         if heads:
             b["heads"] = {"dense_nll": {"mean": 4.0}, "ablation_dnll_max": {"mean": 1.5}}
         return b
 
     report = {"base": block(True), "Qwen/Qwen3-Embedding-0.6B": block(False)}
     headline = pick(report, probe.headline_keys(report))
+    seeded = {"contextual_pearson": (0.1, 0.01), "contextual_spearman": (0.2, 0.02)}
     assert headline == {
-        "base_cv_ratio": 2.0, "base_contextual_pearson": 0.1, "base_contextual_spearman": 0.2, "base_dense_nll": 4.0,
-        "base_ablation_dnll_max": 1.5, "base_participation_ratio": 9.0, "Qwen_Qwen3_Embedding_0_6B_cv_ratio": 2.0,
-        "Qwen_Qwen3_Embedding_0_6B_contextual_pearson": 0.1, "Qwen_Qwen3_Embedding_0_6B_contextual_spearman": 0.2,
+        **{f"{tag}_{k}{suffix}": v[i] for tag in ("base", "Qwen_Qwen3_Embedding_0_6B") for k, v in seeded.items()
+           for i, suffix in enumerate(("", "_sd"))},
+        "base_cv_ratio": 2.0, "Qwen_Qwen3_Embedding_0_6B_cv_ratio": 2.0,
+        "base_dense_nll": 4.0, "base_ablation_dnll_max": 1.5, "base_participation_ratio": 9.0,
     }
     # the most models probe.models accepts still fit the headline
     many = {"base": block(True), **{f"m{i}": block(False) for i in range(probe.MAX_MODELS - 1)}}

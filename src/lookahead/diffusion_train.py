@@ -25,6 +25,7 @@ from lookahead.diffusion import DenoiserConfig, Denoiser, alpha_bar, q_probs, sa
 from lookahead.graph import unpack_bits
 from lookahead.predictor import load_init
 from lookahead.scoring import GeoLookup
+from lookahead.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.trainer import TrainConfig, TrainResult, train
 
 PAIRS_FILE = "pairs.safetensors"  # the pairs stage's output (lookahead.pairs writes it)
@@ -38,6 +39,9 @@ class DiffusionDataError(LookaheadError, ValueError):
 class DiffusionConfig:
     """The diffusion head, its training and its evaluation (DESIGN §7)."""
 
+    seeds: int = 3
+    """Runs over seeds of training, hold-out split and evaluation samples, for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     denoiser: DenoiserConfig = dataclasses.field(default_factory=DenoiserConfig)
     """Shape of the denoiser network."""
     geo_features: bool = True
@@ -65,6 +69,7 @@ class DiffusionConfig:
     """Optimisation of the denoiser (batch_size = pairs per step)."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         for name in ("sample_steps", "eval_samples", "eval_batch_size", "val_pairs"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         require(math.isfinite(self.sample_temperature) and self.sample_temperature > 0, "sample_temperature",
@@ -246,9 +251,12 @@ def save(module: DiffusionModule, out_dir) -> None:
 
 
 # metrics/diffusion.json (lookahead.report): the issue's headline keys
-HEADLINE = ("sample_nll", "best_of_k_nll", "baseline_sample_nll", "baseline_best_of_k_nll", "deterministic_nll",
-            "dense_nll", "density", "pairs_density", "within_context_hamming", "across_context_hamming",
-            "mode_recall", "baseline_mode_recall", "samples_per_s")
+# and their spread over training and sampling seeds (lookahead.seeds)
+SEEDED = ("sample_nll", "best_of_k_nll", "baseline_sample_nll", "baseline_best_of_k_nll", "density",
+          "within_context_hamming", "across_context_hamming", "mode_recall", "baseline_mode_recall")
+HEADLINE = seeded_headline(("sample_nll", "best_of_k_nll", "baseline_sample_nll", "baseline_best_of_k_nll",
+                            "deterministic_nll", "dense_nll", "density", "pairs_density", "within_context_hamming",
+                            "across_context_hamming", "mode_recall", "baseline_mode_recall"), SEEDED)
 
 
 def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
@@ -320,3 +328,15 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
         "parameters": sum(p.numel() for p in module.model.parameters()),
     }
     return report, result, module
+
+
+def build_diffusion_seeds(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
+                          checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, DiffusionModule]:
+    """:func:`build_diffusion`, then ``cfg.seeds - 1`` more trainings on other seeds (their heads
+    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.seeds)."""
+    report, result, module = build_diffusion(cfg, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
+                                             checkpoint_root, tracker)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_diffusion(
+        c, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, scratch / "diffusion", checkpoint_root)[0],
+        "diffusion")
+    return with_spread(report, others, SEEDED), result, module

@@ -38,12 +38,14 @@ from typing import Callable, Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from lookahead.config import LookaheadError, require
 from lookahead.contexts import ContextCache
 from lookahead.graph import allowed_mask
 from lookahead.runtime import forward_with_topology
 from lookahead.scoring import GeoLookup, interpolate_curve, static_pruning_curve, token_nll
+from lookahead.seeds import seed_summary, seeded_headline
 
 
 class EvaluateError(LookaheadError, ValueError):
@@ -54,6 +56,9 @@ class EvaluateError(LookaheadError, ValueError):
 class EvaluateConfig:
     """The final table, the causality check and the explainer figure (DESIGN §2 evaluate)."""
 
+    seeds: int = 3
+    """Runs over seeds of the diffusion samples and random heads, for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     eval_sequences: int = 0
     """Val windows of the context cache scored (0 = all of them)."""
     eval_batch_size: int = 8
@@ -80,6 +85,7 @@ class EvaluateConfig:
     """`auto` = CUDA when available."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         for name in ("eval_batch_size", "diffusion_samples", "random_draws", "timing_rounds", "causality_windows",
                      "causality_cuts", "explainer_tokens"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
@@ -372,9 +378,14 @@ def random_topologies(n_layers: int, n_heads: int, fraction: float, draws: int, 
 
 
 # metrics/evaluate.json (lookahead.report): the issue's headline keys
-HEADLINE = ("dense_base_nll", "dense_control_nll", "phase1_hard_nll", "phase2_soft_nll", "phase2_hard_nll",
-            "phase2_active_head_fraction", "phase2_active_edge_fraction", "static_pruning_nll", "random_heads_nll",
-            "attention_flops_over_dense", "hard_tokens_per_s_over_dense", "causality_max_change")
+# Rows drawn at random, scored over `seeds` seeds: their NLLs are the mean over seeds (`<row>_nll`,
+# with `<row>_nll_sd`); the table keeps the first seed's rows
+SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads")
+HEADLINE = seeded_headline(("dense_base_nll", "dense_control_nll", "phase1_hard_nll", "phase2_soft_nll",
+                            "phase2_hard_nll", "phase2_active_head_fraction", "phase2_active_edge_fraction",
+                            "static_pruning_nll", "random_heads_nll", "diffusion_sample_nll", "diffusion_best_of_k_nll",
+                            "attention_flops_over_dense", "causality_max_change"),
+                           [f"{name}_nll" for name in SEEDED_ROWS])
 
 ROW_ORDER = ("dense_base", "phase1_soft", "phase1_hard", "diffusion_sample", "diffusion_best_of_k", "phase2_soft",
              "phase2_hard", "dense_control", "static_pruning", "random_heads", "static_pruning_phase2",
@@ -488,6 +499,23 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
                       RowSpec(f"random_heads{suffix}", lm, random_topologies(s.n_layers, s.n_heads, fraction,
                                                                               cfg.random_draws, cfg.seed, device))]
     results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device))
+
+    # the rows the stage's own randomness draws (diffusion samples, random heads), again on other
+    # seeds (lookahead.seeds); every other row is a deterministic function of its inputs
+    def seeded_rows(seed: int) -> list[RowSpec]:
+        return [RowSpec("diffusion_sample", base, diffusion_topologies(denoiser, cfg.diffusion_samples, steps,
+                                                                       temperature, seed, device),
+                        best_of="diffusion_best_of_k"),
+                RowSpec("random_heads", control, random_topologies(s.n_layers, s.n_heads, fraction, cfg.random_draws,
+                                                                   seed, device))]
+
+    def seeded_figures(scored: dict) -> dict[str, float]:
+        return {f"{name}_nll": scored[name]["nll"] for name in SEEDED_ROWS}
+
+    per_seed = [seeded_figures(results)]
+    for offset in tqdm(range(1, cfg.seeds), desc="evaluate seeds", unit="seed", disable=cfg.seeds <= 1):
+        per_seed.append(seeded_figures(score_rows(seeded_rows(cfg.seed + offset), cache, geo, rows,
+                                                  cfg.eval_batch_size, device)))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
     static_curve = static_pruning_curve(control, windows, importance)
@@ -518,8 +546,10 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
         "phase2_active_edge_fraction": p2["active_edge_fraction"],
         "static_pruning_nll": table["static_pruning"]["nll"],
         "random_heads_nll": table["random_heads"]["nll"],
+        **seed_summary(per_seed, [f"{name}_nll" for name in SEEDED_ROWS]),
+        "per_seed": per_seed,
         "attention_flops_over_dense": p2["attention_flops_over_dense"],
-        "hard_tokens_per_s_over_dense": p2["tokens_per_s_over_dense"],
+        "hard_tokens_per_s_over_dense": p2["tokens_per_s_over_dense"],  # a timing: metrics/evaluate_timing.json
         "causality_max_change": causality["max_change"],
         "phase2_hard_minus_control": p2["nll"] - table["dense_control"]["nll"],
         "static_pruning_interpolated_nll": interpolate_curve(static_curve, fraction),

@@ -36,22 +36,23 @@ def _num(value, digits: int = 3) -> str:
 def table_markdown(report: dict) -> str:
     """The final table (one row per LM and topology) with a short legend."""
     lines = [
-        "| row | LM | topology | val NLL | PPL | active heads | active edges | heads per layer | attention FLOPs / dense | tokens/s / dense |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+        "| row | LM | topology | val NLL | PPL | active heads | active edges | heads per layer | attention FLOPs / dense |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for name, row in report["table"].items():
         lm, topology = LABELS.get(name, ("", name))
         per_layer = " ".join(f"{f:.2f}" for f in row["active_head_fraction_per_layer"])
         lines.append(f"| `{name}` | {lm} | {topology} | {_num(row['nll'])} | {_num(row['ppl'], 1)} | "
                      f"{_num(row['active_head_fraction'])} | {_num(row['active_edge_fraction'])} | {per_layer} | "
-                     f"{_num(row['attention_flops_over_dense'])} | {_num(row['tokens_per_s_over_dense'], 2)} |")
+                     f"{_num(row['attention_flops_over_dense'])} |")
     c = report["causality"]
     lines += [
         "",
         f"{report['val_positions']} val positions; decoder of phase 2: `{report['decoder']}`; baselines at the phase-2 "
         f"hard row's active-head fraction ({report['phase2_active_head_fraction']:.3f}). Soft rows: mean gate and edge "
-        "weight (every head is computed). Tokens/s: forward with the row's topology over the stock dense forward of "
-        f"the same batch ({report['timing_device']}). Causality (§4.5): largest change at <= t "
+        "weight (every head is computed). Tokens/s of each row's forward over the stock dense forward of the same "
+        f"batch ({report['timing_device']}): `metrics/evaluate_timing.json` (timings are not results: see "
+        "`lookahead.report`). Causality (§4.5): largest change at <= t "
         f"{c['max_change']:.3g} over {c['windows']} windows x {len(c['cuts'])} cuts, "
         f"{'passed' if c['passed'] else 'FAILED'}.",
     ]

@@ -37,6 +37,7 @@ from torch import nn
 from lookahead import data, geometry
 from lookahead.base import causal_lm_nll, evaluate_nll
 from lookahead.config import LookaheadError, require, to_dict
+from lookahead.seeds import other_seeds, with_spread
 from lookahead.trainer import TrainConfig, TrainResult, train
 
 MODULATOR_FILE = "modulator.safetensors"
@@ -51,6 +52,9 @@ class ModulatorError(LookaheadError, ValueError):
 class ModulatorConfig:
     """The LERP geometric residual modulator, trained with the LM frozen."""
 
+    seeds: int = 3
+    """Runs over seeds of training, for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     layers: list[int] | Literal["all"] = "all"
     """Blocks whose incoming residual stream is modulated (0-based), or `all`."""
     target: Literal["plain", "pca"] = "plain"
@@ -76,6 +80,7 @@ class ModulatorConfig:
     """Optimisation of the modulator's parameters (batch_size = train windows per step)."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         if self.layers != "all":
             require(len(self.layers) >= 1, "layers", "must list at least one layer, or be `all`")
             require(all(layer >= 0 for layer in self.layers), "layers", f"must be layer indices >= 0; got {self.layers}")
@@ -306,6 +311,9 @@ HEADLINE = {
     "lemma_spearman_before": "before.lemma.spearman.mean", "lemma_spearman_after": "after.lemma.spearman.mean",
     "alpha_mean": "alpha_mean",
 }
+# and their spread over training seeds (lookahead.seeds): the gains and what the training moves
+SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "alpha_mean")
+HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds"}
 
 
 def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
@@ -394,3 +402,16 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
         report.update({"train_steps": cfg.train.steps, "train_tokens_per_s": result.tokens_per_s,
                        "train_seconds": result.train_seconds, "resumed_from": result.resumed_from})
     return report, result, alpha_rows
+
+
+def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
+                          init_file, out_dir, checkpoint_root=None,
+                          tracker=None) -> tuple[dict, TrainResult | None, list[dict]]:
+    """:func:`build_modulator`, then ``cfg.seeds - 1`` more trainings on other seeds (their
+    modulators discarded): the report carries the :data:`SEEDED` figures' mean and sd."""
+    report, result, alpha_rows = build_modulator(cfg, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file,
+                                                 out_dir, checkpoint_root, tracker)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_modulator(
+        c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator", checkpoint_root)[0],
+        "modulator")
+    return with_spread(report, others, SEEDED), result, alpha_rows

@@ -38,6 +38,7 @@ from lookahead.predictor import load_init, load_predictor
 from lookahead.runtime import default_gates, forward_with_topology
 from lookahead.sampling import sample_topologies
 from lookahead.scoring import GeoLookup, token_nll
+from lookahead.seeds import other_seeds, seeded_headline, with_spread
 
 PAIRS_FILE = "pairs.safetensors"
 
@@ -50,6 +51,9 @@ class PairsError(LookaheadError, ValueError):
 class PairsConfig:
     """Sampling and scoring (context, topology) pairs."""
 
+    seeds: int = 3
+    """Runs over seeds of the sampling noise, for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     sequences: int = 64
     """Train windows of the context cache whose positions get pairs (the first ones)."""
     samples: int = 8
@@ -69,6 +73,7 @@ class PairsConfig:
     """`auto` = CUDA when available."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         for name in ("sequences", "samples", "keep", "batch_size"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         require(self.keep <= self.samples, "keep", f"must be <= samples ({self.samples}); got {self.keep}")
@@ -104,8 +109,10 @@ def _topology(edges: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 # metrics/pairs.json (lookahead.report); throughput stays in the report
-HEADLINE = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
-            "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
+# and their spread over the sampling seed (lookahead.seeds)
+SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
+          "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
+HEADLINE = seeded_headline(SEEDED, SEEDED)
 
 def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
     """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
@@ -234,3 +241,12 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
     gain_joint = dense - arrays["nll"][pick]
     rho = stats.spearmanr(gain_joint, gain_isolated)[0]
     return (None if not np.isfinite(rho) else float(rho)), n
+
+
+def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+    """:func:`build_pairs`, then ``cfg.seeds - 1`` more samplings on other seeds (their pairs
+    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.seeds)."""
+    metrics = build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_pairs(
+        c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs"), "pairs")
+    return with_spread(metrics, others, SEEDED)

@@ -30,6 +30,7 @@ from lookahead.graph import n_edges
 from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
 from lookahead.runtime import forward_with_topology
 from lookahead.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve, token_nll
+from lookahead.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.trainer import TrainConfig, TrainResult, train
 
 
@@ -37,6 +38,9 @@ from lookahead.trainer import TrainConfig, TrainResult, train
 class Phase1Config:
     """Predictor training with the LM frozen (DESIGN §4)."""
 
+    seeds: int = 3
+    """Runs over seeds of training (batches, noise), for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     lambda_head: float = 0.05
     """Weight of the mean head gate (pushes heads off)."""
     lambda_edge: float = 0.0
@@ -57,6 +61,7 @@ class Phase1Config:
     """Optimisation of the predictor (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         for name in ("lambda_head", "lambda_edge"):
             value = getattr(self, name)
             require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
@@ -186,9 +191,12 @@ def file_digest(path: str | Path) -> str:
 
 
 # metrics/phase1.json (lookahead.report); throughput and per-layer figures stay in the report
-HEADLINE = ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction", "below_dense_fraction",
-            "static_pruning_nll", "random_heads_nll", "hard_nll_increase", "static_pruning_nll_increase",
-            "increase_over_static_increase")
+# and the research figures over seeds (lookahead.seeds): the mean, then `_sd`
+SEEDED = ("hard_nll", "active_head_fraction", "random_heads_nll", "hard_nll_increase", "static_pruning_nll_increase",
+          "increase_over_static_increase")
+HEADLINE = seeded_headline(("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
+                            "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "hard_nll_increase",
+                            "static_pruning_nll_increase", "increase_over_static_increase"), SEEDED)
 
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, Phase1Module]:
@@ -237,3 +245,15 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "train_tokens_per_s": result.tokens_per_s,
     })
     return metrics, result, module
+
+
+def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
+                       out_file, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, Phase1Module]:
+    """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
+    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.seeds)."""
+    metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
+                                           checkpoint_root, tracker)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
+        c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
+        checkpoint_root)[0], "phase1")
+    return with_spread(metrics, others, SEEDED), result, module

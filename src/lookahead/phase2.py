@@ -43,6 +43,7 @@ from lookahead.contexts import ContextCache
 from lookahead.graph import n_edges
 from lookahead.runtime import forward_with_topology
 from lookahead.scoring import GeoLookup, token_nll
+from lookahead.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.trainer import TrainConfig, TrainResult, train
 
 DECODERS = ("mlp", "diffusion")
@@ -58,6 +59,9 @@ class Phase2Error(LookaheadError, ValueError):
 class Phase2Config:
     """Joint continued pretraining; the dense control reads `train`, `replay` and the eval keys (DESIGN §2 phase2)."""
 
+    seeds: int = 3
+    """Runs over seeds of training (phase 2 and the dense control each), for each headline figure's mean and `_sd`
+    (lookahead.seeds); the first, with the configured seeds, writes the outputs."""
     decoder: Literal["mlp", "diffusion"] = "mlp"
     """Topologies from the phase-1 predictor, trained on (`mlp`), or sampled from the frozen diffusion head."""
     lambda_head: float = 0.5
@@ -83,6 +87,7 @@ class Phase2Config:
     """Optimisation of the LM (and the predictor) — the dense control uses the same (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         require(self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}")
         for name in ("lambda_head", "lambda_edge"):
             value = getattr(self, name)
@@ -329,8 +334,10 @@ def _data_report(cfg: Phase2Config, cache: ContextCache, module: Phase2Module, r
 
 
 # metrics/phase2.json (lookahead.report)
-HEADLINE = ("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
-            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache")
+# and their spread over training seeds (lookahead.seeds)
+SEEDED = ("dense_nll", "hard_nll", "soft_nll", "active_head_fraction")
+HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
+                            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache"), SEEDED)
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
@@ -399,11 +406,13 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
 def control_config(cfg: Phase2Config) -> dict:
     """The keys of ``phase2`` the dense control reads (dvc.yaml lists the same)."""
     return {"train": to_dict(cfg.train), "replay": cfg.replay, "eval_sequences": cfg.eval_sequences,
-            "eval_batch_size": cfg.eval_batch_size}
+            "eval_batch_size": cfg.eval_batch_size, "seeds": cfg.seeds}
 
 
 # metrics/control.json (lookahead.report)
-CONTROL_HEADLINE = ("base_val_nll", "val_nll", "train_steps", "train_tokens", "passes_over_cache")
+CONTROL_SEEDED = ("val_nll",)
+CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "train_steps", "train_tokens", "passes_over_cache"),
+                                   CONTROL_SEEDED)
 
 
 def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
@@ -428,3 +437,24 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     report = {"base_val_nll": start["dense_nll"], "val_nll": module.last_eval["dense_nll"],
               **_data_report(cfg, cache, module, result)}
     return report, result
+
+
+def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
+                       out_dir, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult]:
+    """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds (their LMs
+    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.seeds)."""
+    report, result = build_phase2(cfg, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
+                                  out_dir, checkpoint_root, tracker)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase2(
+        c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, scratch / "phase2",
+        checkpoint_root)[0], "phase2")
+    return with_spread(report, others, SEEDED), result
+
+
+def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
+                        tracker=None) -> tuple[dict, TrainResult]:
+    """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`."""
+    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_control(
+        c, base_dir, tokens_dir, contexts_dir, scratch / "control", checkpoint_root)[0], "control")
+    return with_spread(report, others, CONTROL_SEEDED), result

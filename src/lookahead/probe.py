@@ -22,7 +22,7 @@ from lookahead import geometry
 from lookahead.config import require
 from lookahead.encoders import BASE, MINILM, encode_texts, minilm_path, resolve_device
 BANDS = ((0.0, 0.1), (0.1, 0.2), (0.2, 0.34), (0.34, 1.01))  # path-similarity bands (≥ lo, < hi)
-MAX_MODELS = 7  # 3 headline figures per model (+ 3 for the base) within lookahead.report's limit
+MAX_MODELS = 4  # 5 headline figures per model (+ 3 for the base) within lookahead.report's limit
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:layers|layer)\.(\d+)\.(.+)\.weight$")
 
 
@@ -57,7 +57,7 @@ class ProbeConfig:
 
     def __post_init__(self) -> None:
         require(1 <= len(self.models) <= MAX_MODELS, "models",
-                f"must list 1 to {MAX_MODELS} models (3 headline figures each); got {len(self.models)}")
+                f"must list 1 to {MAX_MODELS} models (5 headline figures each); got {len(self.models)}")
         require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds", "must list distinct seeds")
         for name in ("cosine_pairs", "pentachora", "head_batches", "head_batch_size", "head_window", "chain_depth",
                      "max_text_tokens", "encode_batch_size"):
@@ -366,13 +366,15 @@ def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
     """metrics/probe.json (lookahead.report): per model the pentachoron CV ratio against a Gaussian
     and the contextual relational alignment; for the base also its dense NLL, the largest
     single-head ablation and the embedding participation ratio. The per-layer, per-matrix battery
-    stays in the report. Paths are tuples: an HF id may contain dots."""
+    stays in the report. The alignment comes with its sd over ``probe.seeds`` (``<key>_sd``).
+    Paths are tuples: an HF id may contain dots."""
     keys = {}
     for name, block in report.items():
         tag = re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
         keys[f"{tag}_cv_ratio"] = (name, "embedding", "cv_ratio", "mean")
-        keys[f"{tag}_contextual_pearson"] = (name, "relational", "contextual", "pearson", "mean")
-        keys[f"{tag}_contextual_spearman"] = (name, "relational", "contextual", "spearman", "mean")
+        for key in ("pearson", "spearman"):  # the alignment, with its sd over probe.seeds (DESIGN §12)
+            keys[f"{tag}_contextual_{key}"] = (name, "relational", "contextual", key, "mean")
+            keys[f"{tag}_contextual_{key}_sd"] = (name, "relational", "contextual", key, "sd")
         if "heads" in block:
             keys[f"{tag}_dense_nll"] = (name, "heads", "dense_nll", "mean")
             keys[f"{tag}_ablation_dnll_max"] = (name, "heads", "ablation_dnll_max", "mean")

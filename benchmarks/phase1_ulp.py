@@ -1,0 +1,72 @@
+"""Phase 1's sensitivity to one-ulp noise in its input (DESIGN §12): copy the context cache, move a
+seeded 0.01 % of its fp16 values by one ulp (the size of the differences a CPU with other kernels
+produces), train phase 1 on the copy with the committed params and the first seed, and compare the
+research headline with the run on the unchanged cache (phase 1's report: its first seed) and with
+its spread over seeds. The engineering bar: the ratio moves by less than its seed sd.
+
+Needs the pipeline's outputs (`dvc repro phase1` or `dvc pull`). Takes one phase-1 training
+(~2 min at the default). Prints one JSON line.
+
+    python benchmarks/phase1_ulp.py [--fraction 1e-4] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from lookahead.config import load_section
+from lookahead.phase1 import Phase1Config, build_phase1
+from lookahead.predictor import PredictorConfig
+
+
+def perturb(cache_dir: Path, out_dir: Path, fraction: float, seed: int) -> int:
+    """A copy of the cache with ``fraction`` of every contexts array's values moved one fp16 ulp
+    (up or down, at random); returns how many values moved."""
+    shutil.copytree(cache_dir, out_dir)
+    rng = np.random.default_rng(seed)
+    moved = 0
+    for path in sorted(out_dir.glob("*_contexts.npy")):
+        values = np.load(path, mmap_mode="r+")
+        flat = values.reshape(-1)
+        pick = rng.choice(flat.size, max(1, int(round(fraction * flat.size))), replace=False)
+        direction = np.where(rng.random(len(pick)) < 0.5, -np.inf, np.inf).astype(np.float16)
+        flat[pick] = np.nextafter(flat[pick], direction)
+        values.flush()
+        moved += len(pick)
+    return moved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--fraction", type=float, default=1e-4, help="share of values moved (default 0.01 %%)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the choice of values")
+    args = parser.parse_args()
+    if not 0 < args.fraction <= 1:
+        parser.error("--fraction must be in (0, 1]")
+    cfg = load_section(args.params, "phase1", Phase1Config)
+    predictor_cfg = load_section(args.params, "predictor", PredictorConfig)
+    committed = json.loads(Path("metrics/phase1_report.json").read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="phase1-ulp-") as tmp:
+        tmp = Path(tmp)
+        moved = perturb(Path("data/contexts"), tmp / "contexts", args.fraction, args.seed)
+        metrics, _, _ = build_phase1(cfg, predictor_cfg, "models/base", tmp / "contexts", "models/init/init.safetensors",
+                                     "data/probe/heads.safetensors", tmp / "predictor.safetensors")
+    figures = {"moved_values": moved, "fraction": args.fraction}
+    for key in ("increase_over_static_increase", "active_head_fraction", "hard_nll_increase"):
+        before, after, sd = committed["primary"][key], metrics[key], committed[f"{key}_sd"]
+        figures.update({f"{key}_unperturbed": before, f"{key}_perturbed": after,
+                        f"{key}_change": None if None in (before, after) else after - before, f"{key}_seed_sd": sd})
+    change, sd = figures["increase_over_static_increase_change"], figures["increase_over_static_increase_seed_sd"]
+    figures["ratio_change_below_seed_sd"] = None if None in (change, sd) else abs(change) < sd
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
