@@ -8,8 +8,11 @@ import statistics
 import pytest
 
 from lookahead.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
-from lookahead.phase1 import Phase1Config
-from lookahead.seeds import mean_sd, reseeded, seed_summary, with_spread
+from lookahead.phase1 import HEADLINE as PHASE1_HEADLINE
+from lookahead.phase1 import Phase1Config, build_phase1
+from lookahead.predictor import PredictorConfig
+from lookahead.seeds import final_evaluation_only, mean_sd, one_run, reseeded, seed_summary, with_spread
+from lookahead.trainer import TrainConfig
 
 
 def test_reseeded_shifts_every_seed_of_a_section_nested_ones_included():
@@ -53,3 +56,24 @@ def test_pairs_over_seeds_equal_separate_runs_on_each_seed(phase_inputs, downstr
         assert seeded[f"{key}_sd"] == pytest.approx(statistics.stdev(values), abs=1e-12), key
     assert statistics.stdev(r["pairs"] for r in runs) > 0  # the seeds did change the draws
     assert (tmp_path / "seeded" / "pairs.safetensors").read_bytes() == (tmp_path / "run3" / "pairs.safetensors").read_bytes()
+
+
+def test_a_seed_evaluated_only_at_its_end_trains_exactly_as_with_its_curve(phase_inputs, tmp_path):
+    """The extra seeds skip the periodic evaluations; that must not change what they train (the
+    evaluations draw from generators of their own) nor the final figures."""
+    from safetensors.torch import load_file
+
+    cfg = Phase1Config(lambda_head=0.1, eval_batch_size=2,
+                       train=TrainConfig(steps=6, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=2, log_every=1,
+                                         checkpoint_every=0, device="cpu"))
+    final = final_evaluation_only(cfg)
+    assert final.train.eval_every == 6 and dataclasses.replace(final, train=cfg.train) == cfg
+    args = (PredictorConfig(rank=2, hidden=8), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+            phase_inputs["heads"])
+    curve, with_curve, _ = build_phase1(cfg, *args, tmp_path / "a.safetensors")
+    end, at_end, _ = build_phase1(final, *args, tmp_path / "b.safetensors")
+    assert [r["step"] for r in with_curve.eval_curve] == [0, 2, 4, 6] and [r["step"] for r in at_end.eval_curve] == [0, 6]
+    assert [r["loss"] for r in with_curve.train_curve] == [r["loss"] for r in at_end.train_curve]
+    a, b = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
+    assert all(a[k].equal(b[k]) for k in a)
+    assert {k: curve[k] for k in one_run(PHASE1_HEADLINE)} == {k: end[k] for k in one_run(PHASE1_HEADLINE)}

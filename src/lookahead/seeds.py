@@ -39,13 +39,24 @@ def reseeded(cfg: C, offset: int) -> C:
     return dataclasses.replace(cfg, **changes)
 
 
+def final_evaluation_only(cfg: C) -> C:
+    """A copy whose training (a ``train`` section, if any) evaluates only after its last step:
+    a run kept for its final figures needs no curve, and its training is the same (evaluation
+    draws from generators of its own, never from the training's)."""
+    train = getattr(cfg, "train", None)
+    if train is None or not dataclasses.is_dataclass(train):
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(train, eval_every=train.steps))
+
+
 def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], stage: str) -> list[dict[str, Any]]:
     """Figures of the ``seeds - 1`` runs besides the primary one: ``run(reseeded(cfg, i), scratch)``
-    for i = 1 … seeds − 1, each given an empty scratch directory for outputs nobody keeps."""
+    for i = 1 … seeds − 1 (evaluated after the last step only), each given an empty scratch
+    directory for outputs nobody keeps."""
     out = []
     for offset in tqdm(range(1, seeds), desc=f"{stage} seeds", unit="seed", disable=seeds <= 1):
         with tempfile.TemporaryDirectory(prefix=f"{stage}-seed{offset}-") as scratch:
-            out.append(run(reseeded(cfg, offset), Path(scratch)))
+            out.append(run(final_evaluation_only(reseeded(cfg, offset)), Path(scratch)))
     return out
 
 
