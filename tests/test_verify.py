@@ -45,7 +45,8 @@ def write(repo, name, figures):
 def test_a_rerun_on_the_same_bytes_is_within_everywhere(repo, capsys):
     assert main(["--repo", str(repo)]) == 0
     out = capsys.readouterr().out
-    assert "1 of 1 research headlines within 3 seed sd of HEAD; 4 of 4 other figures within 2%." in out
+    assert "1 of 1 research headlines within their spread of HEAD (3 seed sd, at least 0.5%); 4 of 4 other figures " \
+           "within 2%." in out
     assert "a.seeds" not in out and "ratio_sd" not in out  # the spread and the seed count are not figures
 
 
@@ -69,12 +70,15 @@ def test_a_research_headline_outside_its_spread_fails_and_others_only_report(rep
     assert "OUTSIDE: a.ratio" in out and "0 of 1 research headlines" in out
 
 
-def test_a_zero_spread_falls_back_to_the_relative_tolerance(repo):
-    write(repo, "a", {**COMMITTED_A, "ratio": 1.01, "ratio_sd": 0.0})
+def test_a_zero_spread_falls_back_to_the_floor(repo):
+    write(repo, "a", {**COMMITTED_A, "ratio": 1.004, "ratio_sd": 0.0})
     subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "sd 0"], cwd=repo, check=True)
     write(repo, "a", {**COMMITTED_A, "ratio": 1.0, "ratio_sd": 0.0})
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "a.ratio"]
-    assert row.tolerance == pytest.approx(0.0202) and row.basis == "2%" and row.within
+    assert row.tolerance == pytest.approx(0.00502) and row.basis == "0.5%" and row.within
+    write(repo, "a", {**COMMITTED_A, "ratio": 0.998, "ratio_sd": 0.0})
+    assert main(["--repo", str(repo)]) == 1  # 0.6 % away, no spread to allow it
+    write(repo, "a", {**COMMITTED_A, "ratio": 1.0, "ratio_sd": 0.0})
     assert main(["--repo", str(repo), "--rev", "HEAD~1"]) == 0  # against the older revision: no change at all
 
 

@@ -8,7 +8,8 @@ revision, within a tolerance:
 
 - a **research headline** — a figure measured over seeds, i.e. one with a ``<name>_sd`` beside it
   — within ``--sd-factor`` (3) times its seed sd (the larger of the two runs'), and never tighter
-  than the default below. One outside its spread makes the command exit 1;
+  than ``--floor`` (0.5 %) of the committed value (a spread of 0 over seeds is no promise that
+  another machine gives the same bits). One outside makes the command exit 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
   DESIGN §12) and are not research claims.
@@ -95,7 +96,7 @@ def read_at_revision(repo: Path, rev: str, relpath: str) -> dict | None:
     return json.loads(done.stdout)
 
 
-def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: float) -> list[Row]:
+def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: float, floor: float) -> list[Row]:
     """The rows of one stage: every figure of either side except the ``_sd`` columns themselves."""
     old, new = flatten(committed), flatten(here)
     rows = []
@@ -105,13 +106,14 @@ def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: 
         a, b = old.get(name), new.get(name)
         sds = [float(v) for v in (old.get(name + SD_SUFFIX), new.get(name + SD_SUFFIX)) if _number(v)]
         research = bool(sds)
-        floor = rel_tol * abs(float(a)) if _number(a) else 0.0
         if not _number(a):
             tolerance, basis = 0.0, "equal"
-        elif research and sd_factor * max(sds) >= floor:
+        elif research and sd_factor * max(sds) >= floor * abs(float(a)):
             tolerance, basis = sd_factor * max(sds), f"{sd_factor:g} sd"
+        elif research:
+            tolerance, basis = floor * abs(float(a)), f"{floor:.1%}"
         else:
-            tolerance, basis = floor, f"{rel_tol:.0%}"
+            tolerance, basis = rel_tol * abs(float(a)), f"{rel_tol:.0%}"
         rows.append(Row(f"{stage}.{name}", a, b, tolerance, research, basis))
     return rows
 
@@ -136,7 +138,7 @@ def render(rows: list[Row]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02) -> list[Row]:
+def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, floor: float = 0.005) -> list[Row]:
     """Every headline figure of the workspace's DVC metrics files against the same at ``rev``."""
     rows: list[Row] = []
     for relpath in metrics_files(repo):
@@ -144,7 +146,8 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02) 
         committed = read_at_revision(repo, rev, relpath)
         if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
             continue
-        rows += compare(committed, json.loads(path.read_text(encoding="utf-8")), Path(relpath).stem, sd_factor, rel_tol)
+        rows += compare(committed, json.loads(path.read_text(encoding="utf-8")), Path(relpath).stem, sd_factor, rel_tol,
+                        floor)
     return rows
 
 
@@ -156,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sd-factor", type=float, default=3.0,
                         help="research headlines: tolerance in seed sds (default 3)")
     parser.add_argument("--rel-tol", type=float, default=0.02,
-                        help="every figure: relative tolerance, and the floor of a research one's (default 0.02)")
+                        help="figures without a seed spread: relative tolerance (default 0.02)")
+    parser.add_argument("--floor", type=float, default=0.005,
+                        help="research headlines: the smallest relative tolerance (default 0.005)")
     args = parser.parse_args(argv)
-    if args.sd_factor <= 0 or args.rel_tol < 0:
-        parser.error("--sd-factor must be > 0 and --rel-tol >= 0")
-    rows = verify(args.repo, args.rev, sd_factor=args.sd_factor, rel_tol=args.rel_tol)
+    if args.sd_factor <= 0 or args.rel_tol < 0 or args.floor < 0:
+        parser.error("--sd-factor must be > 0, --rel-tol and --floor >= 0")
+    rows = verify(args.repo, args.rev, sd_factor=args.sd_factor, rel_tol=args.rel_tol, floor=args.floor)
     if not rows:
         print(f"verify: no metrics/<stage>.json both here and at {args.rev}", file=sys.stderr)
         return 2
@@ -168,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     research = [r for r in rows if r.research]
     outside = [r for r in research if not r.within]
     other = [r for r in rows if not r.research and not r.within]
-    print(f"\n{len(research) - len(outside)} of {len(research)} research headlines within {args.sd_factor:g} seed sd "
-          f"of {args.rev}; {len(rows) - len(research) - len(other)} of {len(rows) - len(research)} other figures "
-          f"within {args.rel_tol:.0%}.")
+    print(f"\n{len(research) - len(outside)} of {len(research)} research headlines within their spread of {args.rev} "
+          f"({args.sd_factor:g} seed sd, at least {args.floor:.1%}); {len(rows) - len(research) - len(other)} of "
+          f"{len(rows) - len(research)} other figures within {args.rel_tol:.0%}.")
     if outside:
         print("OUTSIDE: " + ", ".join(r.figure for r in outside))
     return 1 if outside else 0
