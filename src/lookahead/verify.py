@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lookahead.config import flatten
+
 SD_SUFFIX = "_sd"
 NOT_FIGURES = {"seeds"}  # how many seeds: part of the config, not a result
 
@@ -63,17 +65,6 @@ class Row:
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def flatten(metrics: dict, prefix: str = "") -> dict[str, object]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (as ``dvc metrics show`` writes the columns)."""
-    out: dict[str, object] = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def metrics_files(repo: Path) -> list[str]:
