@@ -230,8 +230,29 @@ def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | 
     return args
 
 
+def first_vector_math_call() -> None:
+    """Make the process's first call into MKL's vector math library (VML) here, on one thread.
+
+    torch's CPU build computes float ``cos``, ``sin``, ``exp``, ``log``, ... with MKL VML. Measured
+    on the default pipeline (phase 1's dense NLL, 2 threads): when the process's first VML call is
+    a parallel one — the LM's rotary ``cos`` over 8 × 128 × 32 values, split over both threads — in
+    about 1 process in 8 one thread gets low-accuracy values (error up to 1.5e-4 against 3.5e-8 on
+    the next call: the "enhanced performance" kernel, not the high-accuracy one torch asks for), and
+    the stage's figures change in their last bits. After one single-threaded call first, 48 of 48
+    processes were exact. A process that has not imported torch makes no VML call and is left alone.
+    ``benchmarks/first_vml_call.py`` measures it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    one = torch.ones(1)
+    for op in (torch.cos, torch.sin, torch.exp, torch.log, torch.tanh, torch.sqrt, torch.erf):
+        op(one)
+
+
 def cli(main) -> None:
     """Run a stage's ``main()``; a :class:`LookaheadError` prints one message and exits 2."""
+    first_vector_math_call()
     try:
         main()
     except LookaheadError as err:
