@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test verify bench check-params mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test test-fast verify bench check-params mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -45,6 +45,11 @@ repro: setup check-params
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The inner loop: the unit tests alone (no DVC repository, no tiny pipeline run: the tests marked
+# `slow` are left out). `make test` runs everything, as CI does.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # This workspace's headline figures against a git revision's (REV=<rev>, default HEAD), each within
 # its seed spread (DESIGN §12; "Reproducing the numbers" in the README). Exit 1: a research headline

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items):
-    """The reliability suite last: it starts from the tiny pipeline run the pipeline tests make."""
-    items.sort(key=lambda item: "reliability" in item.path.parts)
+    """The unit tests first, while the tiny pipeline runs start beside them (:func:`tiny_runs`); then
+    the tests of those runs; the reliability suite last (it starts from copies of a run)."""
+    items.sort(key=lambda item: ("reliability" in item.path.parts, item.get_closest_marker("slow") is not None))
 
 
 @pytest.fixture(scope="session")
@@ -107,13 +110,108 @@ def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
         raise AssertionError(str(err)) from None
 
 
-@pytest.fixture(scope="session")
-def pipeline_repo(tmp_path_factory):
-    """A fresh git + DVC repository holding the project's files, with the tiny profile as params:
-    (path, env). Shared by the pipeline and sharing tests (one tiny `dvc repro` per session)."""
-    from lookahead.faults import scratch_repo
+class BackgroundRepro:
+    """`dvc repro` of the tiny profile in a fresh git + DVC repository holding the project's files
+    (:func:`lookahead.faults.scratch_repo`), run in a process of its own beside the tests."""
 
-    return scratch_repo(REPO, tmp_path_factory.mktemp("pipeline") / "repo")
+    def __init__(self, dest: Path):
+        from lookahead.faults import scratch_repo
+
+        self.path, self.env = scratch_repo(REPO, dest)
+        self.log = dest.parent / "repro.log"
+        self.lock: str | None = None
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(["dvc", "repro"], cwd=self.path, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        """Wait for the run; its output (an AssertionError with its tail when it failed). The lock
+        file it wrote is kept as :attr:`lock` (tests change the repository afterwards)."""
+        code = self.proc.wait(timeout=1800)
+        out = self.log.read_text()
+        if code != 0:
+            raise AssertionError(f"dvc repro failed ({code}) in {self.path}:\n{out[-4000:]}")
+        if self.lock is None:
+            self.lock = (self.path / "dvc.lock").read_text()
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+TINY_RUNS = ("pipeline_repo", "second_tiny_run")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_runs(request, tmp_path_factory):
+    """The tiny pipeline runs the selected tests need, all started when the session starts: a tiny
+    stage's work is mostly one-threaded start-up (imports, DVC), so two runs and the unit tests share
+    2 cores with little loss, where one after the other they took most of the suite's time."""
+    wanted = {name for item in request.session.items for name in item.fixturenames if name in TINY_RUNS}
+    runs = {name: BackgroundRepro(tmp_path_factory.mktemp(name) / "repo") for name in TINY_RUNS if name in wanted}
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+@pytest.fixture(scope="session")
+def pipeline_repo(tiny_runs):
+    """The tiny pipeline run (`dvc repro` of profiles/tiny.yaml in a fresh repository): (path, env).
+    Shared by the pipeline, sharing, scale-out and reliability tests."""
+    run = tiny_runs["pipeline_repo"]
+    run.output()
+    return run.path, run.env
+
+
+@pytest.fixture(scope="session")
+def pipeline_repro_output(pipeline_repo, tiny_runs) -> str:
+    """What `dvc repro` printed in ``pipeline_repo``."""
+    return tiny_runs["pipeline_repo"].output()
+
+
+@pytest.fixture(scope="session")
+def second_tiny_run(tiny_runs):
+    """A second tiny pipeline run from scratch, in another repository, at the same time as the
+    first: (path, env). Every output must have the first run's bytes (DESIGN §12)."""
+    run = tiny_runs["second_tiny_run"]
+    run.output()
+    return run.path, run.env
+
+
+# Experiments queued in the tiny run: name -> (the param set, the stages it reruns).
+QUEUED_EXPERIMENTS = {
+    "lambda-0.2": ("phase2.lambda_head=0.2", {"phase2", "evaluate"}),  # a phase-2 sweep point, as in the README
+    "samples-3": ("evaluate.diffusion_samples=3", {"evaluate"}),  # tiny.yaml has 2: the last stage alone reruns
+}
+
+
+@pytest.fixture(scope="session")
+def queued_experiments(pipeline_repo, tmp_path_factory) -> tuple[Path, dict, str]:
+    """:data:`QUEUED_EXPERIMENTS` queued in the tiny run (its outputs committed first, with a default
+    DVC remote as a team has one) and run by one queue worker (`dvc exp run --queue`, `dvc queue
+    start`): (path, env, the baseline commit). Read by the MLflow-landing check and the experiments'
+    trip through git and DVC remotes."""
+    path, env = pipeline_repo
+    # an experiment's commit carries its baseline's DVC config: the remote `dvc exp push` sends its outputs to
+    sh(["dvc", "remote", "add", "-f", "-d", "exps", str(tmp_path_factory.mktemp("experiments") / "store")], path, env)
+    sh(["git", "add", "-A"], path, env)
+    sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
+    for name, (assignment, _) in QUEUED_EXPERIMENTS.items():
+        sh(["dvc", "exp", "run", "--queue", "-n", name, "-S", assignment], path, env)
+    sh(["dvc", "queue", "start", "-j", "1"], path, env)
+    deadline, status = time.time() + 600, ""
+    while time.time() < deadline:
+        status = sh(["dvc", "queue", "status"], path, env)
+        rows = [line for line in status.splitlines() if line.split()[1:2] and line.split()[1] in QUEUED_EXPERIMENTS]
+        if len(rows) == len(QUEUED_EXPERIMENTS) and all("Success" in r or "Failed" in r for r in rows):
+            break
+        time.sleep(2)
+    for name in QUEUED_EXPERIMENTS:
+        row = next((line for line in status.splitlines() if name in line.split()), "")
+        assert "Success" in row, status + sh(["dvc", "queue", "logs", name], path, env, check=False)
+    return path, env, sh(["git", "rev-parse", "HEAD"], path, env).strip()
 
 
 @pytest.fixture(scope="session")
@@ -179,10 +277,10 @@ def sshd(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reproduced(pipeline_repo, tmp_path_factory):
-    """A private copy of the tiny pipeline repository after `dvc repro` (a no-op when the pipeline
-    tests ran first), everything committed: the state a fault starts from and must come back to."""
-    path, env = pipeline_repo
+def reproduced(second_tiny_run, tmp_path_factory):
+    """A private copy of the second tiny pipeline run (`dvc repro` after it is a no-op), everything
+    committed: the state a fault starts from and must come back to."""
+    path, env = second_tiny_run
     sh(["dvc", "repro"], path, env)
     dest = tmp_path_factory.mktemp("reproduced") / "repo"
     shutil.copytree(path, dest, symlinks=True)

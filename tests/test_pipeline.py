@@ -1,8 +1,8 @@
 """End to end: `dvc repro` of the tiny profile in a temporary copy of the repository.
 
-Checks what a researcher relies on: outputs and metrics appear, every stage rerun on the same inputs
-writes the same bytes (DESIGN §12), a changed `phase2` param reruns only `phase2` and the stage
-downstream of it, reverting it restores the old outputs from DVC's run-cache without training, plots
+Checks what a researcher relies on: outputs and metrics appear, a second run from scratch in another
+repository writes the same bytes for every output of every stage (DESIGN §12), a changed `phase2`
+param reruns only `phase2` and the stage downstream of it, reverting it restores the old outputs from DVC's run-cache without training, plots
 render, MLflow groups the stages, and a queued experiment (`dvc exp run --queue` + `dvc queue start`)
 lands in the same MLflow store.
 """
@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lookahead.config import flatten
-from tests.conftest import sh
+from tests.conftest import QUEUED_EXPERIMENTS, sh
 
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "phase1", "pairs", "diffusion",
@@ -36,9 +35,9 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def locked_outs(repo: Path) -> dict[str, str]:
-    """{output path: md5} of every stage's outputs in dvc.lock (metrics and plots included)."""
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+def locked_outs(lock_text: str) -> dict[str, str]:
+    """{output path: md5} of every stage's outputs in a dvc.lock's text (metrics and plots included)."""
+    lock = yaml.safe_load(lock_text)
     return {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
 
 
@@ -53,10 +52,9 @@ def repo(pipeline_repo):
     return pipeline_repo
 
 
-def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
+def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipeline_repro_output):
     path, env = repo
-    # --force: every stage runs here even if another test module reproduced some of them first
-    out = sh(["dvc", "repro", "--force"], path, env)
+    out = pipeline_repro_output  # the session's tiny run (tests/conftest.py), started with the session
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out
     headline = {stage: json.loads((path / "metrics" / f"{stage}.json").read_text()) for stage in STAGES}
@@ -136,17 +134,6 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     phase2_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "phase2" for r in stage_runs(path))  # noqa: E731
     assert phase2_runs() == 1
 
-    # bitwise on one machine (DESIGN §12): every stage run again on the same inputs writes the same
-    # bytes — every output of every stage, models, caches, reports, metrics and figures alike
-    # (timings go to metrics/<stage>_timing.json, which DVC does not track)
-    before = locked_outs(path)
-    out = sh(["dvc", "repro", "--force"], path, env)
-    assert out.count("Running stage") == len(STAGES), out
-    after = locked_outs(path)
-    assert len(before) >= 2 * len(STAGES) and {p for p in before if before[p] != after[p]} == set()
-    assert "Data and pipelines are up to date" in sh(["dvc", "status"], path, env)
-    assert phase2_runs() == 2
-
     # nothing changed: nothing runs
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage" not in out
@@ -164,7 +151,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
         assert f"Running stage '{stage}'" in out
     assert out.count("Running stage") == 2, out
     assert digest(path / "models" / "phase2" / "predictor.safetensors") != predictor
-    assert phase2_runs() == 3
+    assert phase2_runs() == 2
 
     # reverted: DVC's run-cache restores the first outputs; nothing trains, nothing is logged
     (path / "params.yaml").write_text(original)
@@ -172,13 +159,13 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert "Stage 'phase2' is cached - skipping run, checking out outputs" in out
     assert "Running stage" not in out
     assert digest(path / "models" / "phase2" / "predictor.safetensors") == predictor
-    assert phase2_runs() == 3
+    assert phase2_runs() == 2
 
     # MLflow: one parent per pipeline run (params differ -> pipeline ids differ), children under it
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 2 and len(children) == 14 + 14 + 2
+    assert len(parents) == 2 and len(children) == 14 + 2
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
     assert all(p.info.status == "FINISHED" for p in parents.values())
     # the report reaches MLflow whole: as an artifact, and its lists as step series
@@ -187,6 +174,16 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo):
     assert "probe_report.json" in [a.path for a in client.list_artifacts(probe.info.run_id)]
     series = client.get_metric_history(probe.info.run_id, "base.weights.self_attn.q_proj.stable_rank")
     assert sorted(m.step for m in series) == [0, 1]  # one point per layer of the tiny base
+
+
+def test_a_second_run_from_scratch_writes_the_same_bytes(repo, second_tiny_run, tiny_runs):
+    """Bitwise on one machine (DESIGN §12): the tiny pipeline run a second time from scratch, in
+    another repository and at the same time as the first (so under load), writes the same bytes —
+    every output of every stage: models, caches, reports, metrics and figures alike (timings go to
+    metrics/<stage>_timing.json, which DVC does not track)."""
+    first, second = (locked_outs(run.lock) for run in (tiny_runs["pipeline_repo"], tiny_runs["second_tiny_run"]))
+    assert set(yaml.safe_load(tiny_runs["second_tiny_run"].lock)["stages"]) == set(STAGES)
+    assert len(second) >= 2 * len(STAGES) and {p for p in second if first.get(p) != second[p]} == set()
 
 
 RESOURCE = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|@import[^;]*https?:|url\(\s*["']?\s*(?:https?:)?//""", re.I)
@@ -248,28 +245,21 @@ def test_plots_render_offline(repo):
     assert drawn_pixels(screenshot(path / "diff_html" / "index.html", path / "diff.png")) > 2000
 
 
-def test_queued_experiment_lands_in_the_same_mlflow_store(repo):
-    path, env = repo
-    sh(["git", "add", "-A"], path, env)
-    sh(["git", "commit", "-qm", "outputs", "--allow-empty"], path, env)
-    # a phase-2 sweep point, as in the README: only phase2 and evaluate rerun
-    sh(["dvc", "exp", "run", "--queue", "-n", "queued-lambda", "-S", "phase2.lambda_head=0.2"], path, env)
-    sh(["dvc", "queue", "start", "-j", "1"], path, env)
-    deadline = time.time() + 300
-    status = ""
-    while time.time() < deadline:
-        status = sh(["dvc", "queue", "status"], path, env)
-        if "queued-lambda" in status and ("Success" in status or "Failed" in status):
-            break
-        time.sleep(3)
-    assert "Success" in status, status + sh(["dvc", "queue", "logs", "queued-lambda"], path, env, check=False)
-    queued = [r for r in stage_runs(path) if r.data.tags.get("lookahead.pipeline_id") == "queued-lambda"]
-    stages = {r.data.tags.get("lookahead.stage") for r in queued}
-    assert stages == {None, "phase2", "evaluate"}  # the parent run, and the stages the change reran
-    (phase2,) = [r for r in queued if r.data.tags.get("lookahead.stage") == "phase2"]
-    assert phase2.data.params["phase2/phase2.lambda_head"] == "0.2"
+def test_queued_experiments_land_in_the_same_mlflow_store(queued_experiments):
+    path, env, _ = queued_experiments
+    runs = stage_runs(path)
+    for name, (assignment, rerun) in QUEUED_EXPERIMENTS.items():
+        queued = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == name]
+        # the parent run, and the stages the change reran (nothing upstream of them)
+        assert {r.data.tags.get("lookahead.stage") for r in queued} == {None, *rerun}, name
+        key, value = assignment.split("=")
+        stage = key.split(".")[0]
+        (run,) = [r for r in queued if r.data.tags.get("lookahead.stage") == stage]
+        assert run.data.params[f"{stage}/{key}"] == value and run.data.metrics, name
+    (phase2,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "lambda-0.2"
+                 and r.data.tags.get("lookahead.stage") == "phase2"]
     assert "hard_nll" in phase2.data.metrics
     # nothing was written inside DVC's temporary workspace
     assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
     shown = sh(["dvc", "exp", "show", "--json"], path, env)
-    assert "queued-lambda" in shown and "hard_nll" in shown
+    assert all(name in shown for name in QUEUED_EXPERIMENTS) and "hard_nll" in shown

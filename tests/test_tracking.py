@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from mlflow.tracking import MlflowClient
 
 from lookahead import tracking
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with every migration applied and nothing logged, made once per session
+    (making one takes seconds, most of them the migrations); a test's project gets a copy. A store
+    made from nothing is still made, and checked, in test_tracking_uri_environment_variable_is_honoured
+    and in every tiny pipeline run."""
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def project(tmp_path, monkeypatch):
+def project(tmp_path, monkeypatch, empty_store):
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "params.yaml").write_text("corpus: {}\n")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -106,7 +121,8 @@ def test_tracking_uri_environment_variable_is_honoured(project, tmp_path_factory
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")
     with tracking.stage_run("corpus", {}):
         pass
-    assert other.is_file() and not (project / "mlflow.db").exists()
+    assert other.is_file()
+    assert MlflowClient(f"sqlite:///{project / 'mlflow.db'}").get_experiment_by_name(tracking.EXPERIMENT) is None
     _, found = runs(f"sqlite:///{other}")
     assert len(found) == 2
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from mlflow.tracking import MlflowClient
 
 from tests.conftest import sh
 
@@ -29,3 +30,12 @@ def data_outs(outs: dict[str, str], stage_prefixes: tuple[str, ...]) -> dict[str
 def assert_up_to_date(repo: Path, env: dict) -> None:
     out = sh(["dvc", "status"], repo, env)
     assert "Data and pipelines are up to date" in out, out
+
+
+def latest_stage_run(repo: Path, stage: str):
+    """The newest MLflow child run of ``stage`` in ``repo``'s local store."""
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lookahead")
+    (run,) = client.search_runs([experiment.experiment_id], filter_string=f"tags.`lookahead.stage` = '{stage}'",
+                                order_by=["attributes.start_time DESC"], max_results=1)
+    return run

@@ -14,7 +14,7 @@ import pytest
 
 from lookahead.faults import after_checkpoints, file_digests, interrupt, while_writing
 from tests.conftest import sh
-from tests.reliability.conftest import assert_up_to_date, data_outs, lock_outs
+from tests.reliability.conftest import assert_up_to_date, data_outs, latest_stage_run, lock_outs
 
 STAGE_OUTPUTS = {"base": ("models/base",), "phase1": ("models/phase1",), "contexts": ("data/contexts",)}
 
@@ -35,6 +35,8 @@ def test_killed_training_stage_resumes_to_the_same_bytes(reproduced, stage, sig,
         assert not (repo / path).exists(), path
     status = sh(["dvc", "status", stage], repo, env)  # must run again
     assert f"{stage}:\n\tchanged outs:" in status and all(f"deleted:            {p}" in status for p in reference), status
+    if sig == signal.SIGINT:  # Ctrl-C reaches the stage's code, which closes its MLflow run (a SIGKILL cannot)
+        assert latest_stage_run(repo, stage).info.status == "FAILED"
 
     out = sh(["dvc", "repro", "-f", "-s", stage], repo, env)
     resumed = re.search(rf"{stage}: resuming from step (\d+)", out)
@@ -42,6 +44,7 @@ def test_killed_training_stage_resumes_to_the_same_bytes(reproduced, stage, sig,
     assert data_outs(lock_outs(repo), STAGE_OUTPUTS[stage]) == reference  # bitwise: the same md5s
     assert_up_to_date(repo, env)  # nothing downstream needs to run again
     assert not any((repo / "checkpoints" / stage).iterdir())  # the checkpoint is gone after success
+    assert latest_stage_run(repo, stage).info.status == "FINISHED"
 
 
 def test_stage_killed_while_writing_leaves_no_half_output(reproduced):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from lookahead import atomic
 from lookahead.config import cli
 from tests.conftest import sh
-from tests.reliability.conftest import assert_up_to_date, lock_outs
+from tests.reliability.conftest import assert_up_to_date, latest_stage_run, lock_outs
 
 INIT_OUTPUTS = {"out": "models/init/init.safetensors", "metrics": "metrics/init.json", "report": "metrics/init_report.json"}
 
@@ -140,6 +140,7 @@ def test_nan_in_a_training_loss_stops_the_stage_naming_the_step(reproduced):
     line = next((x for x in out.splitlines() if x.startswith("error (")), out[-2000:])
     assert line.startswith("error (NonFiniteLoss): modulator: training loss is nan at step 0"), line
     assert "Traceback" not in out and (repo / "dvc.lock").read_bytes() == lock
+    assert latest_stage_run(repo, "modulator").info.status == "FAILED"  # tracked, and marked failed
     sh(["dvc", "checkout", "--force", "models/base"], repo, env)
     assert "Running stage" not in sh(["dvc", "repro"], repo, env)
     assert_up_to_date(repo, env)
