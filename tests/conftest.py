@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-import random
+import os
+
+# The session runs two tiny pipelines and the unit tests at once on as few as 2 cores (tiny_runs):
+# numpy's BLAS (OpenBLAS) then gets one thread, here and in every process the tests start, before
+# numpy is first imported. Its threads spin against the others: a 1 536 x 384 SVD took 0.27-0.47 s
+# with 2 threads beside one busy process, 0.027 s with 1; the probe stage's took half a minute.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import random  # noqa: E402
 import shutil
 import subprocess
 import time

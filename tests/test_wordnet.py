@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from lookahead import wordnet_data as wordnet
-from lookahead.wordnet_data import LEXNAMES, WordNetMissing, assemble, open_wordnet
+from lookahead.wordnet_data import LEXNAMES, WordNetMissing, assemble, open_wordnet, synset_texts
+from tests.conftest import REPO
 
 
 def test_lexnames_is_the_standard_45_line_list():
@@ -21,7 +22,25 @@ def test_reader_matches_known_wordnet_30_facts(wn):
     dog, cat = wn.synset("dog.n.01"), wn.synset("cat.n.01")
     assert dog.lexname() == "noun.animal"
     assert dog.wup_similarity(cat) == pytest.approx(0.8571428571428571)
-    assert len(list(wn.all_synsets())) == 117659
+    walk = list(wn.all_synsets())  # nltk's walk of the data files
+    assert len(walk) == 117659
+    # the table the stages read (from the per-user cache once it is filled): nltk's values, in its order
+    assert synset_texts(wn) == [(s.name(), s.lemma_names(), s.definition(), s.examples()) for s in walk]
+
+
+def test_lemma_index_is_parsed_once_then_read_back_from_the_cache(wn, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    parsed = open_wordnet(root=REPO)  # an empty cache: nltk parses the index files, the cache keeps the result
+    (cached,) = tmp_path.glob("wordnet/*/lemma_pos_offset_map.pickle")
+    assert dict(parsed._lemma_pos_offset_map) == dict(wn._lemma_pos_offset_map)
+    stamp = cached.stat().st_mtime_ns
+    again = open_wordnet(root=REPO)  # read back, not parsed or written again
+    assert cached.stat().st_mtime_ns == stamp
+    assert dict(again._lemma_pos_offset_map) == dict(parsed._lemma_pos_offset_map)
+    assert [lemma.name() for lemma in again.lemmas("dog")] == [lemma.name() for lemma in wn.lemmas("dog")]
+    cached.write_bytes(b"damaged")  # a damaged cache is parsed again and rewritten
+    assert dict(open_wordnet(root=REPO)._lemma_pos_offset_map) == dict(parsed._lemma_pos_offset_map)
+    assert cached.stat().st_size > 1000
 
 
 def test_explicit_path_is_assembled_into_a_project_local_data_dir(wn, tmp_path):

@@ -58,10 +58,12 @@ class CorpusConfig:
 
 def wordnet_lines(wn) -> Iterator[str]:
     """One line per synset: ``lemma, lemma: gloss. example. example``."""
-    for synset in wn.all_synsets():
-        lemmas = ", ".join(name.replace("_", " ") for name in synset.lemma_names())
-        parts = [f"{lemmas}: {synset.definition().strip()}"]
-        parts += [example.strip() for example in synset.examples()]
+    from lookahead.wordnet_data import synset_texts
+
+    for _, lemma_names, definition, examples in synset_texts(wn):
+        lemmas = ", ".join(name.replace("_", " ") for name in lemma_names)
+        parts = [f"{lemmas}: {definition.strip()}"]
+        parts += [example.strip() for example in examples]
         yield " ".join(p if p.endswith((".", "!", "?")) else p + "." for p in parts)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from lookahead.atomic import atomic_dir
 from lookahead.config import LookaheadError, require
-from lookahead.wordnet_data import WordNetSource, open_wordnet  # noqa: F401  (open_wordnet: public API)
+from lookahead.wordnet_data import WordNetSource, open_wordnet, synset_texts  # noqa: F401  (open_wordnet: public API)
 
 ROOT = "*ROOT*"
 MIN_GLOSS_CHARS = 11  # glosses of 10 characters or fewer are skipped
@@ -224,9 +224,9 @@ def match_tokens(wn, tokenizer) -> list[dict]:
     prefix = leading_space(tokenizer)
     names = sorted({
         name
-        for synset in wn.all_synsets()
-        if len(" ".join(synset.definition().split())) >= MIN_GLOSS_CHARS
-        for name in synset.lemma_names()
+        for _, lemma_names, definition, _ in synset_texts(wn)
+        if len(" ".join(definition.split())) >= MIN_GLOSS_CHARS
+        for name in lemma_names
     })
     texts = [name.replace("_", " ") for name in names]
     encoded = tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"]
