@@ -284,10 +284,11 @@ def sshd(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reproduced(second_tiny_run, tmp_path_factory):
-    """A private copy of the second tiny pipeline run (`dvc repro` after it is a no-op), everything
-    committed: the state a fault starts from and must come back to."""
+    """One copy per session of the second tiny pipeline run (`dvc repro` after it is a no-op),
+    everything committed: the state every fault of the reliability suite starts from and must come
+    back to (each test ends by checking that it did)."""
     path, env = second_tiny_run
     sh(["dvc", "repro"], path, env)
     dest = tmp_path_factory.mktemp("reproduced") / "repo"

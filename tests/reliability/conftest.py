@@ -1,8 +1,9 @@
 """The reliability suite (issue 17): faults injected into the tiny pipeline, each checked to end with
 nothing lost and, where it stops a command, an error that names the file or key and the fix.
 
-The repository tests start from `reproduced` (tests/conftest.py): a private copy of the tiny pipeline
-run, whose dvc.lock records the outputs of runs never interrupted. Their wider sweep (every training
+The repository tests start from `reproduced` (tests/conftest.py): one copy per session of a tiny
+pipeline run, whose dvc.lock records the outputs of runs never interrupted; each test leaves it as
+it found it. Their wider sweep (every training
 stage, both signals, several points, the default profile's keys) is `benchmarks/faults.py`.
 """
 
