@@ -237,8 +237,8 @@ def first_vector_math_call() -> None:
     on the default pipeline (phase 1's dense NLL, 2 threads): when the process's first VML call is
     a parallel one — the LM's rotary ``cos`` over 8 × 128 × 32 values, split over both threads — in
     about 1 process in 8 one thread gets low-accuracy values (error up to 1.5e-4 against 3.5e-8 on
-    the next call: the "enhanced performance" kernel, not the high-accuracy one torch asks for), and
-    the stage's figures change in their last bits. After one single-threaded call first, 48 of 48
+    the next call, though torch asks VML for its high-accuracy mode), and the stage's figures change
+    in their last bits. After one single-threaded call first, 48 of 48
     processes were exact. A process that has not imported torch makes no VML call and is left alone.
     ``benchmarks/first_vml_call.py`` measures it.
     """
