@@ -2,9 +2,9 @@
 
 Checks what a researcher relies on: outputs and metrics appear, a second run from scratch in another
 repository writes the same bytes for every output of every stage (DESIGN §12), a changed `phase2`
-param reruns only `phase2` and the stage downstream of it, reverting it restores the old outputs from DVC's run-cache without training, plots
-render, MLflow groups the stages, and a queued experiment (`dvc exp run --queue` + `dvc queue start`)
-lands in the same MLflow store.
+param reruns only `phase2` and the stage downstream of it, reverting it restores the old outputs
+from DVC's run-cache without training, plots render, MLflow groups the stages, and queued
+experiments (`dvc exp run --queue` + `dvc queue start`) land in the same MLflow store.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lookahead.config import flatten
-from tests.conftest import QUEUED_EXPERIMENTS, sh
+from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "phase1", "pairs", "diffusion",
@@ -33,12 +33,6 @@ STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator"
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def locked_outs(lock_text: str) -> dict[str, str]:
-    """{output path: md5} of every stage's outputs in a dvc.lock's text (metrics and plots included)."""
-    lock = yaml.safe_load(lock_text)
-    return {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
 
 
 def stage_runs(repo: Path) -> list:
@@ -181,7 +175,7 @@ def test_a_second_run_from_scratch_writes_the_same_bytes(repo, second_tiny_run, 
     another repository and at the same time as the first (so under load), writes the same bytes —
     every output of every stage: models, caches, reports, metrics and figures alike (timings go to
     metrics/<stage>_timing.json, which DVC does not track)."""
-    first, second = (locked_outs(run.lock) for run in (tiny_runs["pipeline_repo"], tiny_runs["second_tiny_run"]))
+    first, second = (lock_outs(run.path, run.lock) for run in (tiny_runs["pipeline_repo"], tiny_runs["second_tiny_run"]))
     assert set(yaml.safe_load(tiny_runs["second_tiny_run"].lock)["stages"]) == set(STAGES)
     assert len(second) >= 2 * len(STAGES) and {p for p in second if first.get(p) != second[p]} == set()
 

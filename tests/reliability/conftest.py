@@ -11,16 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import sh
-
-
-def lock_outs(repo: Path, lock: bytes | None = None) -> dict[str, str]:
-    """{output path: md5} of every stage in ``repo``'s dvc.lock (or of ``lock``'s bytes)."""
-    data = yaml.safe_load(lock if lock is not None else (repo / "dvc.lock").read_bytes())
-    return {out["path"]: out["md5"] for entry in data["stages"].values() for out in entry.get("outs", [])}
+from tests.conftest import lock_outs, sh  # noqa: F401  (lock_outs: used by the fault modules)
 
 
 def data_outs(outs: dict[str, str], stage_prefixes: tuple[str, ...]) -> dict[str, str]:
