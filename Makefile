@@ -35,10 +35,10 @@ sshd:
 	scripts/setup_sshd.sh
 
 $(PLOTS_TEMPLATE): $(STAMP)
-	$(BIN)/python -m lookahead.offline_html $@
+	$(BIN)/python -m lookahead.tools.offline_html $@
 
 check-params: $(STAMP)
-	@$(BIN)/python -m lookahead.config $(PARAMS)
+	@$(BIN)/python -m lookahead.tools.params $(PARAMS)
 
 repro: setup check-params
 	$(BIN)/dvc repro
@@ -55,7 +55,7 @@ test-fast: setup
 # its seed spread (DESIGN §12; "Reproducing the numbers" in the README). Exit 1: a research headline
 # is outside its spread.
 verify: $(STAMP)
-	$(BIN)/python -m lookahead.verify $(if $(REV),--rev $(REV))
+	$(BIN)/python -m lookahead.tools.verify $(if $(REV),--rev $(REV))
 
 # The local MLflow store (DESIGN §8) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
 mlflow-ui: $(STAMP)
@@ -70,7 +70,7 @@ clean:
 # Outputs, run records and the outputs those records point at, to the default DVC remote (REMOTE=name
 # for another): see "Sharing" in the README.
 push: $(STAMP)
-	$(BIN)/python -m lookahead.share $(if $(REMOTE),-r $(REMOTE))
+	$(BIN)/python -m lookahead.tools.share $(if $(REMOTE),-r $(REMOTE))
 
 # Depth vs width (issue 13): three ~5 M-parameter base models as DVC experiments, then the table
 # and figure in metrics/depth_width.*; SWEEP_ARGS="--steps N" changes the budget.

@@ -21,8 +21,8 @@ import time
 import torch
 from transformers import AutoTokenizer
 
-from lookahead import data
-from lookahead.encoders import load_context_encoder
+from lookahead.lm.encoders import load_context_encoder
+from lookahead.train import data
 
 
 def main() -> None:

@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from lookahead.config import load_section
-from lookahead.diffusion import Denoiser
-from lookahead.diffusion_train import DiffusionConfig
-from lookahead.graph import n_edges
-from lookahead.predictor import PredictorConfig, StructurePredictor
-from lookahead.sampling import sample_topologies
+from lookahead.core.config import load_section
+from lookahead.graph.denoiser import Denoiser
+from lookahead.graph.nodes import n_edges
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor
+from lookahead.graph.sampling import sample_topologies
+from lookahead.pipeline.diffusion.build import DiffusionConfig
 
 
 def timed(fn, rounds: int) -> float:

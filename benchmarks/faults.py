@@ -46,9 +46,10 @@ from pathlib import Path
 
 import yaml
 
-from lookahead import faults, wordnet_data
-from lookahead.atomic import temporaries
-from lookahead.inputs import CorruptInput, check_input
+from lookahead.core.atomic import temporaries
+from lookahead.core.inputs import CorruptInput, check_input
+from lookahead.semantics import wordnet_source as wordnet_data
+from lookahead.tools import faults
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ("base", "modulator", "phase1", "diffusion", "phase2", "control")

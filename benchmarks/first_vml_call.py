@@ -1,5 +1,5 @@
 """How often a process's first LM forward gives other floats than its second, with and without
-`lookahead.config.first_vector_math_call()` made first (every stage makes it, through `cli`).
+`lookahead.core.cli.first_vector_math_call()` made first (every stage makes it, through `cli`).
 
 Each child process loads the pipeline's base LM as phase 1 does, makes one small matmul (phase 1's
 predictor makes its first product there), then runs the same val batch of the context cache twice and
@@ -23,8 +23,8 @@ def child(warm: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lookahead.config import first_vector_math_call
-    from lookahead.contexts import ContextCache
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.core.cli import first_vector_math_call
 
     lm = AutoModelForCausalLM.from_pretrained("models/base", dtype=torch.float32).eval().requires_grad_(False)
     if warm:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.config import first_vector_math_call, load_section
-from lookahead.phase1 import Phase1Config, build_phase1, build_phase1_seeds
-from lookahead.predictor import PredictorConfig
+from lookahead.core.cli import first_vector_math_call
+from lookahead.core.config import load_section
+from lookahead.graph.predictor import PredictorConfig
+from lookahead.pipeline.phase1.build import Phase1Config, build_phase1, build_phase1_seeds
 
 
 def perturb(cache_dir: Path, out_dir: Path, fraction: float, seed: int) -> int:
@@ -56,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.fraction <= 1:
         parser.error("--fraction must be in (0, 1]")
-    first_vector_math_call()  # as every stage does (lookahead.config.cli): phase 1 trained here must match the stage's
+    first_vector_math_call()  # as every stage does (lookahead.core.cli.cli): phase 1 trained here must match the stage's
     cfg = load_section(args.params, "phase1", Phase1Config)
     predictor_cfg = load_section(args.params, "predictor", PredictorConfig)
     committed = json.loads(Path("metrics/phase1_report.json").read_text(encoding="utf-8"))

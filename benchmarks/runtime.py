@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from lookahead.graph import allowed_mask, n_nodes
-from lookahead.runtime import forward_with_topology
+from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.graph.runtime import forward_with_topology
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_TOP_PAD_": "268435456"}
@@ -48,8 +48,8 @@ def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, dev
     base architecture with the tokenizer's vocabulary size (same cost as trained weights)."""
     from transformers import AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
-    from lookahead.base import BaseConfig
-    from lookahead.config import load_section, read_params
+    from lookahead.core.config import load_section, read_params
+    from lookahead.pipeline.base import BaseConfig
 
     if arch is None and Path(path).is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), path

@@ -1,7 +1,7 @@
 """Wu-Palmer matrix throughput: the project's builder vs nltk's per-pair loop (DESIGN §6).
 
 Draws `--anchors` synsets of every part of speech (seeded), builds the full ordered-pair matrix
-with `lookahead.wordnet.wup_matrix`, then times nltk's `Synset.wup_similarity` on a random sample
+with `lookahead.semantics.wordnet.wup_matrix`, then times nltk's `Synset.wup_similarity` on a random sample
 of the same pairs (after a warm-up, so its caches are hot) and checks every sampled value.
 Prints one JSON line.
 """
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from lookahead.wordnet import wup_matrix
-from lookahead.wordnet_data import open_wordnet
+from lookahead.semantics.wordnet import wup_matrix
+from lookahead.semantics.wordnet_source import open_wordnet
 
 
 def main() -> None:

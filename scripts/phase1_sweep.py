@@ -24,8 +24,8 @@ from pathlib import Path
 
 import dvc.api
 
-from lookahead.atomic import write_csv
-from lookahead.phase1_plots import plot_pareto
+from lookahead.core.atomic import write_csv
+from lookahead.pipeline.phase1.plots import plot_pareto
 
 METRICS = ("active_head_fraction", "hard_nll", "dense_nll", "static_pruning_nll", "random_heads_nll")
 

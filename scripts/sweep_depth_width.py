@@ -101,7 +101,7 @@ def write(rows: list[dict], curves: dict) -> None:
     import matplotlib.pyplot as plt
 
     sys.path.insert(0, "src")
-    from lookahead.atomic import atomic_file, write_csv, write_json
+    from lookahead.core.atomic import atomic_file, write_csv, write_json
 
     best = min(rows, key=lambda r: r["val_nll"])
     ordering = " < ".join(r["experiment"] for r in sorted(rows, key=lambda r: r["val_nll"]))

@@ -3,13 +3,14 @@
 
 from transformers import AutoTokenizer
 
-from lookahead.atomic import write_csv
-from lookahead.base import HEADLINE, BaseConfig, build_base
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.plots import plot_training_curves
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.atomic import write_csv
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.base import HEADLINE, BaseConfig, build_base
+from lookahead.train.figures import plot_training_curves
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,11 +3,12 @@ frozen context encoder, cached as a few big fp16 files for phase 1 and the pairs
 
 from transformers import AutoTokenizer
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.contexts import HEADLINE, ContextsConfig, build_contexts, read_context_length
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.contexts import HEADLINE, ContextsConfig, build_contexts, read_context_length
 
 
 def main(argv: list[str] | None = None) -> None:

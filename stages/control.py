@@ -1,12 +1,13 @@
 """DVC stage `control`: the dense control of phase 2 — the base LM trained with phase 2's optimiser,
 steps and windows (in the same order), no topology — so phase 2 is judged at equal tokens."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config
-from lookahead.inputs import check_inputs
-from lookahead.phase2 import CONTROL_HEADLINE, Phase2Config, build_control_seeds, control_config
-from lookahead.phase2_plots import write_control_reports
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.phase2.build import CONTROL_HEADLINE, Phase2Config, build_control_seeds, control_config
+from lookahead.pipeline.phase2.plots import write_control_reports
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,12 @@
 """DVC stage `corpus`: one document per line, deterministically split into train and val."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.corpus import HEADLINE, CorpusConfig, build_corpus
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
-from lookahead.wordnet_data import WordNetSource
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.corpus import HEADLINE, CorpusConfig, build_corpus
+from lookahead.semantics.wordnet_source import WordNetSource
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,12 +1,13 @@
 """DVC stage `diffusion`: train the conditional discrete diffusion head on the (context, topology)
 pairs, then judge its samples against the phase-1 predictor's own sampler on held-out contexts."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.diffusion_plots import write_diffusion_reports
-from lookahead.diffusion_train import HEADLINE, DiffusionConfig, build_diffusion_seeds
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.diffusion.build import HEADLINE, DiffusionConfig, build_diffusion_seeds
+from lookahead.pipeline.diffusion.plots import write_diffusion_reports
 
 OUTPUTS = {
     "train-curve": "training curve csv (plot)",

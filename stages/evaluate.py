@@ -1,12 +1,13 @@
 """DVC stage `evaluate`: the final table (held-out NLL, active fractions, FLOPs and measured speed of
 every LM and topology against dense baselines), the causality check and the explainer figure."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.evaluate import HEADLINE, EvaluateConfig, build_evaluate
-from lookahead.evaluate_plots import write_evaluate_outputs
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.evaluate.build import HEADLINE, EvaluateConfig, build_evaluate
+from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
 OUTPUTS = {
     "table": "the table as markdown",

@@ -1,11 +1,12 @@
 """DVC stage `init`: geometric token embeddings (eigendecomposition of the WordNet matrix), their
 Procrustes alignment to the base model's residual stream, and the predictor's initial factors."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.init import HEADLINE, FactorsConfig, InitConfig, build_init
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.init import HEADLINE, FactorsConfig, InitConfig, build_init
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,12 +1,13 @@
 """DVC stage `modulator`: the seed notebook's LERP geometric residual modulator, trained on next-token
 NLL with the base LM frozen; val NLL and relational alignment with WordNet before and after."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.modulator import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator_seeds
-from lookahead.modulator_plots import write_modulator_metrics, write_modulator_reports
-from lookahead.tracking import stage_run
-from lookahead.wordnet_data import WordNetSource
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.modulator.build import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator_seeds
+from lookahead.pipeline.modulator.plots import write_modulator_metrics, write_modulator_reports
+from lookahead.semantics.wordnet_source import WordNetSource
 
 OUTPUTS = {
     "train-curve": "training curve csv (plot)",

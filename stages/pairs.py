@@ -1,11 +1,12 @@
 """DVC stage `pairs`: sample topologies per position from the trained predictor, score them with
 the frozen LM, and keep the distinct ones that beat the dense NLL, as (context, topology) pairs."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.pairs import HEADLINE, PairsConfig, build_pairs_seeds
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.pairs import HEADLINE, PairsConfig, build_pairs_seeds
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,13 +1,14 @@
 """DVC stage `phase1`: train the lookahead structure predictor on the cached contexts with the LM
 and the encoder frozen; evaluate soft and hard topologies against dense and two pruning baselines."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.phase1 import HEADLINE, Phase1Config, build_phase1_seeds
-from lookahead.phase1_plots import write_phase1_reports
-from lookahead.predictor import PredictorConfig
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.graph.predictor import PredictorConfig
+from lookahead.pipeline.phase1.build import HEADLINE, Phase1Config, build_phase1_seeds
+from lookahead.pipeline.phase1.plots import write_phase1_reports
 
 OUTPUTS = {
     "train-curve": "training curve csv (plot)",

@@ -1,12 +1,13 @@
 """DVC stage `phase2`: continued pretraining of the base LM with per-token topologies (the phase-1
 predictor trained jointly, or diffusion samples); its dense control is the `control` stage."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.phase2 import HEADLINE, Phase2Config, build_phase2_seeds
-from lookahead.phase2_plots import write_phase2_reports
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.phase2.build import HEADLINE, Phase2Config, build_phase2_seeds
+from lookahead.pipeline.phase2.plots import write_phase2_reports
 
 OUTPUTS = {
     "train-curve": "training curves csv (plot)",

@@ -1,13 +1,14 @@
 """DVC stage `probe`: the geometric terrain of the base model and of the packaged MiniLM —
 embedding and weight geometry, head probes, relational alignment with WordNet."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.probe import ProbeConfig, build_probe
-from lookahead.probe import headline_keys as probe_headline
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
-from lookahead.wordnet_data import WordNetSource
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.probe.build import ProbeConfig, build_probe
+from lookahead.pipeline.probe.build import headline_keys as probe_headline
+from lookahead.semantics.wordnet_source import WordNetSource
 
 OUTPUTS = {
     "eigenspectrum": "embedding eigenspectra csv (plot)",

@@ -1,12 +1,13 @@
 """DVC stage `tokenizer`: byte-level BPE on the train split (or the base model's own tokenizer),
 and the tokenized train/val streams."""
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.source import ModelSource
-from lookahead.tokenizer import HEADLINE, TokenizerConfig, build_tokenizer, train_bpe
-from lookahead.tracking import stage_run
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.lm.source import ModelSource
+from lookahead.pipeline.tokenizer import HEADLINE, TokenizerConfig, build_tokenizer, train_bpe
 
 
 def main(argv: list[str] | None = None) -> None:

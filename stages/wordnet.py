@@ -3,11 +3,12 @@ matrix (exactly nltk's values) and seeded evaluation pairs with their path simil
 
 from transformers import AutoTokenizer
 
-from lookahead.config import cli, load_section, parse_stage_args, print_config, to_dict
-from lookahead.inputs import check_inputs
-from lookahead.report import write_metrics
-from lookahead.tracking import stage_run
-from lookahead.wordnet import HEADLINE, WordNetConfig, build_wordnet
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.wordnet import HEADLINE, WordNetConfig, build_wordnet
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,7 +46,7 @@ def seed() -> int:
 @pytest.fixture(scope="session")
 def wn():
     """The real WordNet 3.0 (installed by `make test`'s set-up)."""
-    from lookahead.wordnet_data import open_wordnet
+    from lookahead.semantics.wordnet_source import open_wordnet
 
     return open_wordnet(root=REPO)
 
@@ -56,7 +56,7 @@ def tiny_tokenizer(tmp_path_factory):
     """A byte-level BPE trained on a small synthetic text, saved and reloaded with AutoTokenizer."""
     from transformers import AutoTokenizer
 
-    from lookahead.tokenizer import TokenizerConfig, train_bpe
+    from lookahead.pipeline.tokenizer import TokenizerConfig, train_bpe
 
     d = tmp_path_factory.mktemp("tok")
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
@@ -88,8 +88,8 @@ def phase_inputs(tiny_tokenizer, tmp_path_factory):
     streams, a context cache (the `base` encoder), an init file and head statistics."""
     from safetensors.torch import save_file
 
-    from lookahead.contexts import ContextsConfig, build_contexts
-    from lookahead.graph import n_nodes
+    from lookahead.graph.nodes import n_nodes
+    from lookahead.pipeline.contexts import ContextsConfig, build_contexts
 
     d = tmp_path_factory.mktemp("phase_inputs")
     base = save_tiny_lm(d / "base", tiny_tokenizer)
@@ -111,7 +111,7 @@ def phase_inputs(tiny_tokenizer, tmp_path_factory):
 
 def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
     """Run a command; its stdout + stderr, or an AssertionError showing them when it fails."""
-    from lookahead.faults import run
+    from lookahead.tools.faults import run
 
     try:
         return run(cmd, cwd, env, check)
@@ -128,10 +128,10 @@ def lock_outs(repo: Path, lock: bytes | str | None = None) -> dict[str, str]:
 
 class BackgroundRepro:
     """`dvc repro` of the tiny profile in a fresh git + DVC repository holding the project's files
-    (:func:`lookahead.faults.scratch_repo`), run in a process of its own beside the tests."""
+    (:func:`lookahead.tools.faults.scratch_repo`), run in a process of its own beside the tests."""
 
     def __init__(self, dest: Path):
-        from lookahead.faults import scratch_repo
+        from lookahead.tools.faults import scratch_repo
 
         self.path, self.env = scratch_repo(REPO, dest)
         self.log = dest.parent / "repro.log"
@@ -234,11 +234,11 @@ def queued_experiments(pipeline_repo, tmp_path_factory) -> tuple[Path, dict, str
 def downstream_inputs(phase_inputs, tmp_path_factory):
     """What phase 2 and evaluate read besides ``phase_inputs``: a phase-1 predictor (init bias 1: a
     mix of heads on and off) and a diffusion head trained for a few steps on its pairs."""
-    from lookahead.config import from_dict
-    from lookahead.contexts import ContextCache
-    from lookahead.diffusion_train import DiffusionConfig, build_diffusion
-    from lookahead.pairs import PairsConfig, build_pairs
-    from lookahead.predictor import PredictorConfig, StructurePredictor, save_predictor
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.core.config import from_dict
+    from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
+    from lookahead.pipeline.diffusion.build import DiffusionConfig, build_diffusion
+    from lookahead.pipeline.pairs import PairsConfig, build_pairs
 
     d = tmp_path_factory.mktemp("downstream")
     cache = ContextCache(phase_inputs["contexts"])
@@ -264,8 +264,8 @@ def downstream_inputs(phase_inputs, tmp_path_factory):
 def phase2_run(downstream_inputs, tmp_path_factory):
     """The phase-2 stage (decoder mlp) and its dense control on the tiny inputs: (config, phase-2
     report, its training result, its output directory, the control's report, its LM directory, root)."""
-    from lookahead.config import from_dict
-    from lookahead.phase2 import Phase2Config, build_control, build_phase2
+    from lookahead.core.config import from_dict
+    from lookahead.pipeline.phase2.build import Phase2Config, build_control, build_phase2
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {
@@ -284,7 +284,7 @@ def phase2_run(downstream_inputs, tmp_path_factory):
 def sshd(tmp_path_factory):
     """An OpenSSH server on 127.0.0.1:<free port> accepting one generated key; yields
     (port, key file, a refused key file, home with known_hosts). `make setup` installs openssh-server."""
-    from lookahead.faults import start_sshd
+    from lookahead.tools.faults import start_sshd
 
     proc, port, key, stranger, home = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield port, key, stranger, home

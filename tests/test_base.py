@@ -9,9 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
-from lookahead.base import ArchConfig, BaseConfig, CONFIG_FILE, build_base, causal_lm_nll, olmo2_config
-from lookahead.config import ConfigError
-from lookahead.trainer import TrainConfig
+from lookahead.core.errors import ConfigError
+from lookahead.lm.nll import causal_lm_nll
+from lookahead.lm.olmo2 import ArchConfig, olmo2_config
+from lookahead.pipeline.base import CONFIG_FILE, BaseConfig, build_base
+from lookahead.train.loop import TrainConfig
 
 
 def write_streams(tmp_path, vocab, n=3000):

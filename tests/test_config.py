@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead.base import BaseConfig
-from lookahead.config import ConfigError, load_section
-from lookahead.sections import validate_all
-from lookahead.source import ModelSource
+from lookahead.core.config import load_section
+from lookahead.core.errors import ConfigError
+from lookahead.lm.source import ModelSource
+from lookahead.pipeline.base import BaseConfig
+from lookahead.tools.params import validate_all
 
 
 def write_params(tmp_path, params):
@@ -130,11 +131,11 @@ def test_stage_rejects_bad_params_before_work(repo_root, tmp_path, default_param
     (lambda p: p.__setitem__("bogus", {}), "bogus"),
 ])
 def test_validate_command_prints_one_line_and_exits_2(repo_root, tmp_path, default_params, edit, key):
-    # `python -m` runs lookahead.config as __main__ while the sections import it again: the error
-    # raised there must still be caught (it once escaped as a traceback)
+    # `python -m` runs lookahead.tools.params as __main__: the ConfigError the section classes raise
+    # must still be caught (it once escaped as a traceback)
     edit(default_params)
     path = write_params(tmp_path, default_params)
-    proc = subprocess.run([sys.executable, "-m", "lookahead.config", str(path)], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "lookahead.tools.params", str(path)], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith(f"error (params): {path}: {key}:")
@@ -143,7 +144,7 @@ def test_validate_command_prints_one_line_and_exits_2(repo_root, tmp_path, defau
 def test_validate_command_names_a_broken_file(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("corpus: [1\n")
-    proc = subprocess.run([sys.executable, "-m", "lookahead.config", str(path)], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "lookahead.tools.params", str(path)], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "not valid YAML (line 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -159,7 +160,7 @@ def test_make_repro_refuses_bad_params_before_dvc_runs(repo_root, tmp_path, defa
         cwd=repo_root, capture_output=True, text=True, check=True,
     )
     recipe = proc.stdout.splitlines()
-    check = next(i for i, line in enumerate(recipe) if "-m lookahead.config" in line)
+    check = next(i for i, line in enumerate(recipe) if "-m lookahead.tools.params" in line)
     assert any("dvc repro" in line for line in recipe[check + 1:])  # the check comes first
     proc = subprocess.run(["make", "-s", "--no-print-directory", "check-params", f"VENV={venv}", f"PARAMS={path}",
                            "-o", f"{venv}/.installed"], cwd=repo_root, capture_output=True, text=True)

@@ -11,10 +11,17 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Olmo2ForCausalLM
 
-from lookahead.config import ConfigError
-from lookahead.contexts import ContextCache, ContextCacheError, ContextsConfig, build_contexts, draw_windows
-from lookahead.encoders import (BaseLMContexts, CausalEmbedderContexts, EncoderError, MiniLMContexts,
-                                load_context_encoder, minilm_path)
+from lookahead.artifacts.contexts import ContextCache, ContextCacheError
+from lookahead.core.errors import ConfigError
+from lookahead.lm.encoders import (
+    BaseLMContexts,
+    CausalEmbedderContexts,
+    EncoderError,
+    MiniLMContexts,
+    load_context_encoder,
+    minilm_path,
+)
+from lookahead.pipeline.contexts import ContextsConfig, build_contexts, draw_windows
 from tests.conftest import save_tiny_lm
 
 
@@ -26,7 +33,7 @@ def base_dir(tiny_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def embedder_dir(tmp_path_factory):
     """A tiny random causal 'embedding model' with a tokenizer of its own (another BPE)."""
-    from lookahead.tokenizer import TokenizerConfig, train_bpe
+    from lookahead.pipeline.tokenizer import TokenizerConfig, train_bpe
 
     d = tmp_path_factory.mktemp("embedder")
     rng = random.Random(1)
@@ -189,7 +196,7 @@ def test_broken_cache_is_refused_with_the_fix(tiny_tokenizer, token_dir, base_di
 
 ORDER_IN_A_FRESH_PROCESS = """
 import hashlib, random
-from lookahead.encoders import encoding_order
+from lookahead.lm.encoders import encoding_order
 rng = random.Random(0)
 texts = [" ".join(rng.choice("ab cd ef gh ij".split()) for _ in range(rng.randint(2, 6))) for _ in range(500)]
 print(hashlib.sha256("|".join(encoding_order(texts)).encode()).hexdigest())

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from lookahead.corpus import CorpusConfig, CorpusError, build_corpus, split_of, wordnet_lines
+from lookahead.pipeline.corpus import CorpusConfig, CorpusError, build_corpus, split_of, wordnet_lines
 
 
 def test_split_is_a_function_of_the_line_alone():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lookahead import data
+from lookahead.train import data
 
 
 def test_train_batches_depend_only_on_seed_step_and_salt():
@@ -22,7 +22,7 @@ def test_train_batches_depend_only_on_seed_step_and_salt():
 
 
 def test_processes_share_the_global_batch():
-    from lookahead.trainer import rank_rows
+    from lookahead.train.loop import rank_rows
 
     windows = torch.arange(8 * 5).view(8, 5)
     batch = {"windows": windows, "tau": 0.5, "pair": (windows, torch.zeros(3))}

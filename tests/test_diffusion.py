@@ -11,18 +11,26 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lookahead.config import ConfigError, from_dict
-from lookahead.contexts import ContextCache
-from lookahead.diffusion import (Denoiser, DenoiserConfig, DiffusionError, alpha_bar, load_denoiser, posterior_probs,
-                                 q_probs)
-from lookahead.diffusion_eval import Sampler, hamming, mode_recall
-from lookahead.diffusion_train import (HEADLINE, DiffusionConfig, DiffusionDataError, PairFeatures, build_diffusion,
-                                       load_pairs)
-from lookahead.graph import allowed_mask, n_edges, to_edges
-from lookahead.pairs import PairsConfig, build_pairs
-from lookahead.predictor import PredictorConfig, StructurePredictor, cascade, save_predictor
-from lookahead.scoring import token_nll
-from lookahead.seeds import one_run
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.pairs import PairsDataError, load_pairs
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.core.seeds import one_run
+from lookahead.graph.denoiser import (
+    Denoiser,
+    DenoiserConfig,
+    DiffusionError,
+    alpha_bar,
+    load_denoiser,
+    posterior_probs,
+    q_probs,
+)
+from lookahead.graph.nodes import allowed_mask, n_edges
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, cascade, save_predictor
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.diffusion.build import HEADLINE, DiffusionConfig, PairFeatures, build_diffusion
+from lookahead.pipeline.diffusion.evaluation import Sampler, hamming, mode_recall
+from lookahead.pipeline.pairs import PairsConfig, build_pairs
 
 
 def step_matrix(alpha: float, m: float) -> np.ndarray:
@@ -127,7 +135,7 @@ def to_dense_bits(bits, mask):
 def test_samples_at_t_do_not_depend_on_later_tokens(phase_inputs, tiny_tokenizer):
     """§4.5 for the diffusion head: contexts from the real `base` encoder of a prefix-changed
     window; under a fixed seed the samples at positions <= t are unchanged."""
-    from lookahead.encoders import load_context_encoder
+    from lookahead.lm.encoders import load_context_encoder
 
     encoder = load_context_encoder("base", phase_inputs["base"], tiny_tokenizer, 16, False, device="cpu")
     torch.manual_seed(0)
@@ -264,11 +272,11 @@ def test_a_head_without_geometric_features_is_judged_beside_a_predictor_with_the
 
 def test_unusable_inputs_are_refused_with_the_fix(stage_run, tmp_path):
     cfg, _, _, module, d, cache = stage_run
-    with pytest.raises(DiffusionDataError, match="dvc repro pairs"):
+    with pytest.raises(PairsDataError, match="dvc repro pairs"):
         load_pairs(tmp_path / "missing", cache.context_length, 0.2, 0)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "pairs.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(DiffusionDataError, match="dvc checkout pairs"):
+    with pytest.raises(PairsDataError, match="dvc checkout pairs"):
         load_pairs(tmp_path / "bad", cache.context_length, 0.2, 0)
     with pytest.raises(DiffusionError, match="dvc repro diffusion"):
         load_denoiser(tmp_path)

@@ -10,16 +10,27 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lookahead import evaluate as ev
-from lookahead.config import ConfigError, from_dict
-from lookahead.contexts import ContextCache
-from lookahead.encoders import load_context_encoder
-from lookahead.evaluate import (HEADLINE, ROW_ORDER, EvaluateConfig, EvaluateError, Shapes, build_evaluate,
-                                causality_check, position_figures, predictor_topologies)
-from lookahead.evaluate_plots import write_evaluate_outputs
-from lookahead.graph import allowed_mask
-from lookahead.predictor import load_init, load_predictor
-from lookahead.scoring import GeoLookup, static_pruning_curve, token_nll
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.predictor import load_init, load_predictor
+from lookahead.graph.scoring import GeoLookup, static_pruning_curve
+from lookahead.lm.encoders import load_context_encoder
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.evaluate import build as ev
+from lookahead.pipeline.evaluate.build import (
+    HEADLINE,
+    ROW_ORDER,
+    EvaluateConfig,
+    EvaluateError,
+    Shapes,
+    build_evaluate,
+    causality_check,
+    position_figures,
+    predictor_topologies,
+)
+from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
 
 def test_position_figures_match_a_hand_count():

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lookahead import geometry
+from lookahead.semantics import geometry
 
 
 def regular_simplex(k: int, edge: float) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lookahead import graph
+from lookahead.graph import nodes as graph
 
 
 @pytest.mark.parametrize("n_layers, n_heads", [(1, 1), (2, 3), (4, 4), (16, 16)])

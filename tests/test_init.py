@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 from scipy.stats import special_ortho_group
 
-from lookahead.init import (
-    InitError, alignment_cosine, eigen_embedding, extend_by_neighbors, head_factors, procrustes_projection,
+from lookahead.pipeline.init import (
+    InitError,
+    alignment_cosine,
+    eigen_embedding,
+    extend_by_neighbors,
+    head_factors,
+    procrustes_projection,
     reconstruction_correlation,
 )
 

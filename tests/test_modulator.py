@@ -12,9 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lookahead.config import ConfigError, from_dict
-from lookahead.modulator import (
-    AlignmentConfig, GeometricModulator, ModulatorConfig, ModulatorError, build_modulator, load_modulator,
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.pipeline.modulator.build import (
+    AlignmentConfig,
+    GeometricModulator,
+    ModulatorConfig,
+    ModulatorError,
+    build_modulator,
+    load_modulator,
 )
 from tests.conftest import save_tiny_lm
 
@@ -179,9 +185,9 @@ def test_the_stage_measures_before_and_after_and_trains_only_alpha(tiny, stage_i
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from lookahead.encoders import encode_texts
-    from lookahead.probe import relational_alignment
-    from lookahead.wordnet import read_tsv
+    from lookahead.artifacts.wordnet_tables import read_tsv
+    from lookahead.lm.encoders import encode_texts
+    from lookahead.semantics.alignment import relational_alignment
 
     lm, _, _, _ = tiny
     d = stage_inputs

@@ -8,13 +8,14 @@ import torch
 from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM
 
-from lookahead.config import ConfigError
-from lookahead.contexts import ContextCache
-from lookahead.graph import allowed_mask, n_edges, to_dense, unpack_bits
-from lookahead.pairs import PAIRS_FILE, PairsConfig, PairsError, build_pairs, select_pairs
-from lookahead.predictor import PredictorConfig, StructurePredictor, save_predictor
-from lookahead.runtime import default_gates, forward_with_topology
-from lookahead.scoring import token_nll
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.pairs import PAIRS_FILE
+from lookahead.core.errors import ConfigError
+from lookahead.graph.nodes import allowed_mask, n_edges, to_dense, unpack_bits
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
+from lookahead.graph.runtime import default_gates, forward_with_topology
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.pairs import PairsConfig, PairsError, build_pairs, select_pairs
 
 
 def test_select_keeps_distinct_topologies_that_beat_dense_best_first():
@@ -71,7 +72,7 @@ def test_pairs_file_holds_kept_topologies_with_their_nll(sampled, phase_inputs):
         dense = token_nll(lm(windows[:, :-1]).logits, windows[:, 1:])
     assert np.allclose(dense[torch.arange(5), torch.from_numpy(rows[:5] % t_len)].numpy(), arrays["dense_nll"][:5], atol=1e-5)
     assert -1.0 <= metrics["approximation_spearman"] <= 1.0 and metrics["approximation_positions"] == 40
-    assert metrics["pairs_per_s"] > 0  # in the report's timings (lookahead.report.split_timings)
+    assert metrics["pairs_per_s"] > 0  # in the report's timings (lookahead.core.report.split_timings)
 
 
 def test_isolated_rescoring_of_the_first_position_is_exact(sampled, phase_inputs):
@@ -109,15 +110,15 @@ def test_cuda_without_a_device_names_the_pairs_key(phase_inputs, tmp_path, monke
 
 
 def test_sampler_without_flips_is_the_predictors_own_noise(phase_inputs):
-    from lookahead.sampling import sample_topologies
+    from lookahead.graph.sampling import sample_topologies
 
     cache = ContextCache(phase_inputs["contexts"])
     torch.manual_seed(0)
     predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=0.5), phase_inputs["init"],
                                              cache.dim).train()
     windows, contexts = cache.batch("train", [0, 1])
-    from lookahead.scoring import GeoLookup
-    from lookahead.predictor import load_init
+    from lookahead.graph.predictor import load_init
+    from lookahead.graph.scoring import GeoLookup
 
     tensors, _ = load_init(phase_inputs["init"])
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())(windows[:, :-1])
@@ -131,7 +132,7 @@ def test_sampler_without_flips_is_the_predictors_own_noise(phase_inputs):
 def test_flips_turn_edges_of_a_saturated_predictor_off_at_their_rate():
     """One layer: a head is on iff its edge from the source is; logits of +100 put every edge on, so
     the share of heads on after flipping is 1 − flip_prob (binomial tolerance)."""
-    from lookahead.sampling import sample_topologies
+    from lookahead.graph.sampling import sample_topologies
 
     predictor = StructurePredictor(PredictorConfig(rank=1, hidden=4, init_bias=100.0, geo_features=False), 1, 8, 3)
     with torch.no_grad():

@@ -9,14 +9,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lookahead.config import ConfigError
-from lookahead.contexts import ContextCache
-from lookahead.graph import allowed_mask, n_nodes
-from lookahead.phase1 import Phase1Config, Phase1Module, build_phase1
-from lookahead.predictor import PredictorConfig, StructurePredictor, load_predictor
-from lookahead.runtime import forward_with_topology
-from lookahead.scoring import GeoLookup, interpolate_curve, static_pruning_curve, token_nll
-from lookahead.trainer import TrainConfig
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.core.errors import ConfigError
+from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_predictor
+from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.phase1.build import Phase1Config, Phase1Module, build_phase1
+from lookahead.train.loop import TrainConfig
 from tests.test_runtime import tiny_olmo2
 
 

@@ -11,15 +11,26 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lookahead.config import ConfigError, from_dict
-from lookahead.contexts import ContextCache
-from lookahead.data import load_stream
-from lookahead.phase2 import (CONTROL_HEADLINE, HEADLINE, LM_DIR, PREDICTOR_FILE, Phase2Config, Phase2Error,
-                              Phase2Module, Phase2Model, build_phase2, load_phase2, plain_parameters, scale_learning_rate)
-from lookahead.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
-from lookahead.runtime import forward_with_topology
-from lookahead.scoring import GeoLookup, token_nll
-from lookahead.seeds import one_run
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, Phase2OutputError, load_phase2
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.core.seeds import one_run
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
+from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.scoring import GeoLookup
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.phase2.build import (
+    CONTROL_HEADLINE,
+    HEADLINE,
+    Phase2Config,
+    Phase2Model,
+    Phase2Module,
+    build_phase2,
+    plain_parameters,
+    scale_learning_rate,
+)
+from lookahead.train.data import load_stream
 
 
 def val_nll(lm, cache: ContextCache, topology=None) -> float:
@@ -151,5 +162,5 @@ def test_config_and_inputs_are_checked_with_the_fix(tmp_path):
         from_dict(Phase2Config, {"predictor_lr_scale": 0})
     with pytest.raises(ConfigError, match="hard_from_step"):
         from_dict(Phase2Config, {"hard_from_step": 5, "train": {"steps": 5}})
-    with pytest.raises(Phase2Error, match="dvc repro phase2"):
+    with pytest.raises(Phase2OutputError, match="dvc repro phase2"):
         load_phase2(tmp_path)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lookahead.config import flatten
+from lookahead.core.config import flatten
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
@@ -222,7 +222,7 @@ def test_plots_render_offline(repo):
                  "evaluate_pareto.csv", "evaluate_layers.csv"):
         assert f"metrics/{plot}" in json.dumps(shown), plot
     # the template `make setup` writes and .dvc/config names
-    sh([sys.executable, "-m", "lookahead.offline_html", ".dvc/offline_plots.html"], path, env)
+    sh([sys.executable, "-m", "lookahead.tools.offline_html", ".dvc/offline_plots.html"], path, env)
     sh(["dvc", "plots", "show", "-o", "plots_html"], path, env)
     sh(["dvc", "plots", "diff", "HEAD", "-o", "diff_html"], path, env)
     # control: DVC's own page, whose scripts come from a CDN, is blank without a network

@@ -9,11 +9,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lookahead.config import ConfigError, from_dict
-from lookahead.graph import allowed_mask, n_nodes
-from lookahead.predictor import (PredictorConfig, PredictorError, StructurePredictor, cascade, geo_features,
-                                 logistic_noise)
-from lookahead.runtime import forward_with_topology
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.graph.predictor import (
+    PredictorConfig,
+    PredictorError,
+    StructurePredictor,
+    cascade,
+    geo_features,
+    logistic_noise,
+)
+from lookahead.graph.runtime import forward_with_topology
 from tests.test_runtime import tiny_olmo2
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-from lookahead.heads import HeadMasks, probe_heads
-from lookahead.probe import ProbeConfig, embedding_geometry, load_model, relational_alignment, weight_geometry
+from lookahead.pipeline.probe.build import ProbeConfig, embedding_geometry, load_model, weight_geometry
+from lookahead.semantics.alignment import relational_alignment
+from lookahead.semantics.heads import HeadMasks, probe_heads
 
 
 @pytest.fixture

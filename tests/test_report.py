@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lookahead import probe
-from lookahead.report import MAX_HEADLINE, pick, write_metrics
+from lookahead.core.report import MAX_HEADLINE, pick, write_metrics
+from lookahead.pipeline.probe import build as probe
 
 REPORT = {"train": {"lines": 10, "words": 55}, "val_nll": 3.25, "per_layer": [0.5, 1.0], "encoder": "minilm"}
 

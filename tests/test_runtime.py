@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-import lookahead.runtime as runtime
-from lookahead.graph import allowed_mask, n_nodes, node_index
-from lookahead.runtime import TopologyError, default_gates, forward_with_topology
+import lookahead.graph.runtime as runtime
+from lookahead.graph.nodes import allowed_mask, n_nodes, node_index
+from lookahead.graph.runtime import TopologyError, default_gates, forward_with_topology
 from tests.reference_head_graph import reference_forward
 
 TOL = 1e-5

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lookahead.launch import LaunchConfig
-from lookahead.config import ConfigError
+from lookahead.core.errors import ConfigError
+from lookahead.core.launch import LaunchConfig
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ NAN_SCRIPT = textwrap.dedent('''
     """Rank 1's loss is NaN at step 3; each process records whether the guard stopped it."""
     import os, sys
     import torch
-    from lookahead.trainer import NonFiniteLoss, TrainConfig, train
+    from lookahead.train.loop import NonFiniteLoss, TrainConfig, train
 
     class Toy:
         def __init__(self):

@@ -1,4 +1,4 @@
-"""Research headlines over seeds (DESIGN §12, lookahead.seeds), checked against separate runs."""
+"""Research headlines over seeds (DESIGN §12, lookahead.core.seeds), checked against separate runs."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import statistics
 
 import pytest
 
-from lookahead.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
-from lookahead.phase1 import HEADLINE as PHASE1_HEADLINE
-from lookahead.phase1 import Phase1Config, build_phase1
-from lookahead.predictor import PredictorConfig
-from lookahead.seeds import final_evaluation_only, mean_sd, one_run, reseeded, seed_summary, with_spread
-from lookahead.trainer import TrainConfig
+from lookahead.core.seeds import final_evaluation_only, mean_sd, one_run, reseeded, seed_summary, with_spread
+from lookahead.graph.predictor import PredictorConfig
+from lookahead.pipeline.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
+from lookahead.pipeline.phase1.build import HEADLINE as PHASE1_HEADLINE
+from lookahead.pipeline.phase1.build import Phase1Config, build_phase1
+from lookahead.train.loop import TrainConfig
 
 
 def test_reseeded_shifts_every_seed_of_a_section_nested_ones_included():

@@ -1,7 +1,7 @@
 """Sharing through DVC remotes (DESIGN §11), for real: a local-directory remote and an SSH remote
 served by OpenSSH's sshd on a free loopback port (temporary host key, an authorised key of the
 test's own; DVC's `dvc-ssh` plugin). Repository A (the tiny pipeline run, plus a params value it ran
-and reverted) pushes outputs and its whole run-cache (`python -m lookahead.share`); a fresh
+and reverted) pushes outputs and its whole run-cache (`python -m lookahead.tools.share`); a fresh
 `git clone` B pulls, has nothing to recompute, and restores the reverted value's run from the
 run-cache. Experiments travel with `dvc exp push`/`pull` through a bare git remote. A refused key
 and an unreachable server give DVC's error and leave cache and workspace as they were.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lookahead.faults import free_port
+from lookahead.tools.faults import free_port
 from tests.conftest import QUEUED_EXPERIMENTS, sh
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def share_round_trip(a: Path, env: dict, seed1_report: bytes, remote_args: list[
     sh(["dvc", "push", "--run-cache"], a, env)
     timings["push_run_cache_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    out = sh(["python", "-m", "lookahead.share"], a, env)  # + the objects of every run record
+    out = sh(["python", "-m", "lookahead.tools.share"], a, env)  # + the objects of every run record
     timings["share_s"] = time.perf_counter() - t
     assert re.search(r"run records, whose \d+ objects are on the remote \([1-9]\d* sent now\)", out), out
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from lookahead.tokenizer import EOS, PAD, TokenizerConfig, build_tokenizer, train_bpe
+from lookahead.pipeline.tokenizer import EOS, PAD, TokenizerConfig, build_tokenizer, train_bpe
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from lookahead import tracking
+from lookahead.core import tracking
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from lookahead import data
-from lookahead.base import ArchConfig, BaseConfig, LMTrainModule, olmo2_config
-from lookahead.trainer import CHECKPOINT_FILE, NonFiniteLoss, TrainConfig, lr_lambda, train
+from lookahead.lm.olmo2 import ArchConfig, olmo2_config
+from lookahead.pipeline.base import BaseConfig, LMTrainModule
+from lookahead.train import data
+from lookahead.train.loop import CHECKPOINT_FILE, NonFiniteLoss, TrainConfig, lr_lambda, train
 
 
 def test_schedule_is_linear_warmup_then_cosine():

@@ -1,4 +1,4 @@
-"""`make verify` (lookahead.verify): a run's headline figures against a git revision's (DESIGN §12)."""
+"""`make verify` (lookahead.tools.verify): a run's headline figures against a git revision's (DESIGN §12)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from lookahead.verify import main, verify
+from lookahead.tools.verify import main, verify
 
 DVC_YAML = """stages:
   a:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lookahead import wordnet_data as wordnet
-from lookahead.wordnet_data import LEXNAMES, WordNetMissing, assemble, open_wordnet, synset_texts
+from lookahead.semantics import wordnet_source as wordnet
+from lookahead.semantics.wordnet_source import LEXNAMES, WordNetMissing, assemble, open_wordnet, synset_texts
 from tests.conftest import REPO
 
 

@@ -7,9 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from lookahead.wordnet import (
-    WordNetStageError, draw_anchors, draw_pairs, leading_space, match_tokens, path_similarity_pairs, wup_matrix,
-)
+from lookahead.pipeline.wordnet import WordNetStageError, draw_anchors, draw_pairs
+from lookahead.semantics.wordnet import leading_space, match_tokens, path_similarity_pairs, wup_matrix
 
 
 def nltk_value(v) -> np.float32:
@@ -97,7 +96,7 @@ def test_draws_are_seeded_and_distinct():
 
 
 def test_a_tokenizer_that_matches_nothing_is_a_clear_error(wn, tmp_path):
-    from lookahead.wordnet import WordNetConfig, build_wordnet
+    from lookahead.pipeline.wordnet import WordNetConfig, build_wordnet
 
     class NoMatch:
         def encode(self, text, add_special_tokens=False):

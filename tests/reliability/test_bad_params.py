@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from lookahead.faults import leaves, param_faults, refused_cleanly
+from lookahead.tools.faults import leaves, param_faults, refused_cleanly
 from tests.conftest import REPO
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lookahead import wordnet_data
-from lookahead.faults import flip_bit, truncate
-from lookahead.inputs import CorruptInput, check_input
-from lookahead.trainer import CHECKPOINT_FILE, CheckpointError, TrainConfig, train
+from lookahead.core.inputs import CorruptInput, check_input
+from lookahead.semantics import wordnet_source as wordnet_data
+from lookahead.tools.faults import flip_bit, truncate
+from lookahead.train.loop import CHECKPOINT_FILE, CheckpointError, TrainConfig, train
 from tests.conftest import sh
 from tests.reliability.conftest import assert_up_to_date, lock_outs
 from tests.test_trainer import Interrupted, lm_module

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from lookahead.faults import after_checkpoints, file_digests, interrupt, while_writing
+from lookahead.tools.faults import after_checkpoints, file_digests, interrupt, while_writing
 from tests.conftest import sh
 from tests.reliability.conftest import assert_up_to_date, data_outs, latest_stage_run, lock_outs
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lookahead import atomic
-from lookahead.config import cli
+from lookahead.core import atomic
+from lookahead.core.cli import cli
 from tests.conftest import sh
 from tests.reliability.conftest import assert_up_to_date, latest_stage_run, lock_outs
 

@@ -1,0 +1,15 @@
+"""Which torch device a stage runs on ("auto": CUDA when there is one)."""
+
+from __future__ import annotations
+
+import torch
+
+from lookahead.core.errors import ConfigError
+
+
+def resolve_device(device: str, key: str = "contexts.device") -> str:
+    """`cpu` or `cuda` for a config's device (`auto` = CUDA when available); ``key`` names the
+    param in the error when `cuda` is asked for and there is none."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(key, "is 'cuda' but no CUDA device is available")
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"

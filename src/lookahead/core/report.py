@@ -1,0 +1,112 @@
+"""Headline metrics and full reports (DESIGN §1).
+
+A stage computes a nested dict of figures — its *report*. Three files come out of it:
+
+- ``metrics/<stage>.json``: the headline figures only, a flat dict of a few to a couple of dozen
+  keys that a researcher compares across experiments. It is the DVC metric (``cache: false``, in
+  git), so ``dvc metrics show`` and ``dvc exp show`` stay narrow. Timings and throughputs are not
+  headline figures: they change on every rerun and would mark every experiment as changed in
+  ``dvc exp show --only-changed``; the benchmarks measure them side by side.
+- ``metrics/<stage>_report.json``: the whole report, a cached DVC output (not a metric), logged to
+  MLflow as an artifact and, figure by figure, as MLflow metrics (lists as step series).
+- ``metrics/<stage>_timing.json``: the stage's timings and throughputs (every figure whose name says
+  it is one, :func:`is_timing`), taken out of the two files above. They measure the machine, not the
+  result, and change on every run; keeping them out of DVC's outputs is what lets a rerun with the
+  same inputs write the same bytes (DESIGN §12). Git-ignored, not a DVC output; logged to MLflow.
+
+Research headlines measured over several seeds (DESIGN §12) carry ``<name>`` (the mean) and
+``<name>_sd`` (the sample standard deviation): see :mod:`lookahead.core.seeds`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lookahead.core.atomic import write_json
+
+MAX_HEADLINE = 24  # "a few to a couple of dozen keys"
+
+
+FigurePath = str | tuple[str, ...]  # "train.lines", or ("Qwen/Qwen3-0.6B", "embedding") where a key has dots
+
+
+def lookup(report: Mapping[str, Any], path: FigurePath) -> Any:
+    """The value at ``path`` of a nested report: dotted (``"train.lines"``) or a tuple of keys."""
+    node: Any = report
+    for part in path.split(".") if isinstance(path, str) else path:
+        if not isinstance(node, Mapping) or part not in node:
+            raise KeyError(f"headline figure {path!r} is not in the report (at {part!r})")
+        node = node[part]
+    return node
+
+
+def pick(report: Mapping[str, Any], keys: Mapping[str, FigurePath] | tuple[str, ...]) -> dict[str, Any]:
+    """The headline dict: ``{name: value at path}`` for a ``{name: path}`` mapping, or the
+    same name and path for each key of a tuple. Values must be scalars (numbers, strings, bools)."""
+    spec = dict(keys) if isinstance(keys, Mapping) else {k: k for k in keys}
+    if len(spec) > MAX_HEADLINE:
+        raise ValueError(f"{len(spec)} headline figures; keep it to {MAX_HEADLINE} (the rest belong in the report)")
+    headline = {}
+    for name, path in spec.items():
+        value = lookup(report, path)
+        if isinstance(value, (Mapping, list, tuple)):
+            raise ValueError(f"headline figure {name!r} ({path!r}) must be a scalar, not {type(value).__name__}")
+        headline[name] = value
+    return headline
+
+
+TIMING = re.compile(r"(_per_s|_seconds|_wall_s)(_over_dense)?$|^seconds$")
+
+
+def is_timing(name: str) -> bool:
+    """Whether a figure named ``name`` is a timing or throughput (``*_per_s``, ``*_seconds``,
+    ``*_wall_s``, ``*_per_s_over_dense``)."""
+    return bool(TIMING.search(name))
+
+
+def split_timings(report: Any) -> tuple[Any, Any]:
+    """(report without timing figures, the timing figures in the same nesting); lists of dicts
+    (per-row tables) are split row by row."""
+    if isinstance(report, Mapping):
+        kept, timing = {}, {}
+        for key, value in report.items():
+            if isinstance(key, str) and is_timing(key):
+                timing[key] = value
+                continue
+            rest, t = split_timings(value)
+            kept[key] = rest
+            if t:
+                timing[key] = t
+        return kept, timing
+    if isinstance(report, list) and report and all(isinstance(r, Mapping) for r in report):
+        parts = [split_timings(r) for r in report]
+        timing = [t for _, t in parts]
+        return [k for k, _ in parts], timing if any(timing) else {}
+    return report, {}
+
+
+def timing_path(metrics_path: str | os.PathLike) -> Path:
+    """``metrics/<stage>_timing.json`` beside ``metrics/<stage>.json``."""
+    path = Path(metrics_path)
+    return path.with_name(f"{path.stem}_timing.json")
+
+
+def write_metrics(report: dict[str, Any], headline_keys: Mapping[str, FigurePath] | tuple[str, ...],
+                  metrics_path: str | os.PathLike, report_path: str | os.PathLike, tracker=None) -> dict[str, Any]:
+    """Write the headline metrics, the full report and the timings (atomically; see the module
+    docstring); log all three to ``tracker`` (a :class:`lookahead.core.tracking.StageRun`). A timing
+    named as a headline key is an error. Returns the headline dict."""
+    results, timing = split_timings(report)
+    headline = pick(results, headline_keys)
+    write_json(report_path, results)
+    write_json(metrics_path, headline)
+    write_json(timing_path(metrics_path), timing)
+    if tracker is not None:
+        tracker.log_metrics(report)
+        tracker.log_artifact(report_path)
+        tracker.log_artifact(timing_path(metrics_path))
+    return headline

@@ -1,0 +1,106 @@
+"""Research headlines over seeds (DESIGN §12).
+
+A research stage (phase1, pairs, diffusion, phase2, control, evaluate, modulator) runs once with
+its configured seeds — the *primary* run, whose outputs (model, pairs, figures) are what DVC
+tracks and later stages read — and ``seeds - 1`` more times with every seed of its section shifted
+by 1, 2, …: the stage's own randomness (training seed, window and batch draws, sampling), on the
+same inputs. Those runs write nothing the pipeline keeps; they give the spread. In
+``metrics/<stage>.json`` a seeded figure ``<name>`` is the mean over all runs and ``<name>_sd`` its
+sample standard deviation; the report keeps every run's figures (``per_seed``) and the primary
+run's (``primary``), which is what the stage's outputs were made with.
+
+Base pretraining is one seed: it is the pipeline's input, like a downloaded checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tqdm import tqdm
+
+C = TypeVar("C")
+
+
+def reseeded(cfg: C, offset: int) -> C:
+    """A copy of a config dataclass with every field named ``seed`` (nested ones included)
+    increased by ``offset``."""
+    changes = {}
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if field.name == "seed" and isinstance(value, int):
+            changes[field.name] = value + offset
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changes[field.name] = reseeded(value, offset)
+    return dataclasses.replace(cfg, **changes)
+
+
+def final_evaluation_only(cfg: C) -> C:
+    """A copy whose training (a ``train`` section, if any) evaluates only after its last step:
+    a run kept for its final figures needs no curve, and its training is the same (evaluation
+    draws from generators of its own, never from the training's)."""
+    train = getattr(cfg, "train", None)
+    if train is None or not dataclasses.is_dataclass(train):
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(train, eval_every=train.steps))
+
+
+def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], stage: str) -> list[dict[str, Any]]:
+    """Figures of the ``seeds - 1`` runs besides the primary one: ``run(reseeded(cfg, i), scratch)``
+    for i = 1 … seeds − 1 (evaluated after the last step only), each given an empty scratch
+    directory for outputs nobody keeps."""
+    out = []
+    for offset in tqdm(range(1, seeds), desc=f"{stage} seeds", unit="seed", disable=seeds <= 1):
+        with tempfile.TemporaryDirectory(prefix=f"{stage}-seed{offset}-") as scratch:
+            out.append(run(final_evaluation_only(reseeded(cfg, offset)), Path(scratch)))
+    return out
+
+
+def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (ddof 1; 0 for one value) of the finite values; None
+    (JSON null) when there are none, e.g. a ratio undefined on every seed."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return None, None
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def seed_summary(runs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """``{key: mean, key_sd: sd, ...}`` over the per-seed figure dicts ``runs`` (each holding every
+    key), plus ``seeds`` (how many)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        out[key], out[f"{key}_sd"] = mean_sd([run[key] for run in runs])
+    out["seeds"] = len(runs)
+    return out
+
+
+def with_spread(primary: dict[str, Any], others: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """The primary run's figures with each of ``keys`` replaced by its mean over all runs, plus
+    ``<key>_sd``, ``seeds``, ``primary`` (the primary run's own values) and ``per_seed``."""
+    runs = [primary, *others]
+    return {**primary, **seed_summary(runs, keys),
+            "primary": {k: primary[k] for k in keys},
+            "per_seed": [{k: run[k] for k in keys} for run in runs]}
+
+
+def seeded_headline(keys: Sequence[str], seeded: Sequence[str]) -> tuple[str, ...]:
+    """A headline tuple with ``<key>_sd`` after each seeded key, and ``seeds`` at the end."""
+    out: list[str] = []
+    for key in keys:
+        out.append(key)
+        if key in seeded:
+            out.append(f"{key}_sd")
+    return (*out, "seeds")
+
+
+def one_run(headline: Sequence[str]) -> set[str]:
+    """The headline keys one run reports by itself (without ``_sd`` and ``seeds``)."""
+    return {key for key in headline if not key.endswith("_sd") and key != "seeds"}

@@ -1,0 +1,241 @@
+"""The lookahead structure predictor and its cascading gate (DESIGN §4).
+
+Per position t, from the context alone:
+
+    f_t = [e_t ; geometric features]  →  MLP  →  U_t, V_t  (N × r)
+    Z_t = U_t V_tᵀ + B                        B: learned static logits, from U0 V0ᵀ + init_bias
+    A_raw = M ⊙ σ((Z_t + L) / τ)              L logistic noise in training, none in eval
+    hard: A_raw = 1[Z_t + L > 0], g = 1[s > 0]   straight-through to the soft cascade in training
+
+then :func:`cascade` turns A_raw into the executed graph (A, g) in layer order. ``e_t`` comes from a
+causal context encoder (DESIGN §3) and the geometric features from the init stage's table for the
+token at t, so the predictor — a per-position function — never sees tokens after t.
+
+The V half of the MLP's output layer starts at zero, so Z_t = B at initialisation (near the dense
+graph: σ(init_bias) on every allowed edge) while U and V still receive gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lookahead.core.errors import LookaheadError, require
+from lookahead.graph.nodes import allowed_mask, n_nodes
+
+
+class PredictorError(LookaheadError, ValueError):
+    """Inputs that do not fit the predictor."""
+
+
+@dataclasses.dataclass
+class PredictorConfig:
+    """The lookahead structure predictor (DESIGN §4)."""
+
+    rank: int = 8
+    """Rank r of the per-token node factors U, V (N × r)."""
+    hidden: int = 256
+    """Width of the MLP from context features to U, V."""
+    geo_features: bool = True
+    """Append the init stage's geometric embedding of the token (and a matched flag) to the context."""
+    tau: float = 1.0
+    """Temperature τ of the edge sigmoid (phase 1 anneals it)."""
+    gate_k: float = 4.0
+    """Sharpness k of the head gate g = 1 − exp(−k·s), s = gated incoming weight."""
+    init_bias: float = 4.0
+    """Added to U0 V0ᵀ in the static logits B: every edge starts at about σ(init_bias)."""
+    hard: bool = False
+    """Threshold edges and gates (straight-through gradients in training) instead of soft values."""
+
+    def __post_init__(self) -> None:
+        require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
+        require(self.hidden >= 1, "hidden", f"must be >= 1; got {self.hidden}")
+        require(self.tau > 0, "tau", f"must be > 0; got {self.tau}")
+        require(self.gate_k > 0, "gate_k", f"must be > 0; got {self.gate_k}")
+        require(math.isfinite(self.init_bias), "init_bias", f"must be finite; got {self.init_bias}")
+
+
+def logistic_noise(shape, device=None, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+    """L = log u − log(1 − u), u ~ U(0, 1): σ(z + L) > 0.5 with probability σ(z)."""
+    eps = torch.finfo(dtype).eps
+    u = torch.rand(shape, device=device, dtype=dtype, generator=generator).clamp(eps, 1 - eps)
+    return torch.log(u) - torch.log1p(-u)
+
+
+def straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """``hard`` in the forward pass, ``soft``'s gradient in the backward pass."""
+    return hard + (soft - soft.detach())
+
+
+def cascade(a_raw: torch.Tensor, n_layers: int, n_heads: int, k: float = 4.0,
+            hard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate heads in layer order: g_0 = 1, s_j = Σ_i g_i A_raw[i, j], g_j = 1 − exp(−k s_j),
+    A[i, j] = g_i A_raw[i, j].
+
+    The gate is exactly 0 when a head receives no gated weight (σ(k s), the seed's gate, is ≥ 0.5 for
+    every s ≥ 0 and never closes), and a closed head closes its outgoing edges in turn.
+
+    ``hard``: edges are thresholded (A_raw > 1/2, i.e. a positive logit) and g = 1[s > 0], with
+    straight-through gradients **evaluated at the soft values**: the backward pass is that of the
+    soft cascade of the soft A_raw, so a head that is off (g = 0, s = 0) still learns how its
+    incoming logits would change the loss. (The surrogate at the hard counts, k·e^(−k·s) at integer
+    s, vanishes: about 2.5e-5 at s = 3 for k = 4, and would freeze the topology.)
+
+    Args:
+        a_raw: (…, N, N) soft edge weights in [0, 1], zero outside the allowed mask.
+    Returns:
+        A (…, N, N) and g (…, N).
+    """
+    n = n_nodes(n_layers, n_heads)
+    if a_raw.shape[-2:] != (n, n):
+        raise PredictorError(f"a_raw must end in ({n}, {n}) for {n_layers} layers x {n_heads} heads; "
+                             f"got {tuple(a_raw.shape)}")
+    g_soft = _gates(a_raw, n_layers, n_heads, k, binary=False)
+    if not hard:
+        return g_soft[..., :, None] * a_raw, g_soft
+    bits = (a_raw > 0.5).to(a_raw.dtype)
+    g = straight_through(_gates(bits, n_layers, n_heads, k, binary=True), g_soft)
+    return g[..., :, None] * straight_through(bits, a_raw), g
+
+
+def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool) -> torch.Tensor:
+    """Head gates (…, N) of edge weights a (…, N, N), layer by layer: 1 − exp(−k s), or 1[s > 0]."""
+    gates = [torch.ones(*a.shape[:-2], 1, dtype=a.dtype, device=a.device)]  # g_0 = 1
+    for layer in range(n_layers):
+        first = 1 + layer * n_heads
+        g_src = torch.cat(gates, dim=-1)  # (…, first): the source and every earlier head
+        s = torch.einsum("...i,...ij->...j", g_src, a[..., :first, first:first + n_heads])  # (…, H)
+        gates.append((s > 0).to(a.dtype) if binary else -torch.expm1(-k * s))  # 1 − exp(−k s), exact near 0
+    return torch.cat(gates, dim=-1)
+
+
+class StructurePredictor(nn.Module):
+    """Context features (…, F) → edge logits Z (…, N, N); :meth:`forward` returns (A, g)."""
+
+    def __init__(self, cfg: PredictorConfig, n_layers: int, n_heads: int, context_dim: int, geo_dim: int = 0,
+                 u0: torch.Tensor | None = None, v0: torch.Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.context_dim, self.geo_dim = context_dim, geo_dim
+        n = n_nodes(n_layers, n_heads)
+        self.register_buffer("mask", allowed_mask(n_layers, n_heads), persistent=False)
+        self.mlp = nn.Sequential(nn.Linear(context_dim + geo_dim, cfg.hidden), nn.GELU())
+        self.to_u = nn.Linear(cfg.hidden, n * cfg.rank)
+        self.to_v = nn.Linear(cfg.hidden, n * cfg.rank)
+        nn.init.zeros_(self.to_v.weight)  # Z = B at the start; U still moves V through the gradient
+        nn.init.zeros_(self.to_v.bias)
+        static = torch.full((n, n), float(cfg.init_bias))
+        if (u0 is None) != (v0 is None):
+            raise PredictorError("give both U0 and V0 or neither")
+        if u0 is not None:
+            if u0.shape != (n, cfg.rank) or v0.shape != (n, cfg.rank):
+                raise PredictorError(f"U0, V0 must be ({n}, {cfg.rank}) (nodes x predictor.rank); got "
+                                     f"{tuple(u0.shape)}, {tuple(v0.shape)}: rerun the init stage with this rank")
+            static = static + u0.float() @ v0.float().T
+        self.static = nn.Parameter(static)  # B (N, N)
+
+    @classmethod
+    def from_init(cls, cfg: PredictorConfig, init_file: str | Path, context_dim: int) -> StructurePredictor:
+        """A predictor whose static logits start from the init stage's U0, V0."""
+        tensors, meta = load_init(init_file)
+        n_layers = int(meta["n_layers"])
+        n = tensors["U0"].shape[0]
+        if n_layers < 1 or (n - 1) % n_layers:
+            raise PredictorError(f"{init_file}: {n} nodes do not fit {n_layers} layers")
+        geo_dim = tensors["geo_table"].shape[1] + 1 if cfg.geo_features else 0
+        return cls(cfg, n_layers, (n - 1) // n_layers, context_dim, geo_dim, tensors["U0"], tensors["V0"])
+
+    def logits(self, context: torch.Tensor, geo: torch.Tensor | None = None) -> torch.Tensor:
+        """Z = U Vᵀ + B for context (…, C) and geometric features (…, G). (…, N, N)"""
+        if context.shape[-1] != self.context_dim:
+            raise PredictorError(f"context features must have {self.context_dim} dims; got {context.shape[-1]}")
+        if self.geo_dim:
+            if geo is None or geo.shape[-1] != self.geo_dim:
+                raise PredictorError(f"this predictor takes {self.geo_dim} geometric features per position "
+                                     f"(predictor.geo_features); got {None if geo is None else geo.shape[-1]}")
+            context = torch.cat([context, geo.to(context.dtype)], dim=-1)
+        h = self.mlp(context)
+        n, r = self.static.shape[0], self.cfg.rank
+        u = self.to_u(h).unflatten(-1, (n, r)) / math.sqrt(r)  # (…, N, r)
+        v = self.to_v(h).unflatten(-1, (n, r))
+        return u @ v.transpose(-1, -2) + self.static
+
+    def edges(self, z: torch.Tensor, tau: float | None = None,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+        """Soft A_raw = M ⊙ σ((Z + L)/τ), L logistic noise in training mode only. (…, N, N)"""
+        tau = self.cfg.tau if tau is None else tau
+        if self.training:
+            z = z + logistic_noise(z.shape, z.device, z.dtype, generator)
+        return torch.sigmoid(z / tau) * self.mask
+
+    def forward(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
+                hard: bool | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A (…, N, N), g (…, N)) for every position of context (…, C); ``hard`` thresholds
+        the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values."""
+        hard = self.cfg.hard if hard is None else hard
+        a_raw = self.edges(self.logits(context, geo), tau, generator)
+        return cascade(a_raw, self.n_layers, self.n_heads, self.cfg.gate_k, hard)
+
+
+def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The init stage's tensors and its config metadata."""
+    from safetensors import safe_open
+
+    path = Path(init_file)
+    if not path.is_file():
+        raise PredictorError(f"init file not found: {path} (run `dvc repro init`)")
+    with safe_open(str(path), framework="pt") as f:  # one read for the tensors and the metadata
+        meta = json.loads((f.metadata() or {}).get("config", "{}"))
+        return {name: f.get_tensor(name) for name in f.keys()}, meta
+
+
+def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: torch.Tensor) -> torch.Tensor:
+    """The init stage's geometric embedding of each token and a matched flag (zeros for tokens
+    without a WordNet match). (B, T) → (B, T, n_geo + 1); depends on the token at t only."""
+    return torch.cat([geo_table[input_ids], geo_mask[input_ids, None]], dim=-1)
+
+
+PREDICTOR_FILE = "predictor.safetensors"
+
+
+def save_predictor(predictor: StructurePredictor, path: str | Path, extra: dict | None = None) -> None:
+    """Weights (safetensors) with the resolved config and shapes in the metadata (STYLE 6), atomically."""
+    from safetensors.torch import save_file
+
+    from lookahead.core.atomic import atomic_file
+    from lookahead.core.config import to_dict
+
+    meta = {"predictor": to_dict(predictor.cfg), "n_layers": predictor.n_layers, "n_heads": predictor.n_heads,
+            "context_dim": predictor.context_dim, "geo_dim": predictor.geo_dim, **(extra or {})}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in predictor.state_dict().items()}
+    with atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"config": json.dumps(meta, sort_keys=True)})  # one key: stable bytes
+
+
+def load_predictor(path: str | Path) -> tuple[StructurePredictor, dict]:
+    """A predictor saved by :func:`save_predictor`, in eval mode, and its metadata."""
+    from safetensors import safe_open
+
+    from lookahead.core.config import from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise PredictorError(f"predictor file not found: {path} (run `dvc repro phase1`)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["config"])
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # truncated or foreign file
+        raise PredictorError(f"{path} is not a readable predictor file ({err}): run `dvc checkout` or "
+                             "`dvc repro -f phase1`") from None
+    cfg = from_dict(PredictorConfig, meta["predictor"])
+    predictor = StructurePredictor(cfg, meta["n_layers"], meta["n_heads"], meta["context_dim"], meta["geo_dim"])
+    predictor.load_state_dict(tensors)
+    return predictor.eval(), meta
+

@@ -1,0 +1,454 @@
+"""The head-graph runtime (DESIGN §4): an OLMo2 forward pass in which every attention head reads
+its own input stream, built from the outputs of the heads that feed it.
+
+For head j of layer l (node 1 + l·H + h) the input is
+
+    x_j = A[0, j] · e + Σ_{l' < l} m_{l'} + Σ_{i a head of an earlier layer} A[i, j] · o_i
+
+with e the token embedding, m the MLP contributions and o the head contributions. q_j, k_j, v_j are
+head j's own slices of the projections applied to x_j. OLMo2 normalises q and k over the full width
+(QK-norm): here the mean square is taken over the concatenation of the heads' own slices, each
+head weighted by its gate — the stock function when every gate is 1, the mean over the heads that
+run when gates are hard (so a soft pass with hard gates equals a hard pass that skips work).
+
+Head contribution: o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms_l, where rms_l is the RMS of the layer's
+gated attention sum Σ_j g_j W_O[j] z_j, computed as OLMo2's post-attention RMSNorm does it:
+sqrt(mean(s²) + eps) with the model's own eps. The eps is the near-zero choice: a layer whose heads
+are all off at a position contributes exactly 0 there, the division is always defined, and o is
+continuous in g. Σ_j o_j is then exactly the stock post-attention norm of the attention output.
+
+The MLP of layer l and the final norm see the standard stream e + Σ o + Σ m of gated contributions.
+A head that is off at a position (g = 0) has no query, key or value there: the other positions'
+attention for that head excludes it. Soft gates enter the attention logits of key position t' as
+log g_j(t'), whose limit at g = 0 is that exclusion.
+
+``hard=True`` executes the same function without the work of (head, position) pairs whose gate is
+0: with a shared topology the off heads (and the mixing into and out of them) are simply not
+computed; with per-position topologies each head's active positions are packed (per batch row) and
+only they get q/k/v projections, QK-norm, RoPE and attention. The mixing that builds x (a weighted
+sum of earlier outputs) and the output projection of the D-wide attention outputs (0 for pairs that
+did not run) are still computed for every pair in the per-position case.
+
+With adjacency = the allowed mask and gates = 1 the logits equal the stock Hugging Face forward
+(tests/test_runtime.py, max abs difference ≤ 1e-5 in fp32).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from lookahead.core.errors import LookaheadError
+from lookahead.graph.nodes import allowed_mask, n_nodes
+
+
+class TopologyError(LookaheadError, ValueError):
+    """An adjacency, gates or model that the runtime cannot execute."""
+
+
+def check_model(model) -> tuple[int, int]:
+    """(n_layers, n_heads) of a transformers OLMo2 causal LM the runtime can rewire."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) != "olmo2" or not hasattr(model, "lm_head"):
+        raise TopologyError(f"forward_with_topology runs transformers Olmo2ForCausalLM models; got {type(model).__name__}")
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        raise TopologyError("grouped-query attention (num_key_value_heads < num_attention_heads) shares keys "
+                            "between heads and has no per-head input stream; use a model with one KV head per head")
+    if cfg.attention_bias:
+        raise TopologyError("attention_bias=True is not supported: the output projection's bias belongs to no head")
+    return cfg.num_hidden_layers, cfg.num_attention_heads
+
+
+def default_gates(adjacency: torch.Tensor) -> torch.Tensor:
+    """Gates implied by an adjacency: 1 for a head with any incoming weight, else 0. (…, N)"""
+    gates = (adjacency.sum(-2) > 0).to(adjacency.dtype)
+    gates[..., 0] = 1.0
+    return gates
+
+
+def _validate(adjacency: torch.Tensor, gates: torch.Tensor | None, input_ids: torch.Tensor,
+              n_layers: int, n_heads: int) -> None:
+    n = n_nodes(n_layers, n_heads)
+    if input_ids.dim() != 2:
+        raise TopologyError(f"input_ids must be (B, T); got shape {tuple(input_ids.shape)}")
+    b, t = input_ids.shape
+    if adjacency.shape not in ((n, n), (b, t, n, n)):
+        raise TopologyError(f"adjacency must be ({n}, {n}) shared or ({b}, {t}, {n}, {n}) per position for this "
+                            f"model ({n_layers} layers x {n_heads} heads) and input; got {tuple(adjacency.shape)}")
+    off = ~_allowed(n_layers, n_heads, adjacency.device).flatten()
+    flat = adjacency.detach().reshape(-1, n * n)
+    if not bool(torch.isfinite(flat.sum())):  # one reduction; NaN or inf anywhere makes it non-finite
+        where = (~torch.isfinite(flat)).nonzero()
+        if not len(where):
+            raise TopologyError("adjacency weights are too large: their sum overflows")
+        pos, edge = where[0].tolist()
+        raise TopologyError(f"adjacency holds a non-finite value ({flat[pos, edge].item()}) at position {pos} "
+                            f"(flattened over the leading dims), edge {divmod(edge, n)}")
+    # one matmul sums each position's |weight| off the mask; the exact test runs only if that is not 0 (or NaN)
+    if bool((flat.abs() @ off.to(flat.dtype)).any()) and bool(flat[:, off].ne(0).any()):
+        raise TopologyError("adjacency has weight on edges that are not allowed (layer(i) >= layer(j)); "
+                            "mask it with lookahead.graph.nodes.allowed_mask")
+    if gates is not None and gates.shape != adjacency.shape[:-1]:
+        raise TopologyError(f"gates must have shape {tuple(adjacency.shape[:-1])} to match the adjacency; "
+                            f"got {tuple(gates.shape)}")
+    if gates is not None:
+        g = gates.detach()[..., 1:]
+        if not bool(((g >= 0) & (g <= 1)).all()):  # NaN fails both comparisons
+            bad = g[~((g >= 0) & (g <= 1))][0].item()
+            raise TopologyError(f"gates must lie in [0, 1]; got {bad}")
+
+
+@functools.lru_cache(maxsize=16)
+def _allowed(n_layers: int, n_heads: int, device: torch.device) -> torch.Tensor:
+    """``graph.allowed_mask`` on a device, made once (read only)."""
+    return allowed_mask(n_layers, n_heads).to(device)
+
+
+def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
+                          gates: torch.Tensor | None = None, hard: bool = False) -> torch.Tensor:
+    """Logits (B, T, V) of an OLMo2 causal LM run over a head graph.
+
+    Args:
+        model: a transformers ``Olmo2ForCausalLM`` (frozen or trainable; gradients flow to its
+            weights and to ``adjacency`` / ``gates``).
+        input_ids: (B, T) token ids.
+        adjacency: edge weights A[i, j], zero outside ``graph.allowed_mask``: (N, N) shared by all
+            positions or (B, T, N, N) per position.
+        gates: head gates g, (N,) or (B, T, N) like the adjacency's leading dims; entry 0 (the
+            source) is ignored. None: 1 for every head with incoming weight, 0 otherwise.
+        hard: skip the work of (head, position) pairs whose gate is 0 (same function).
+    """
+    n_layers, n_heads = check_model(model)
+    _validate(adjacency, gates, input_ids, n_layers, n_heads)
+    if gates is None:
+        gates = default_gates(adjacency.detach())
+    shared = adjacency.dim() == 2
+    # shortcuts for gates of exactly 1 (or 0), taken only when no gradient has to reach them
+    gates_fixed = not (torch.is_grad_enabled() and gates.requires_grad)
+    core = model.model
+
+    # Contributions are head-first, (s, B, T, d) shared and (s, B·T, d) per position; the heads'
+    # inputs are head-first shared and token-first (B·T, h, d) per position: either way, mixing is
+    # one (batched) matmul per block of sources.
+    e = core.embed_tokens(input_ids)  # (B, T, d)
+    bsz, t, d = e.shape
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    cos, sin = (c[0].float() for c in core.rotary_emb(e, position_ids))  # (T, D)
+    half = sin.shape[-1] // 2
+    sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for the rolled form of RoPE
+    a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
+    gates = gates.to(e.device)
+    if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
+        run, layers = _shared_layers(gates, n_layers, n_heads, hard, gates_fixed)
+        all_on = all(heads is None and ones for _, heads, ones in layers)
+        if run is not None:  # renumber the nodes that run 0, 1, …: every layer's are a slice
+            a, gates = a[run][:, run], gates[run]
+    else:
+        all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
+    packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
+               if hard and not shared and not all_on else None)
+    if packing is not None:
+        cos_sin = torch.stack([cos, sin_signed], dim=1)  # (T, 2, D), read by position
+    g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
+    stream = e  # the standard stream e + Σ o + Σ m
+    msum = torch.zeros_like(e)  # Σ m over the layers so far
+    # (node ids, head-first contributions (s, B, T, d) | (s, B·T, d)): the source, then the heads
+    # that ran, layer by layer
+    blocks = [(slice(0, 1), e[None] if shared else e.reshape(1, -1, d))]
+
+    for layer_idx, layer in enumerate(core.layers[:n_layers]):
+        first = 1 + layer_idx * n_heads
+        cols, heads, ones = layers[layer_idx] if shared else (slice(first, first + n_heads), None, all_on)
+        out = None
+        last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
+        g = None if ones else g_all[cols]  # (h,) | (h, B, T)
+        if shared and (heads is None or len(heads)):
+            out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
+        elif not shared:
+            x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
+            if packing is not None:
+                out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
+            else:
+                x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
+                o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
+                out = None if o is None else o.view(-1, bsz * t, d), total
+        if out is not None:
+            if out[0] is not None:
+                blocks.append((cols, out[0]))
+            stream = stream + out[1]
+        mlp = layer.post_feedforward_layernorm(layer.mlp(stream))
+        stream = stream + mlp
+        msum = msum + mlp
+    return model.lm_head(core.norm(stream))
+
+
+def _shared_layers(gates: torch.Tensor, n_layers: int, n_heads: int, hard: bool, gates_fixed: bool):
+    """For shared gates (N,) the nodes that run, source first (None: all of them), and per layer
+    (its running nodes as a slice of those, their head ids or None for all, whether their gates
+    are all exactly 1 and need no gradient). In soft mode every head runs; in hard mode those
+    with g > 0."""
+    nodes, layers = [0], []
+    for layer_idx, row in enumerate(gates.detach()[1:].view(n_layers, n_heads).tolist()):
+        run = [h for h, v in enumerate(row) if v > 0 or not hard]
+        ones = gates_fixed and all(row[h] == 1 for h in run)
+        cols = slice(len(nodes), len(nodes) + len(run))
+        nodes += [1 + layer_idx * n_heads + h for h in run]
+        heads = None if len(run) == n_heads else torch.tensor(run, dtype=torch.long, device=gates.device)
+        layers.append((cols, heads, ones))
+    run = None if len(nodes) == gates.shape[0] else torch.tensor(nodes, dtype=torch.long, device=gates.device)
+    return run, layers
+
+
+def _mix_shared(a, cols, msum, blocks) -> torch.Tensor:
+    """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a shared adjacency a (N, N).
+
+    blocks: (rows of a — a slice or (s,) ids —, outputs (s, B, T, d)), the first being the
+    source (node 0, the embedding); cols likewise. Returns (h, B, T, d).
+    """
+    (src, e), rest = blocks[0], blocks[1:]
+    x = torch.addmm(msum.reshape(1, -1), a[src][:, cols].T, e.reshape(1, -1))  # broadcasts Σ m over the heads
+    for src, o in rest:  # one matmul per block, in place: backward needs no old x
+        x = x.addmm_(a[src][:, cols].T, o.reshape(o.shape[0], -1))
+    return x.view(-1, *msum.shape)
+
+
+def _mix_tokens(a, cols: slice, msum, blocks) -> torch.Tensor:
+    """Input streams Σ m + Σ_i A[i, j] o_i of heads ``cols`` for a per-position adjacency a (B, T, N, N).
+
+    blocks: (node ids (slice), outputs (s, B·T, d)), the first being the source (node 0, the
+    embedding). Returns (B·T, h, d).
+    """
+    bsz, t, n = a.shape[:3]
+    ac = a[..., cols].transpose(-1, -2).reshape(bsz * t, -1, n)  # (B·T, h, N), one compact copy for the matmuls
+    (src, e), rest = blocks[0], blocks[1:]
+    x = torch.addcmul(msum.reshape(bsz * t, 1, -1), ac[..., src], e.transpose(0, 1))  # Σ m + A[0, j] e
+    for src, o in rest:  # (B·T, h, s) @ (B·T, s, d), in place: backward needs no old x
+        x = x.baddbmm_(ac[..., src], o.transpose(0, 1))
+    return x
+
+
+def _weights(layer, heads: torch.Tensor | None):
+    """Per-head slices of one layer's attention weights for heads ``heads`` (None: all): W_qkv
+    (h, d, 3D), W_O (h, D, d), q/k norm weights (h, 2, D)."""
+    attn = layer.self_attn
+    d_head = attn.head_dim
+    hidden = attn.q_proj.weight.shape[1]
+    h_all = attn.q_proj.weight.shape[0] // d_head
+
+    w_qkv = torch.cat([w.view(h_all, d_head, hidden) for w in (attn.q_proj.weight, attn.k_proj.weight,
+                                                                attn.v_proj.weight)], dim=1)  # (H, 3D, d)
+    w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
+    qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
+    if heads is not None:
+        w_qkv, w_o, qk_w = w_qkv[heads], w_o[heads], qk_w[heads]
+    return w_qkv.transpose(1, 2), w_o, qk_w
+
+
+def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-head matmul: (h, …, in) @ (h, in, out) → (h, …, out)."""
+    return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+
+
+def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """q/k norm weights folded into RoPE: for n a row and w its norm weight,
+    (w n) cos + rotate_half(w n) sin = n · (w cos) + roll(n) · (roll(w) · sign · sin), rolling by
+    D/2, sign = −1 on the first half and +1 on the second (``sin_signed`` = sign · sin).
+
+    weight (h, 2, D), cos/sin_signed (T, D) float32 → tables (h, T, 2, 2, D) float32: [..., 0, :, :]
+    multiplies n, [..., 1, :, :] multiplies roll(n), each for q and k.
+    """
+    w = weight.float()[:, None]  # (h, 1, 2, D)
+    return torch.stack([w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]], dim=2)
+
+
+def _qk_norm_rope(x: torch.Tensor, ms: torch.Tensor, eps: float, c: torch.Tensor, s: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """OLMo2's q/k RMSNorm with a given mean square, then RoPE in its rolled form; q and k together.
+
+    x (h, B, S, 2, D) float32; ms (…, 2) broadcastable to (h, B, S, 2); x · c + roll(x) · s is the
+    weighted, rotated row (c, s broadcastable to x: :func:`_rope_tables` for unweighted x, or
+    cos and signed sin when x already carries the norm weight). The norm's scalar factor commutes
+    with RoPE, so it is applied last. Returns q, k as (h, B, S, D) in ``dtype``.
+    """
+    out = torch.addcmul(x * c, x.roll(x.shape[-1] // 2, -1), s)
+    out = (out * torch.rsqrt(ms + eps)[..., None]).to(dtype)
+    return out[..., 0, :], out[..., 1, :]
+
+
+def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their inputs x
+    (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): the stock
+    post-attention norm of the gated attention output.
+
+    g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
+    """
+    attn = layer.self_attn
+    eps = attn.q_norm.variance_epsilon
+    w_qkv, w_o, qk_w = _weights(layer, heads)
+    d_head = attn.head_dim
+    qkv = _project(x, w_qkv)  # (h, B, T, 3D)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
+    w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
+    ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
+    table = _rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
+    q, k = _qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
+
+    # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
+    z = _attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
+    o = _project(z, w_o)  # (h, B, T, d)
+    if w is not None:
+        o = o * w[..., None].to(o.dtype)
+    return _post_norm(layer, o.sum(0).float(), o if contributions else None, x.dtype)
+
+
+def _post_norm(layer, s: torch.Tensor, o: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """OLMo2's post-attention RMSNorm of the gated attention sum s (…, d) float32, in the stock
+    norm's order of operations: (the heads' contributions o · w_post / rms, o (h, …, d) — None
+    when o is None —, the normed sum w_post · s / rms), both in ``dtype``."""
+    inv_rms = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + layer.post_attention_layernorm.variance_epsilon)
+    w_post = layer.post_attention_layernorm.weight
+    total = (w_post * (s * inv_rms)).to(dtype)
+    return None if o is None else (o.float() * (w_post * inv_rms)).to(dtype), total
+
+
+GATE_FLOOR = 1e-12
+"""Smallest gate total the soft path divides by, and smallest gate whose log it takes. The exact
+gradients there scale as 1 / g (against an upstream gradient that is itself O(g)): a layer whose
+heads at a position sum to ~1e-37 (soft training gets there: [0, 0, 0, 1e-37]) squares that total
+below float32's range in the division's backward, and the whole backward pass turns NaN. Flooring
+moves the function by at most about the floor, relatively: it touches only gates below it."""
+
+
+def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2), the total floored at GATE_FLOOR; the
+    plain mean when w is None. (B, T, 2)"""
+    if w is None:
+        return per_head.mean(0)
+    w = w.float().expand(per_head.shape[:-1])[..., None]
+    return (per_head * w).sum(0) / w.sum(0).clamp_min(GATE_FLOOR)
+
+
+def _attend(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            key_gates: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of (h, B, S, D) tensors with ``attn``'s scale and dropout; key_gates
+    (h, B, S), when given, add log g to each key's logits (excluding keys with g = 0)."""
+    dropout = attn.attention_dropout if attn.training else 0.0
+    if key_gates is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
+    n = q.shape[-2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask = torch.where(causal, _key_bias(key_gates, q.dtype)[..., None, :], _future(q.dtype, q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
+
+
+def _future(dtype: torch.dtype, device) -> torch.Tensor:
+    """Attention bias of a key after the query: the dtype's most negative value."""
+    return torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+
+
+def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Attention bias of each key: log g where g > 0 (g floored at GATE_FLOOR); for an excluded key
+    (g = 0) half the dtype's most negative value — weight exactly 0 beside any present key, yet above future keys, so a
+    query whose every past key is excluded (its own output is gated to 0) still never reads the
+    future, not even through a gradient."""
+    excluded = torch.tensor(torch.finfo(dtype).min / 2, dtype=dtype, device=g.device)
+    return torch.where(g > 0, g.float().clamp_min(GATE_FLOOR).log().to(dtype), excluded)
+
+
+class _Packing:
+    """Where each (head, position) pair with g > 0 runs under per-position hard gates, for every
+    head at once: each (head, batch row)'s active positions packed to the front, in order, of S_l
+    slots, S_l the largest active count among layer l's heads.
+
+    gates (B, T, N). Per layer (:meth:`layer`), flat over (h, B, S_l): the slot's row of the layer's
+    token-first (B·T, h) pairs, the same with padding slots sent to a spare row B·T·h, its token
+    (into B·T) with padding sent to a spare row B·T, and its position (padding: 0); plus the
+    slots' gates (h, B, S_l), 0 on padding (None when every gate is 0 or 1), and the per-token
+    weight totals of the QK-norm's mean.
+    """
+
+    def __init__(self, gates: torch.Tensor, n_layers: int, n_heads: int, d_head: int):
+        bsz, t, _ = gates.shape
+        self.n_heads = n_heads
+        dev = gates.device
+        g = gates[..., 1:].permute(2, 0, 1)  # (L·H, B, T)
+        active = g > 0
+        # every gate 0 or 1 and none needing a gradient: nothing is scaled and keys need no log g bias
+        self.binary = not (torch.is_grad_enabled() and g.requires_grad) and torch.equal(g, active.to(g.dtype))
+        ahead = active.cumsum(-1)  # active positions up to and including each
+        counts = ahead[..., -1]  # (L·H, B)
+        self.slots = counts.view(n_layers, n_heads, bsz).amax((1, 2)).tolist()
+        # each active position to its slot, the others to a column that is dropped: padding slots
+        # hold position 0
+        at = torch.arange(t, device=dev)
+        order = torch.zeros(*counts.shape, t + 1, dtype=torch.long, device=dev)
+        order = order.scatter_(-1, torch.where(active, ahead - 1, t), at.expand_as(active))[..., :t]
+        valid = at < counts[..., None]  # (L·H, B, T)
+        head = (torch.arange(n_layers * n_heads, device=dev) % n_heads).view(-1, 1, 1)
+        tok = order + torch.arange(bsz, device=dev).view(1, bsz, 1) * t
+        row = tok * n_heads + head
+        self.index = torch.stack([row, torch.where(valid, row, bsz * t * n_heads), torch.where(valid, tok, bsz * t), order])
+        self.gates = None if self.binary else torch.gather(g, 2, order) * valid  # (L·H, B, T)
+        # d_head · Σ_h g per token and layer (B·T + 1, L), the spare row (padding's) 1: the QK-norm's
+        # mean is over the running heads' slices
+        g_sum = gates[..., 1:].float().view(bsz * t, n_layers, n_heads).sum(-1)
+        self.g_tok = torch.cat([(g_sum * d_head).clamp_min(torch.finfo(torch.float32).tiny), g_sum.new_ones(1, n_layers)])
+
+    def layer(self, idx: int):
+        heads = slice(idx * self.n_heads, (idx + 1) * self.n_heads)
+        slots = self.slots[idx]
+        row, row_dst, tok_dst, pos = self.index[:, heads, :, :slots].reshape(4, -1)
+        gates = None if self.gates is None else self.gates[heads, :, :slots]
+        return slots, row, row_dst, tok_dst, pos, gates, self.g_tok[:, idx : idx + 1], self.binary
+
+
+def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
+                  ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+    """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
+
+    Projections, QK-norm, RoPE and attention run on the packed slots of :class:`_Packing` only;
+    the output projection reads the token-first attention outputs, 0 for the pairs that did not
+    run. Inputs: packing (``_Packing.layer``), x_tok (B·T, h, d) input streams, msum (B, T, d)
+    (for its shape), rope (T, 2, D): cos and signed sin by position. Returns (head-first
+    contributions (h, B·T, d), exactly 0 where g = 0, or None unless ``contributions``; their sum
+    (B, T, d)), or None when no pair is active.
+    """
+    slots, row_of_slot, row_dst, tok_dst, pos, gp, g_tok, binary = packing
+    if slots == 0:
+        return None
+    attn = layer.self_attn
+    eps = attn.q_norm.variance_epsilon
+    d_head = attn.head_dim
+    n_h, (bsz, t, d) = x_tok.shape[1], msum.shape
+
+    w_qkv, w_o, qk_w = _weights(layer, None)
+    xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
+    qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
+    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
+
+    sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
+    if not binary:
+        sumsq = sumsq * gp[..., None].float()
+    # the gated mean square per token (padding slots: a spare row), then back to the slots
+    ms = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, tok_dst, sumsq.view(-1, 2)).div_(g_tok).index_select(0, tok_dst)
+    cos_sin = rope.index_select(0, pos).view(n_h, bsz, slots, 2, 1, -1)  # each slot's position's
+    x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
+    q, k = _qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
+
+    # Real slots are in position order and padding comes last, so "key slot <= query slot" is
+    # exactly "a real key at or before the query's position": slot-causal attention. Gates other
+    # than 1 add log g to their keys' logits (padding keys: g = 0, excluded).
+    z = _attend(attn, q, k, v, None if binary else gp)
+    if not binary:
+        z = z * gp[..., None].to(z.dtype)  # gated: o_j = g_j W_O[j] z_j
+
+    # back to token-first (B·T, h, D), 0 for every pair that did not run (padding: a spare row);
+    # from here on the work is per token: the o projection reads D-wide rows, not the d-wide x
+    z_tok = z.new_zeros(bsz * t * n_h + 1, d_head).index_put_((row_dst,), z.reshape(-1, d_head))[:-1]
+    s = (z_tok.view(bsz * t, n_h * d_head) @ attn.o_proj.weight.T).float()  # gated attention sum (B·T, d)
+    # (h, B·T, d) contributions, exactly 0 where g = 0
+    o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o) if contributions else None
+    o, total = _post_norm(layer, s, o, xp.dtype)
+    return o, total.view(bsz, t, d)

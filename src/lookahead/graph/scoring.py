@@ -1,0 +1,83 @@
+"""Scoring head graphs with a frozen LM (phase 1, pairs, evaluation): per-position NLL, the
+init stage's geometric features of each token, and the two baselines every comparison is made at
+the same active-head fraction against — static pruning of the least important heads (the probe's
+importance, Michel et al. 2019) and random per-position heads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.predictor import geo_features
+from lookahead.graph.runtime import forward_with_topology
+from lookahead.lm.nll import token_nll
+
+
+@dataclasses.dataclass
+class GeoLookup:
+    """The init stage's geometric table: features of the token at each position (§4: f_t)."""
+
+    table: torch.Tensor  # (V, n_geo)
+    mask: torch.Tensor  # (V,)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return geo_features(ids, self.table, self.mask)
+
+    def to(self, device) -> GeoLookup:
+        return GeoLookup(self.table.to(device), self.mask.to(device))
+
+
+def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tensor) -> list[dict]:
+    """NLL of the LM with only its k most important heads (probe importance, (L, H)), for every
+    k = 0 … L·H: a shared topology, all edges among the heads kept. Rows of k, fraction, nll."""
+    n_layers, n_heads = importance.shape
+    mask = allowed_mask(n_layers, n_heads).float()
+    order = torch.argsort(importance.flatten(), descending=True, stable=True)  # most important first
+    rows = []
+    for k in range(n_layers * n_heads + 1):
+        gates = torch.zeros(1 + n_layers * n_heads)
+        gates[0] = 1.0
+        gates[1 + order[:k]] = 1.0
+        adjacency = mask * gates[:, None] * gates[None, :]
+        total, count = 0.0, 0
+        for windows in batches:
+            ids = windows[:, :-1]
+            nll = token_nll(forward_with_topology(lm, ids, adjacency.to(ids.device), gates.to(ids.device), hard=True),
+                            windows[:, 1:])
+            total, count = total + nll.sum().item(), count + nll.numel()
+        rows.append({"heads_kept": k, "active_head_fraction": k / (n_layers * n_heads), "nll": total / count})
+    return rows
+
+
+def interpolate_curve(curve: list[dict], fraction: float) -> float:
+    """NLL at an active-head fraction, linear between the nearest whole-head counts."""
+    x = fraction * (len(curve) - 1)
+    lo = min(int(math.floor(x)), len(curve) - 2)
+    w = x - lo
+    return (1 - w) * curve[lo]["nll"] + w * curve[lo + 1]["nll"]
+
+
+def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers: int, n_heads: int,
+                     draws: int, seed: int) -> float:
+    """Mean NLL over ``draws`` draws of random per-position heads, each head on with probability
+    ``fraction`` at each position (all edges among the heads that are on)."""
+    mask = allowed_mask(n_layers, n_heads).float()
+    results = []
+    for draw in range(draws):
+        gen = torch.Generator().manual_seed(seed * 1000 + draw)
+        total, count = 0.0, 0
+        for windows in batches:
+            ids = windows[:, :-1]
+            b, t = ids.shape
+            gates = (torch.rand(b, t, mask.shape[0], generator=gen) < fraction).float()
+            gates[..., 0] = 1.0
+            gates = gates.to(ids.device)
+            adjacency = mask.to(ids.device) * gates[..., :, None] * gates[..., None, :]
+            nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), windows[:, 1:])
+            total, count = total + nll.sum().item(), count + nll.numel()
+        results.append(total / count)
+    return float(np.mean(results))

@@ -1,0 +1,1 @@
+"""The diffusion stage: the topology denoiser trained on the pairs, its evaluation and plots."""

@@ -1,0 +1,252 @@
+"""The pairs stage (DESIGN §2 pairs): (context, topology) pairs for the diffusion head.
+
+For the first ``pairs.sequences`` train windows of the context cache, ``pairs.samples`` hard
+topologies are drawn per position from the trained predictor (its logistic noise on, then each
+allowed edge flipped with probability ``pairs.flip_prob``: see :func:`sample_topologies`), each sample
+scored by the frozen LM in one hard forward pass of the whole window, and up to ``pairs.keep``
+distinct topologies per position that beat that position's dense NLL are kept (lowest NLL first).
+
+One forward scores every position of a sample although a position's NLL also depends on the
+topologies of the positions before it (through their keys and values). That approximation is
+measured: on ``approx_positions`` kept pairs, position t is re-scored with its kept topology at t
+and the predictor's deterministic topology everywhere else, and the Spearman correlation between
+the two NLL gains over dense is reported.
+
+Output: one safetensors file (a few big arrays) holding, per pair, the context row (window index ·
+T + position, into the cache's train contexts), the packed allowed-edge bits (``lookahead.graph.nodes``),
+the NLL, the dense NLL and the active head and edge fractions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.pairs import PAIRS_FILE
+from lookahead.core.config import to_dict
+from lookahead.core.devices import resolve_device
+from lookahead.core.errors import LookaheadError, require
+from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, to_dense, to_edges, unpack_bits
+from lookahead.graph.predictor import load_init, load_predictor
+from lookahead.graph.runtime import default_gates, forward_with_topology
+from lookahead.graph.sampling import sample_topologies
+from lookahead.graph.scoring import GeoLookup
+from lookahead.lm.nll import token_nll
+
+
+class PairsError(LookaheadError, ValueError):
+    """Inputs of the pairs stage that do not fit its params."""
+
+
+@dataclasses.dataclass
+class PairsConfig:
+    """Sampling and scoring (context, topology) pairs."""
+
+    seeds: int = 3
+    """Runs over seeds of the sampling noise, for each headline figure's mean and `_sd`
+    (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
+    sequences: int = 64
+    """Train windows of the context cache whose positions get pairs (the first ones)."""
+    samples: int = 8
+    """Topologies sampled per position (predictor noise on)."""
+    keep: int = 4
+    """Distinct topologies kept per position at most, among those that beat its dense NLL."""
+    batch_size: int = 8
+    """Windows per forward pass."""
+    approx_positions: int = 256
+    """Kept pairs re-scored in isolation to measure the one-forward approximation (0 = skip)."""
+    flip_prob: float = 0.02
+    """Exploration: each allowed edge of a predictor sample flips with this probability before the
+    cascade (0 = the predictor's own sampler, which is near-deterministic once its logits are large)."""
+    seed: int = 0
+    """Seed of the sampling noise and of the re-scored subset."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` = CUDA when available."""
+
+    def __post_init__(self) -> None:
+        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
+        for name in ("sequences", "samples", "keep", "batch_size"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
+        require(self.keep <= self.samples, "keep", f"must be <= samples ({self.samples}); got {self.keep}")
+        require(self.approx_positions >= 0, "approx_positions", f"must be >= 0; got {self.approx_positions}")
+        require(0.0 <= self.flip_prob <= 0.5, "flip_prob", f"must be in [0, 0.5]; got {self.flip_prob}")
+        require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
+
+
+def select_pairs(bits: np.ndarray, nll: np.ndarray, dense: np.ndarray, keep: int) -> list[list[int]]:
+    """Per position, the samples to keep: distinct topologies that beat dense, lowest NLL first.
+
+    bits (S, P, nbytes) packed topologies, nll (S, P), dense (P,). Returns a list over positions of
+    sample indices.
+    """
+    chosen = []
+    for p in range(nll.shape[1]):
+        seen, picked = set(), []
+        for s in np.argsort(nll[:, p], kind="stable"):
+            if nll[s, p] >= dense[p] or len(picked) == keep:
+                break
+            key = bits[s, p].tobytes()
+            if key not in seen:
+                seen.add(key)
+                picked.append(int(s))
+        chosen.append(picked)
+    return chosen
+
+
+def _topology(edges: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard (A, g) of allowed-edge bits (…, E): g_j = 1 for a head with an incoming edge."""
+    adjacency = to_dense(edges, mask)
+    return adjacency, default_gates(adjacency)
+
+
+# metrics/pairs.json (lookahead.core.report); throughput stays in the report
+# and their spread over the sampling seed (lookahead.core.seeds)
+SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
+          "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
+HEADLINE = seeded_headline(SEEDED, SEEDED)
+
+def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+    """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+
+    from lookahead.core.atomic import atomic_dir
+
+    device = torch.device(resolve_device(cfg.device, "pairs.device"))
+    cache = ContextCache(contexts_dir)
+    n_train = len(cache.windows("train"))
+    if cfg.sequences > n_train:
+        raise PairsError(f"pairs.sequences is {cfg.sequences} but the context cache holds {n_train} train windows "
+                         "(contexts.train_sequences)")
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
+    predictor, meta = load_predictor(predictor_file)
+    predictor.to(device)
+    if meta["context_dim"] != cache.dim:
+        raise PairsError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache holds "
+                         f"{cache.dim}-dim ones: rerun `dvc repro phase1`")
+    tensors, _ = load_init(init_file)
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
+    mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
+    n_e = n_edges(predictor.n_layers, predictor.n_heads)
+    t_len = cache.context_length
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    rows, bits_out, nll_out, dense_out, heads_out, edges_out = [], [], [], [], [], []
+    distinct, kept_counts = [], []
+    tic = time.perf_counter()
+    with torch.no_grad():
+        for start in tqdm(range(0, cfg.sequences, cfg.batch_size), desc="pairs", unit="batch", mininterval=2.0):
+            idx = np.arange(start, min(start + cfg.batch_size, cfg.sequences))
+            windows, contexts = (x.to(device) for x in cache.batch("train", idx))
+            ids, targets = windows[:, :-1], windows[:, 1:]
+            dense = token_nll(lm(input_ids=ids).logits, targets)  # (B, T)
+            features = geo(ids)
+            sample_bits, sample_nll, sample_heads = [], [], []
+            for _ in range(cfg.samples):
+                adjacency, gates = sample_topologies(predictor, contexts, features, cfg.flip_prob, gen)
+                sample_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets))
+                sample_bits.append(to_edges(adjacency, mask))  # (B, T, E)
+                sample_heads.append(gates[..., 1:].mean(-1))  # (B, T)
+            edges = torch.stack(sample_bits).flatten(1, 2)  # (S, P, E)
+            packed = pack_bits(edges)  # (S, P, nbytes)
+            nll = torch.stack(sample_nll).flatten(1).cpu().numpy()  # (S, P)
+            heads = torch.stack(sample_heads).flatten(1).cpu().numpy()
+            edge_share = (edges.sum(-1) / n_e).cpu().numpy()
+            dense_flat = dense.flatten().cpu().numpy()
+            chosen = select_pairs(packed, nll, dense_flat, cfg.keep)
+            distinct += [len({packed[s, p].tobytes() for s in range(cfg.samples)}) for p in range(packed.shape[1])]
+            for p, picked in enumerate(chosen):
+                kept_counts.append(len(picked))
+                for s in picked:
+                    rows.append(int(idx[p // t_len]) * t_len + p % t_len)
+                    bits_out.append(packed[s, p])
+                    nll_out.append(nll[s, p])
+                    dense_out.append(dense_flat[p])
+                    heads_out.append(heads[s, p])
+                    edges_out.append(edge_share[s, p])
+    seconds = time.perf_counter() - tic
+
+    positions = cfg.sequences * t_len
+    pairs = len(rows)
+    arrays = {
+        "rows": np.asarray(rows, dtype=np.int64), "bits": np.asarray(bits_out, dtype=np.uint8).reshape(pairs, -1),
+        "nll": np.asarray(nll_out, dtype=np.float32), "dense_nll": np.asarray(dense_out, dtype=np.float32),
+        "head_fraction": np.asarray(heads_out, dtype=np.float32), "edge_fraction": np.asarray(edges_out, dtype=np.float32),
+    }
+    spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device)
+    info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
+            "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],
+            "config": to_dict(cfg)}
+    with atomic_dir(out_dir) as tmp:
+        save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
+    gains = arrays["dense_nll"] - arrays["nll"]
+    counts = np.asarray(kept_counts)
+    return {
+        "positions": positions,
+        "pairs": pairs,
+        "pairs_per_position": pairs / positions,
+        "mean_gain": float(gains.mean()) if pairs else 0.0,
+        "multi_topology_share": float((counts >= 2).mean()),
+        "positions_with_pair_share": float((counts >= 1).mean()),
+        "distinct_sampled_per_position": float(np.mean(distinct)),
+        "kept_active_head_fraction": float(arrays["head_fraction"].mean()) if pairs else None,
+        "approximation_spearman": spearman,
+        "approximation_positions": approx_n,
+        "bits_per_pair": n_e,
+        "bytes_per_pair": int(arrays["bits"].shape[1]) if pairs else math.ceil(n_e / 8),
+        "pairs_per_s": pairs / max(seconds, 1e-9),
+        "samples_per_s": positions * cfg.samples / max(seconds, 1e-9),
+    }
+
+
+@torch.no_grad()
+def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
+                  arrays: dict, n_e: int, device) -> tuple[float | None, int]:
+    """Spearman correlation between each re-scored pair's gain (its topology at t, the predictor's
+    deterministic topology elsewhere) and its gain in the one-forward sample. (rho, pairs used)"""
+    from scipy import stats
+
+    n = min(cfg.approx_positions, len(arrays["rows"]))
+    if n < 3:
+        return None, n
+    pick = np.sort(np.random.default_rng([cfg.seed, 60]).choice(len(arrays["rows"]), n, replace=False))
+    t_len = cache.context_length
+    isolated = []
+    predictor.eval()
+    for start in range(0, n, cfg.batch_size):
+        sel = pick[start : start + cfg.batch_size]
+        rows = arrays["rows"][sel]
+        windows, contexts = (x.to(device) for x in cache.batch("train", rows // t_len))
+        ids, targets = windows[:, :-1], windows[:, 1:]
+        adjacency, gates = predictor(contexts, geo(ids), hard=True)  # deterministic everywhere
+        pos = torch.as_tensor(rows % t_len, device=device)
+        b = torch.arange(len(sel), device=device)
+        edges = torch.from_numpy(unpack_bits(arrays["bits"][sel], n_e)).to(device=device, dtype=adjacency.dtype)
+        a_t, g_t = _topology(edges, mask)
+        adjacency, gates = adjacency.clone(), gates.clone()
+        adjacency[b, pos], gates[b, pos] = a_t, g_t
+        nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets)[b, pos]
+        isolated.append(nll.cpu().numpy())
+    dense = arrays["dense_nll"][pick]
+    gain_isolated = dense - np.concatenate(isolated)
+    gain_joint = dense - arrays["nll"][pick]
+    rho = stats.spearmanr(gain_joint, gain_isolated)[0]
+    return (None if not np.isfinite(rho) else float(rho)), n
+
+
+def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+    """:func:`build_pairs`, then ``cfg.seeds - 1`` more samplings on other seeds (their pairs
+    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
+    metrics = build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir)
+    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_pairs(
+        c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs"), "pairs")
+    return with_spread(metrics, others, SEEDED)

@@ -1,0 +1,1 @@
+"""The probe stage: geometry, head statistics and WordNet alignment of the base and reference LMs."""

@@ -1,0 +1,3 @@
+"""Command-line helpers no stage runs (nothing but ``tools`` imports them): the params check,
+sharing to a remote, verifying a run against git, the offline plots page, and the fault tools the
+reliability tests use."""

@@ -1,0 +1,73 @@
+"""The sections of params.yaml and the dataclass each loads into (DESIGN §10).
+
+:func:`validate_all` checks a whole params file at once — unknown sections included — before any
+work: ``make repro`` runs it (``python -m lookahead.tools.params params.yaml``), and each stage validates
+its own sections again when it starts. Adding a stage adds a line here, and no stage depends on
+this module, so that reruns nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from lookahead.core.config import load_section, read_params
+from lookahead.core.errors import ConfigError
+
+# section -> "module:Class"; strings, so that validating imports only what it needs
+SECTIONS: dict[str, str] = {
+    "launch": "lookahead.core.launch:LaunchConfig",
+    "corpus": "lookahead.pipeline.corpus:CorpusConfig",
+    "wordnet": "lookahead.pipeline.wordnet:WordNetConfig",
+    "tokenizer": "lookahead.pipeline.tokenizer:TokenizerConfig",
+    "base": "lookahead.pipeline.base:BaseConfig",
+    "probe": "lookahead.pipeline.probe.build:ProbeConfig",
+    "init": "lookahead.pipeline.init:InitConfig",
+    "modulator": "lookahead.pipeline.modulator.build:ModulatorConfig",
+    "predictor": "lookahead.graph.predictor:PredictorConfig",
+    "contexts": "lookahead.pipeline.contexts:ContextsConfig",
+    "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
+    "pairs": "lookahead.pipeline.pairs:PairsConfig",
+    "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",
+    "phase2": "lookahead.pipeline.phase2.build:Phase2Config",
+    "evaluate": "lookahead.pipeline.evaluate.build:EvaluateConfig",
+}
+
+
+def section_class(section: str) -> type:
+    module, _, name = SECTIONS[section].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def validate_all(path: str | Path) -> dict[str, Any]:
+    """Validate every section of a params file; return {section: config}."""
+    params = read_params(path)
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown section in {path}; allowed sections are {', '.join(SECTIONS)}")
+    missing = [s for s in SECTIONS if s not in params]
+    if missing:
+        raise ConfigError(missing[0], f"section missing from {path}")
+    return {section: load_section(path, section, section_class(section)) for section in SECTIONS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lookahead.tools.params [params.yaml]``: validate every section; one line, exit 2 on error."""
+    parser = argparse.ArgumentParser(description="Validate every section of a params file.")
+    parser.add_argument("params", nargs="?", default="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        validate_all(args.params)
+    except ConfigError as err:
+        where = f"{args.params}: " if err.key else ""  # file-level messages name the file already
+        print(f"error (params): {where}{err}", file=sys.stderr)
+        return 2
+    print(f"{args.params}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Check a run against the committed one, figure by figure (DESIGN §12): ``make verify``.
+
+    python -m lookahead.tools.verify                 # the workspace's metrics/*.json against HEAD's
+    python -m lookahead.tools.verify --rev v1.2      # ... against another git revision's
+
+Every headline figure of every ``metrics/<stage>.json`` is compared with the same figure at the
+revision, within a tolerance:
+
+- a **research headline** — a figure measured over seeds, i.e. one with a ``<name>_sd`` beside it
+  — within ``--sd-factor`` (3) times its seed sd (the larger of the two runs'), and never tighter
+  than ``--floor`` (0.5 %) of the committed value (a spread of 0 over seeds is no promise that
+  another machine gives the same bits). One outside makes the command exit 1;
+- every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
+  reported, and do not fail the check: they move with the machine (base pretraining is one seed,
+  DESIGN §12) and are not research claims.
+
+On the machine that made the committed run, a from-scratch ``dvc repro`` is bitwise identical and
+every difference is 0; elsewhere float rounding differs and training amplifies it, and this command
+says whether the results still land where the committed run says they should. The exact bytes of
+the team's run travel through DVC remotes: ``dvc pull``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lookahead.core.config import flatten
+
+SD_SUFFIX = "_sd"
+NOT_FIGURES = {"seeds"}  # how many seeds: part of the config, not a result
+
+
+@dataclass
+class Row:
+    """One figure compared."""
+
+    figure: str
+    committed: object
+    here: object
+    tolerance: float
+    research: bool
+    basis: str
+    """What the tolerance is: `3 sd`, `2 %` or `equal`."""
+
+    @property
+    def difference(self) -> float | None:
+        if _number(self.committed) and _number(self.here):
+            return float(self.here) - float(self.committed)
+        return None
+
+    @property
+    def within(self) -> bool:
+        if _number(self.committed) and _number(self.here):
+            if not (math.isfinite(float(self.committed)) and math.isfinite(float(self.here))):
+                return math.isnan(float(self.committed)) == math.isnan(float(self.here))
+            return abs(self.difference) <= self.tolerance
+        return self.committed == self.here
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def metrics_files(repo: Path) -> list[str]:
+    """The stages' DVC metrics files (``metrics:`` in dvc.yaml), relative to the repository."""
+    import yaml
+
+    stages = (yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages", {})
+    files = []
+    for stage in stages.values():
+        for entry in stage.get("metrics", []):
+            files += list(entry) if isinstance(entry, dict) else [entry]
+    return files
+
+
+def read_at_revision(repo: Path, rev: str, relpath: str) -> dict | None:
+    """The JSON file at ``relpath`` in git revision ``rev``; None where it does not exist."""
+    done = subprocess.run(["git", "show", f"{rev}:{relpath}"], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)
+
+
+def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: float, floor: float) -> list[Row]:
+    """The rows of one stage: every figure of either side except the ``_sd`` columns themselves."""
+    old, new = flatten(committed), flatten(here)
+    rows = []
+    for name in list(old) + [k for k in new if k not in old]:
+        if name.endswith(SD_SUFFIX) or name in NOT_FIGURES:
+            continue
+        a, b = old.get(name), new.get(name)
+        sds = [float(v) for v in (old.get(name + SD_SUFFIX), new.get(name + SD_SUFFIX)) if _number(v)]
+        research = bool(sds)
+        if not _number(a):
+            tolerance, basis = 0.0, "equal"
+        elif research and sd_factor * max(sds) >= floor * abs(float(a)):
+            tolerance, basis = sd_factor * max(sds), f"{sd_factor:g} sd"
+        elif research:
+            tolerance, basis = floor * abs(float(a)), f"{floor:.1%}"
+        else:
+            tolerance, basis = rel_tol * abs(float(a)), f"{rel_tol:.0%}"
+        rows.append(Row(f"{stage}.{name}", a, b, tolerance, research, basis))
+    return rows
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "–"
+    if _number(value):
+        return f"{value:.6g}"
+    return str(value)[:40]
+
+
+def render(rows: list[Row]) -> str:
+    """One table: figure, committed, here, difference, tolerance, verdict."""
+    header = ("figure", "committed", "here", "difference", "tolerance", "")
+    lines = [header]
+    for row in rows:
+        verdict = "within" if row.within else ("OUTSIDE" if row.research else "outside (not a research headline)")
+        tol = f"±{row.tolerance:.3g} ({row.basis})" if row.basis != "equal" else "equal"
+        lines.append((row.figure, _fmt(row.committed), _fmt(row.here), _fmt(row.difference), tol, verdict))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, floor: float = 0.005) -> list[Row]:
+    """Every headline figure of the workspace's DVC metrics files against the same at ``rev``."""
+    rows: list[Row] = []
+    for relpath in metrics_files(repo):
+        path = repo / relpath
+        committed = read_at_revision(repo, rev, relpath)
+        if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
+            continue
+        rows += compare(committed, json.loads(path.read_text(encoding="utf-8")), Path(relpath).stem, sd_factor, rel_tol,
+                        floor)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rev", default="HEAD", help="git revision holding the run to compare with (default HEAD)")
+    parser.add_argument("--repo", type=Path, default=Path.cwd(), help="repository root (default: here)")
+    parser.add_argument("--sd-factor", type=float, default=3.0,
+                        help="research headlines: tolerance in seed sds (default 3)")
+    parser.add_argument("--rel-tol", type=float, default=0.02,
+                        help="figures without a seed spread: relative tolerance (default 0.02)")
+    parser.add_argument("--floor", type=float, default=0.005,
+                        help="research headlines: the smallest relative tolerance (default 0.005)")
+    args = parser.parse_args(argv)
+    if args.sd_factor <= 0 or args.rel_tol < 0 or args.floor < 0:
+        parser.error("--sd-factor must be > 0, --rel-tol and --floor >= 0")
+    rows = verify(args.repo, args.rev, sd_factor=args.sd_factor, rel_tol=args.rel_tol, floor=args.floor)
+    if not rows:
+        print(f"verify: no metrics/<stage>.json both here and at {args.rev}", file=sys.stderr)
+        return 2
+    print(render(rows))
+    research = [r for r in rows if r.research]
+    outside = [r for r in research if not r.within]
+    other = [r for r in rows if not r.research and not r.within]
+    print(f"\n{len(research) - len(outside)} of {len(research)} research headlines within their spread of {args.rev} "
+          f"({args.sd_factor:g} seed sd, at least {args.floor:.1%}); {len(rows) - len(research) - len(other)} of "
+          f"{len(rows) - len(research)} other figures within {args.rel_tol:.0%}.")
+    if outside:
+        print("OUTSIDE: " + ", ".join(r.figure for r in outside))
+    return 1 if outside else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""The one training loop (STYLE 5): base pretraining, phase 1, diffusion and phase 2 all use it.
+
+A phase supplies a small :class:`TrainModule` (the model, how to get batch ``step``, the loss, an
+evaluation); the loop owns everything else: AdamW, linear warmup + cosine decay, gradient clipping,
+HF Accelerate (so ``accelerate launch`` runs it data-parallel, DESIGN §9), the NaN/inf guard,
+periodic evaluation, tqdm progress, MLflow step metrics, and checkpoint/resume.
+
+Data parallelism: the module hands out the global batch of a step; each of N processes keeps its
+contiguous share of the rows and DDP averages the gradients, so N processes follow the same
+trajectory as one (up to floating-point summation order) at the same ``batch_size``.
+
+Resuming is exact: batches are a pure function of the step (see :mod:`lookahead.train.data`), and the
+checkpoint holds model, optimizer, scheduler, RNG state and the curves so far, so an interrupted
+run that resumes ends with the same weights as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from tqdm import tqdm
+
+from lookahead.core.atomic import atomic_file
+from lookahead.core.config import to_dict
+from lookahead.core.errors import ConfigError, LookaheadError, require
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class NonFiniteLoss(LookaheadError, FloatingPointError):
+    """A loss or gradient norm became NaN or infinite; the stage stops."""
+
+
+class CheckpointError(LookaheadError, RuntimeError):
+    """A checkpoint exists but cannot be resumed from (unreadable, or written by another config)."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Optimisation, evaluation and checkpoint cadence of one training phase."""
+
+    steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Sequences per optimizer step over all processes (each of N processes takes batch_size / N)."""
+    lr: float = 1.0e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of `lr` (end of the cosine)."""
+    warmup_steps: int = 100
+    """Linear warmup steps from 0 to `lr`."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, on matrices only (not norms or biases)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    eval_every: int = 200
+    """Evaluate every N steps (and after the last step)."""
+    log_every: int = 10
+    """Record training loss every N steps."""
+    checkpoint_every: int = 200
+    """Save a resumable checkpoint every N steps (0 = never)."""
+    seed: int = 0
+    """Seed of initialisation and of the batch draw."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` = CUDA when available."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """`bf16` = autocast to bfloat16 (weights and optimizer stay fp32)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "log_every"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
+        for name in ("warmup_steps", "checkpoint_every", "seed"):
+            require(getattr(self, name) >= 0, name, f"must be >= 0; got {getattr(self, name)}")
+        require(self.lr > 0, "lr", f"must be > 0; got {self.lr}")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1]; got {self.min_lr_ratio}")
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0; got {self.weight_decay}")
+        require(0.0 <= self.beta1 < 1.0, "beta1", f"must be in [0, 1); got {self.beta1}")
+        require(0.0 <= self.beta2 < 1.0, "beta2", f"must be in [0, 1); got {self.beta2}")
+        require(self.grad_clip >= 0, "grad_clip", f"must be >= 0 (0 = off); got {self.grad_clip}")
+
+
+class TrainModule(Protocol):
+    """What a phase supplies to :func:`train`."""
+
+    model: torch.nn.Module
+    """Holds every trainable parameter (frozen ones have requires_grad=False)."""
+
+    def batch(self, step: int) -> Any:
+        """The global batch of ``step`` (``batch_size`` rows, on CPU): a tensor, or a dict/tuple of
+        tensors with rows first and other values. Each process keeps its own contiguous share of
+        the rows, so any number of processes trains on the same data."""
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
+        """Scalar training loss of ``batch`` under ``model`` (the prepared, maybe wrapped, model);
+        optionally with a dict of named parts (floats), recorded beside the loss in the curve."""
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """Periodic evaluation metrics (e.g. ``{"val_nll": ...}``)."""
+
+    def tokens(self, batch: Any) -> int:
+        """Tokens processed by one batch (for throughput)."""
+
+    # Optional: ``place(device)``, called once before training, moves what the module holds
+    # besides ``model`` (a frozen LM, lookup tables) to the training device.
+
+
+@dataclasses.dataclass
+class TrainResult:
+    train_curve: list[dict[str, float]]
+    """Rows of step, loss, lr, grad_norm."""
+    eval_curve: list[dict[str, float]]
+    """Rows of step and the module's evaluation metrics."""
+    tokens_per_s: float
+    """Training throughput over all processes, evaluation time excluded."""
+    train_seconds: float
+    """Time spent in training steps (evaluation and checkpoints excluded), resumed runs included."""
+    wall_seconds: float
+    """Wall time of this call, evaluations and checkpoints included (a resumed run: since resuming)."""
+    resumed_from: int
+    """Step the run resumed from (0 = fresh start)."""
+
+
+def lr_lambda(cfg: TrainConfig):
+    """Multiplier of ``cfg.lr`` at a step: linear warmup, then cosine down to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, cfg.steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
+    """Process ``rank``'s share of a global batch: rows ``[rank * rows / world, (rank + 1) * rows / world)``
+    of every tensor with ``rows`` rows; other values as they are."""
+    if world == 1:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.ndim == 0 or batch.shape[0] != rows:
+            return batch
+        share = rows // world
+        return batch[rank * share : (rank + 1) * share]
+    if isinstance(batch, dict):
+        return {k: rank_rows(v, rank, world, rows) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(rank_rows(v, rank, world, rows) for v in batch)
+    return batch
+
+
+def _rng_state() -> dict:
+    """The torch generators a step may draw from: CPU, and every CUDA device's when present."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict | torch.Tensor) -> None:
+    if isinstance(state, torch.Tensor):  # checkpoints written before CUDA states were saved
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        if len(state["cuda"]) != torch.cuda.device_count():
+            raise CheckpointError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
+                                  f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    with atomic_file(path) as tmp:
+        torch.save(state, tmp)
+
+
+def train(
+    module: TrainModule,
+    cfg: TrainConfig,
+    *,
+    stage: str,
+    checkpoint_dir: str | Path | None = None,
+    tracker: Any = None,
+    keep_checkpoint: bool = False,
+) -> TrainResult:
+    """Train ``module.model`` in place for ``cfg.steps`` steps.
+
+    Args:
+        stage: name used in progress bars and error messages.
+        checkpoint_dir: where resumable state lives; an existing checkpoint there is resumed
+            from. Give each distinct config its own directory. None disables checkpointing.
+        tracker: a :class:`lookahead.core.tracking.StageRun` (or None) receiving step metrics.
+        keep_checkpoint: keep the checkpoint after success (default: remove it).
+
+    Under ``accelerate launch`` with N processes only the main process returns; the others exit
+    (status 0) once training has ended, since what follows training is the main process's job.
+    Raises:
+        NonFiniteLoss: with the stage, step and value, when loss or gradient norm is NaN/inf.
+    """
+    from accelerate import Accelerator
+
+    wall_start = time.perf_counter()
+    use_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{stage}: train.device is 'cuda' but no CUDA device is available")
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no")
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if cfg.batch_size % world:
+        raise ConfigError("train.batch_size", f"must be divisible by the number of processes ({world}); "
+                          f"got {cfg.batch_size} (stage {stage})")
+    torch.manual_seed(cfg.seed)
+    if hasattr(module, "place"):
+        module.place(accelerator.device)
+
+    optimizer = torch.optim.AdamW(
+        _param_groups(module.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=False
+    )
+    # The scheduler is stepped by hand once per optimizer step (accelerate's prepared scheduler
+    # would step once per process), so the schedule is the same for any number of processes.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    model, optimizer = accelerator.prepare(module.model, optimizer)
+
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir else None
+    start, train_curve, eval_curve, tokens_done, seconds_done = 0, [], [], 0, 0.0
+    if ckpt_path and ckpt_path.is_file():
+        try:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - truncated, garbled or foreign: all mean the same here
+            raise CheckpointError(
+                f"{stage}: checkpoint {ckpt_path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                f"delete it to train from step 0: rm -r {ckpt_path.parent}") from None
+        if state["config"] != to_dict(cfg):
+            raise CheckpointError(f"{stage}: checkpoint {ckpt_path} was written by another config; "
+                                  f"delete it to train from step 0: rm -r {ckpt_path.parent}")
+        accelerator.unwrap_model(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        start, train_curve, eval_curve = state["step"], state["train_curve"], state["eval_curve"]
+        tokens_done, seconds_done = state["tokens"], state["seconds"]
+        accelerator.print(f"{stage}: resuming from step {start} ({ckpt_path})")
+    resumed_from = start
+
+    def save(step: int) -> None:
+        if ckpt_path and accelerator.is_main_process:
+            _save_checkpoint(ckpt_path, {
+                "model": accelerator.unwrap_model(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": _rng_state(),
+                "step": step,
+                "train_curve": train_curve,
+                "eval_curve": eval_curve,
+                "tokens": tokens_done,
+                "seconds": seconds_done,
+                "config": to_dict(cfg),
+            })
+        accelerator.wait_for_everyone()
+
+    def run_eval(step: int) -> None:
+        # every process evaluates the unwrapped model (no collectives), so all hold the same curve
+        model.eval()
+        with torch.no_grad(), accelerator.autocast():
+            metrics = module.evaluate(accelerator.unwrap_model(model))
+        model.train()
+        eval_curve.append({"step": step, **metrics})
+        if tracker is not None and accelerator.is_main_process:
+            tracker.log_metrics(metrics, step=step)
+
+    model.train()
+    bar = tqdm(
+        range(start, cfg.steps), desc=stage, initial=start, total=cfg.steps, unit="step",
+        disable=not accelerator.is_local_main_process, mininterval=1.0,
+    )
+    tic = time.perf_counter()
+    for step in bar:
+        batch = _to_device(rank_rows(module.batch(step), rank, world, cfg.batch_size), accelerator.device)
+        with accelerator.autocast():
+            loss = module.loss(model, batch)
+        loss, parts = loss if isinstance(loss, tuple) else (loss, {})
+        # every process sees every process's loss, so a NaN on one stops all of them at this step
+        # (one process raising alone would leave the others waiting in the gradient all-reduce)
+        losses = accelerator.gather(loss.detach().float().reshape(1)).tolist() if world > 1 else [loss.item()]
+        loss_value = sum(losses) / len(losses)
+        if not math.isfinite(loss_value):
+            where = next(r for r, v in enumerate(losses) if not math.isfinite(v))
+            on = f" on process {where} of {world}" if world > 1 else ""
+            raise NonFiniteLoss(f"{stage}: training loss is {losses[where]} at step {step}{on} "
+                                f"(lr {scheduler.get_last_lr()[0]:.3g}); stopping")
+        accelerator.backward(loss)
+        grad_norm = (
+            accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        )
+        grad_norm = float(grad_norm)
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLoss(f"{stage}: gradient norm is {grad_norm} at step {step} (loss {loss_value:.4f}); stopping")
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens_done += module.tokens(batch) * world
+
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            seconds_now = seconds_done + time.perf_counter() - tic
+            row = {"step": done, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, **parts}
+            train_curve.append(row)
+            bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}")
+            if tracker is not None and accelerator.is_main_process:
+                tracker.log_metrics({"train_loss": loss_value, "lr": lr, "grad_norm": grad_norm,
+                                     "tokens_per_s": tokens_done / max(seconds_now, 1e-9),
+                                     **{f"train_{k}": v for k, v in parts.items()}}, step=done)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            seconds_done += time.perf_counter() - tic
+            run_eval(done)
+            tic = time.perf_counter()
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            seconds_done += time.perf_counter() - tic
+            save(done)
+            tic = time.perf_counter()
+    seconds_done += time.perf_counter() - tic
+    bar.close()
+
+    if ckpt_path and not keep_checkpoint and accelerator.is_main_process:
+        shutil.rmtree(ckpt_path.parent, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        # Everything after training (final evaluation, writing outputs, tracking) is the main
+        # process's: the others are done.
+        accelerator.end_training()
+        raise SystemExit(0)
+    module.model = accelerator.unwrap_model(model)
+    return TrainResult(
+        train_curve=train_curve,
+        eval_curve=eval_curve,
+        tokens_per_s=tokens_done / max(seconds_done, 1e-9),
+        train_seconds=seconds_done,
+        wall_seconds=time.perf_counter() - wall_start,
+        resumed_from=resumed_from,
+    )

@@ -1,0 +1,103 @@
+"""The package's import rules (README "Layout"; STYLE "The package layout"), read from the AST of
+every module, imports inside functions included:
+
+- ``core`` imports only ``core``; ``train`` and ``lm`` only ``core``; ``graph`` and ``semantics``
+  only ``core`` and ``lm``; ``artifacts`` anything above it;
+- a ``pipeline`` stage (a module or package under ``lookahead.pipeline``) anything above it, and
+  never another stage; a stage script (``stages/*.py``) one stage at most;
+- nothing outside ``tools`` imports ``tools``;
+- ``__init__.py`` files hold a docstring and nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.imports import SRC, lookahead_imports, module_name
+
+LIBRARIES = ("core", "train", "lm", "graph", "semantics", "artifacts")
+MAY_IMPORT = {
+    "core": {"core"},
+    "train": {"core", "train"},
+    "lm": {"core", "lm"},
+    "graph": {"core", "lm", "graph"},
+    "semantics": {"core", "lm", "semantics"},
+    "artifacts": {"core", "train", "lm", "graph", "semantics", "artifacts"},
+    "pipeline": {*LIBRARIES},  # and its own stage (checked apart)
+    "tools": {*LIBRARIES, "pipeline", "tools"},
+}
+MODULES = sorted(p for p in (SRC / "lookahead").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def group(module: str) -> tuple[str, str | None]:
+    """(subpackage, stage) of a module: ``lookahead.pipeline.phase1.plots`` -> ("pipeline", "phase1")."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return "", None
+    return parts[1], parts[2] if parts[1] == "pipeline" and len(parts) > 2 else None
+
+
+def violations(path: Path, importer: str) -> list[str]:
+    """The imports of file ``path`` (as module ``importer``) that break the rules, one line each."""
+    where, stage = group(importer)
+    found = []
+    for target, line in sorted(lookahead_imports(path).items()):
+        to, to_stage = group(target)
+        if to == "pipeline" and to_stage is None:
+            ok = where == "tools"  # the package itself: nothing to import
+        elif where == "pipeline":
+            ok = to in MAY_IMPORT["pipeline"] or (to == "pipeline" and to_stage == stage)
+        else:
+            ok = to in MAY_IMPORT.get(where, set())
+        if not ok:
+            found.append(f"{path.relative_to(REPO)}:{line}: {importer} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC / "lookahead")))
+def test_imports_run_one_way(path):
+    module = module_name(path)
+    assert group(module)[0] in MAY_IMPORT or module == "lookahead", f"{module}: not in a subpackage of the layout"
+    assert not violations(path, module)
+
+
+def test_a_stage_script_runs_one_stage():
+    for script in sorted((REPO / "stages").glob("*.py")):
+        stages = {group(t)[1] for t in lookahead_imports(script) if group(t)[0] == "pipeline"}
+        assert len(stages) <= 1, f"{script.name} imports the stages {sorted(stages)}"
+        assert not any(group(t)[0] == "tools" for t in lookahead_imports(script)), f"{script.name} imports tools"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name == "__init__.py"],
+                         ids=lambda p: str(p.parent.relative_to(SRC)))
+def test_package_init_files_hold_a_docstring_only(path):
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    assert body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), \
+        f"{path.relative_to(REPO)}: starts with a docstring saying what the subpackage is"
+    assert len(body) == 1, f"{path.relative_to(REPO)}: holds code; a package's __init__ stays a docstring"
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("lookahead.core.report", "from lookahead.graph.runtime import forward_with_topology"),
+    ("lookahead.graph.scoring", "from lookahead.semantics import geometry"),
+    ("lookahead.pipeline.evaluate.build", "from lookahead.pipeline.phase2.build import Phase2Config"),
+    ("lookahead.pipeline.pairs", "def f():\n    from lookahead.tools.faults import truncate"),
+    ("lookahead.artifacts.contexts", "import lookahead.pipeline.contexts"),
+])
+def test_the_checker_catches_a_wrong_import(tmp_path, importer, imported):
+    path = REPO / "tests" / f"_wrong_{tmp_path.name}.py"  # inside the repo: reported by its path
+    path.write_text(imported + "\n")
+    try:
+        assert len(violations(path, importer)) == 1
+    finally:
+        path.unlink()
+
+
+def test_the_checker_allows_a_stage_its_own_modules():
+    path = SRC / "lookahead" / "pipeline" / "phase1" / "build.py"
+    assert "lookahead.pipeline.phase1.plots" not in lookahead_imports(path) or not violations(path, module_name(path))
+    assert not violations(SRC / "lookahead" / "pipeline" / "evaluate" / "build.py", "lookahead.pipeline.evaluate.build")
