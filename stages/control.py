@@ -6,7 +6,8 @@ from lookahead.core.config import load_section
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.phase2.build import CONTROL_HEADLINE, Phase2Config, build_control_seeds, control_config
+from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, build_control_seeds, control_config
 from lookahead.pipeline.phase2.plots import write_control_reports
 
 

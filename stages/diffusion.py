@@ -9,14 +9,6 @@ from lookahead.core.tracking import stage_run
 from lookahead.pipeline.diffusion.build import HEADLINE, DiffusionConfig, build_diffusion_seeds
 from lookahead.pipeline.diffusion.plots import write_diffusion_reports
 
-OUTPUTS = {
-    "train-curve": "training curve csv (plot)",
-    "eval-curve": "held-out BCE curve csv (plot)",
-    "samplers": "samplers side by side csv (plot)",
-    "figure": "training curves png",
-    "comparison-figure": "samplers comparison png",
-}
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
@@ -29,7 +21,11 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
-        **OUTPUTS,
+        "train-curve": "training curve csv (output: plot)",
+        "eval-curve": "held-out BCE curve csv (output: plot)",
+        "samplers": "samplers side by side csv (output: plot)",
+        "figure": "training curves png (output)",
+        "comparison-figure": "samplers comparison png (output)",
     }, argv)
     cfg = load_section(args.params, "diffusion", DiffusionConfig)
     if args.dry_run:
@@ -38,8 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("diffusion", {"diffusion": to_dict(cfg)}) as run:
         report, result, _ = build_diffusion_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.pairs,
                                                   args.out, args.checkpoints, tracker=run)
-        write_diffusion_reports(result, report, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
-                                                 for name in OUTPUTS})
+        write_diffusion_reports(result, report, args.outputs)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.comparison_figure)

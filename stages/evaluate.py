@@ -9,14 +9,6 @@ from lookahead.core.tracking import stage_run
 from lookahead.pipeline.evaluate.build import HEADLINE, EvaluateConfig, build_evaluate
 from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
-OUTPUTS = {
-    "table": "the table as markdown",
-    "pareto": "NLL vs active-head fraction csv (plot)",
-    "layers": "active-head fraction per layer csv (plot)",
-    "figure": "explainer png",
-    "page": "explainer html (inline svg, self-contained)",
-}
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
@@ -30,7 +22,11 @@ def main(argv: list[str] | None = None) -> None:
         "control": "dense control LM directory (input)",
         "metrics": "headline metrics json",
         "report": "full report json",
-        **OUTPUTS,
+        "table": "the table as markdown (output)",
+        "pareto": "NLL vs active-head fraction csv (output: plot)",
+        "layers": "active-head fraction per layer csv (output: plot)",
+        "figure": "explainer png (output)",
+        "page": "explainer html (inline svg, self-contained) (output)",
     }, argv)
     cfg = load_section(args.params, "evaluate", EvaluateConfig)
     if args.dry_run:
@@ -39,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
                                     args.diffusion, args.phase2, args.control)
-        write_evaluate_outputs(evaluation, {name: getattr(args, name) for name in OUTPUTS})
+        write_evaluate_outputs(evaluation, args.outputs)
         write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.page)

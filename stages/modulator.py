@@ -4,18 +4,11 @@ NLL with the base LM frozen; val NLL and relational alignment with WordNet befor
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.modulator.build import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator_seeds
-from lookahead.pipeline.modulator.plots import write_modulator_metrics, write_modulator_reports
+from lookahead.pipeline.modulator.plots import write_modulator_reports
 from lookahead.semantics.wordnet_source import WordNetSource
-
-OUTPUTS = {
-    "train-curve": "training curve csv (plot)",
-    "eval-curve": "val NLL curve csv (plot)",
-    "alpha-curve": "alpha per layer against step csv (plot)",
-    "bands": "mean cosine per path-similarity band, before and after, csv (plot)",
-    "figure": "summary png",
-}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,7 +21,11 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
-        **OUTPUTS,
+        "train-curve": "training curve csv (output: plot)",
+        "eval-curve": "val NLL curve csv (output: plot)",
+        "alpha-curve": "alpha per layer against step csv (output: plot)",
+        "bands": "mean cosine per path-similarity band, before and after, csv (output: plot)",
+        "figure": "summary png (output)",
     }, argv)
     configs = {
         "modulator": load_section(args.params, "modulator", ModulatorConfig),
@@ -43,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
                                                            args.tokens, args.wordnet, configs["wordnet"].path, args.init,
                                                            args.out, args.checkpoints, tracker=run)
         write_modulator_reports(result, alpha_rows, report,
-                                {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
-        write_modulator_metrics(report, HEADLINE, args.metrics, args.report, run)
+                                args.outputs)
+        write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
 
 

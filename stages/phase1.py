@@ -10,15 +10,6 @@ from lookahead.graph.predictor import PredictorConfig
 from lookahead.pipeline.phase1.build import HEADLINE, Phase1Config, build_phase1_seeds
 from lookahead.pipeline.phase1.plots import write_phase1_reports
 
-OUTPUTS = {
-    "train-curve": "training curve csv (plot)",
-    "eval-curve": "evaluation curve csv (plot)",
-    "pareto": "NLL vs active-head fraction csv (plot)",
-    "layers": "active-head fraction per layer csv (plot)",
-    "figure": "curves png",
-    "pareto-figure": "Pareto png",
-}
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
@@ -30,7 +21,12 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
-        **OUTPUTS,
+        "train-curve": "training curve csv (output: plot)",
+        "eval-curve": "evaluation curve csv (output: plot)",
+        "pareto": "NLL vs active-head fraction csv (output: plot)",
+        "layers": "active-head fraction per layer csv (output: plot)",
+        "figure": "curves png (output)",
+        "pareto-figure": "Pareto png (output)",
     }, argv)
     configs = {
         "phase1": load_section(args.params, "phase1", Phase1Config),
@@ -42,8 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
                                                      args.init, args.heads, args.out, args.checkpoints, tracker=run)
-        write_phase1_reports(result, module, metrics, {name.replace("-", "_"): getattr(args, name.replace("-", "_"))
-                                                       for name in OUTPUTS})
+        write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.pareto_figure)

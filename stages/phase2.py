@@ -9,12 +9,6 @@ from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.build import HEADLINE, Phase2Config, build_phase2_seeds
 from lookahead.pipeline.phase2.plots import write_phase2_reports
 
-OUTPUTS = {
-    "train-curve": "training curves csv (plot)",
-    "eval-curve": "validation curves csv (plot)",
-    "figure": "curves png",
-}
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
@@ -28,7 +22,9 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
-        **OUTPUTS,
+        "train-curve": "training curves csv (output: plot)",
+        "eval-curve": "validation curves csv (output: plot)",
+        "figure": "curves png (output)",
     }, argv)
     cfg = load_section(args.params, "phase2", Phase2Config)
     if args.dry_run:
@@ -37,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
                                             args.diffusion, args.out, args.checkpoints, tracker=run)
-        write_phase2_reports(result, {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS})
+        write_phase2_reports(result, args.outputs)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
 

@@ -10,14 +10,6 @@ from lookahead.pipeline.probe.build import ProbeConfig, build_probe
 from lookahead.pipeline.probe.build import headline_keys as probe_headline
 from lookahead.semantics.wordnet_source import WordNetSource
 
-OUTPUTS = {
-    "eigenspectrum": "embedding eigenspectra csv (plot)",
-    "heads-csv": "per-head importance csv (plot)",
-    "bands": "cosine by similarity band csv (plot)",
-    "heads": "head statistics safetensors (for init)",
-    "figure": "summary png",
-}
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
@@ -26,7 +18,11 @@ def main(argv: list[str] | None = None) -> None:
         "wordnet": "wordnet stage directory (input)",
         "metrics": "headline metrics json",
         "report": "full report json",
-        **OUTPUTS,
+        "eigenspectrum": "embedding eigenspectra csv (output: plot)",
+        "heads-csv": "per-head importance csv (output: plot)",
+        "bands": "cosine by similarity band csv (output: plot)",
+        "heads": "head statistics safetensors (for init) (output)",
+        "figure": "summary png (output)",
     }, argv)
     configs = {
         "probe": load_section(args.params, "probe", ProbeConfig),
@@ -35,11 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         return print_config(configs)
     check_inputs(args.inputs)
-    outputs = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in OUTPUTS}
     with stage_run("probe", {k: to_dict(v) for k, v in configs.items()}) as run:
-        metrics = build_probe(configs["probe"], args.base, args.tokens, args.wordnet, configs["wordnet"].path, outputs)
+        metrics = build_probe(configs["probe"], args.base, args.tokens, args.wordnet, configs["wordnet"].path, args.outputs)
         write_metrics(metrics, probe_headline(metrics), args.metrics, args.report, run)
-        run.log_artifact(outputs["figure"])
+        run.log_artifact(args.figure)
 
 
 if __name__ == "__main__":

@@ -265,7 +265,9 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     """The phase-2 stage (decoder mlp) and its dense control on the tiny inputs: (config, phase-2
     report, its training result, its output directory, the control's report, its LM directory, root)."""
     from lookahead.core.config import from_dict
-    from lookahead.pipeline.phase2.build import Phase2Config, build_control, build_phase2
+    from lookahead.pipeline.phase2.build import build_phase2
+    from lookahead.pipeline.phase2.config import Phase2Config
+    from lookahead.pipeline.phase2.control import build_control
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {

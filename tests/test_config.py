@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead.core.config import load_section
+from lookahead.core.config import from_dict, load_section, to_dict
 from lookahead.core.errors import ConfigError
 from lookahead.lm.source import ModelSource
 from lookahead.pipeline.base import BaseConfig
-from lookahead.tools.params import validate_all
+from lookahead.tools.params import SECTIONS, section_class, validate_all
 
 
 def write_params(tmp_path, params):
@@ -37,6 +37,14 @@ def test_every_profile_validates(repo_root):
 def test_default_profile_is_params_yaml(repo_root):
     default = yaml.safe_load((repo_root / "profiles" / "default.yaml").read_text())
     assert default == yaml.safe_load((repo_root / "params.yaml").read_text())
+
+
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_a_dataclass_default_is_the_default_profile(repo_root, section):
+    # A section loaded from nothing (every key at its dataclass default) is the default profile's:
+    # another profile that leaves a key out gets what the default pipeline runs with, not an old value.
+    profile = validate_all(repo_root / "profiles" / "default.yaml")[section]
+    assert to_dict(from_dict(section_class(section), {})) == to_dict(profile)
 
 
 def test_embedded_default_is_at_least_4x4_olmo2(repo_root):

@@ -19,17 +19,15 @@ from lookahead.graph.scoring import GeoLookup, static_pruning_curve
 from lookahead.lm.encoders import load_context_encoder
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.evaluate import build as ev
-from lookahead.pipeline.evaluate.build import (
-    HEADLINE,
-    ROW_ORDER,
-    EvaluateConfig,
-    EvaluateError,
-    Shapes,
-    build_evaluate,
-    causality_check,
-    position_figures,
-    predictor_topologies,
-)
+from lookahead.pipeline.evaluate.build import HEADLINE, build_evaluate
+from lookahead.pipeline.evaluate.causality import causality_check
+from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
+from lookahead.pipeline.evaluate.rows import Shapes, position_figures, predictor_topologies
+
+# the table's rows, in order (README "Adding an evaluate row"): written out here, not read from the code
+ROW_ORDER = ("dense_base", "phase1_soft", "phase1_hard", "diffusion_sample", "diffusion_best_of_k", "phase2_soft",
+             "phase2_hard", "dense_control", "static_pruning", "random_heads", "static_pruning_phase2",
+             "random_heads_phase2")
 from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
 

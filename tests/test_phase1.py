@@ -63,11 +63,13 @@ def test_an_off_head_comes_back_when_the_loss_wants_it(hard_from_step):
     windows = greedy_windows(lm, 16, 10, seed=1)
     contexts = torch.randn(16, 9, 4, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
-    predictor = StructurePredictor(PredictorConfig(rank=2, hidden=8, init_bias=4.0), 2, 2, context_dim=4)
+    predictor = StructurePredictor(PredictorConfig(rank=2, hidden=8, init_bias=4.0, gate_k=4.0), 2, 2, context_dim=4)
     head = 3
     with torch.no_grad():
         predictor.static[:, head] = -6.0
-    cfg = Phase1Config(lambda_head=0.0, hard_from_step=hard_from_step, train=TrainConfig(steps=60, batch_size=8))
+    # no sparsity terms at all: only the NLL acts on the head
+    cfg = Phase1Config(lambda_head=0.0, lambda_edge=0.0, tau_end=0.3, hard_from_step=hard_from_step,
+                       train=TrainConfig(steps=60, batch_size=8))
     module = Phase1Module(predictor, lm, MemoryCache(windows, contexts),
                           GeoLookup(torch.zeros(61, 0), torch.zeros(61)), torch.ones(2, 2), cfg)
 

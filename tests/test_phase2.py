@@ -21,15 +21,15 @@ from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase2.build import (
-    CONTROL_HEADLINE,
     HEADLINE,
-    Phase2Config,
     Phase2Model,
     Phase2Module,
     build_phase2,
     plain_parameters,
     scale_learning_rate,
 )
+from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, ControlModule
 from lookahead.train.data import load_stream
 
 
@@ -51,7 +51,7 @@ def test_control_is_plain_adamw_on_the_same_windows_as_the_joint_run(phase2_run,
     geo = GeoLookup(torch.zeros(1, 1), torch.zeros(1))
     stream = load_stream(downstream_inputs["tokens"], "train")
     joint = Phase2Module(Phase2Model(None, None), cache, geo, cfg, stream=stream)
-    control = Phase2Module(Phase2Model(None), cache, geo, cfg, dense=True, stream=stream)
+    control = ControlModule(None, cache, cfg, stream)
     for step in range(cfg.train.steps):  # equal tokens, same order
         assert torch.equal(joint.batch(step)["windows"], control.batch(step)["windows"])
         assert torch.equal(joint.batch(step)["replay"], control.batch(step)["replay"])

@@ -97,7 +97,7 @@ def test_predictor_starts_near_dense_from_u0_v0():
     torch.manual_seed(0)
     n = n_nodes(2, 2)
     u0, v0 = torch.randn(n, 3) * 0.3, torch.randn(n, 3) * 0.3
-    p = StructurePredictor(PredictorConfig(rank=3, hidden=16, init_bias=4.0), 2, 2, 6, u0=u0, v0=v0).eval()
+    p = StructurePredictor(PredictorConfig(rank=3, hidden=16, init_bias=4.0, gate_k=4.0), 2, 2, 6, u0=u0, v0=v0).eval()
     ctx = torch.randn(4, 5, 6)
     z = p.logits(ctx)
     assert torch.allclose(z, (u0 @ v0.T + 4.0).expand(4, 5, n, n), atol=1e-6)  # Z = B at initialisation

@@ -9,7 +9,8 @@ import pytest
 from lookahead.core.report import MAX_HEADLINE, pick, write_metrics
 from lookahead.pipeline.probe import build as probe
 
-REPORT = {"train": {"lines": 10, "words": 55}, "val_nll": 3.25, "per_layer": [0.5, 1.0], "encoder": "minilm"}
+REPORT = {"train": {"lines": 10, "words": 55}, "val_nll": 3.25, "per_layer": [0.5, 1.0], "encoder": "minilm",
+          "alpha": {"l0": 0.1, "l2": 0.3}, "nested": {"a": {"b": 1}}, "named": {"x": "text"}}
 
 
 def test_pick_takes_named_paths_and_keeps_only_those():
@@ -17,10 +18,18 @@ def test_pick_takes_named_paths_and_keeps_only_those():
     assert pick(REPORT, ("val_nll", "encoder")) == {"val_nll": 3.25, "encoder": "minilm"}
 
 
+def test_pick_admits_a_flat_dict_of_numbers_as_one_figure():
+    # e.g. the modulator's α per layer: `dvc metrics show` flattens it to alpha.l0, alpha.l2
+    headline = pick(REPORT, ("val_nll", "alpha"))
+    assert headline == {"val_nll": 3.25, "alpha": {"l0": 0.1, "l2": 0.3}}
+    assert headline["alpha"] is not REPORT["alpha"]  # a copy: the headline does not alias the report
+
+
 @pytest.mark.parametrize("keys, error, fragment", [
     (("train.chars",), KeyError, "'train.chars' is not in the report (at 'chars')"),
-    (("train",), ValueError, "must be a scalar, not dict"),
-    (("per_layer",), ValueError, "must be a scalar, not list"),
+    (("nested",), ValueError, "must be a scalar or a flat dict of numbers, not dict"),
+    (("named",), ValueError, "must be a scalar or a flat dict of numbers, not dict"),
+    (("per_layer",), ValueError, "must be a scalar or a flat dict of numbers, not list"),
     (tuple(f"k{i}" for i in range(MAX_HEADLINE + 1)), ValueError, "keep it to 24"),
 ])
 def test_pick_refuses_missing_nested_or_too_many(keys, error, fragment):

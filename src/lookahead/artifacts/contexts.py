@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from lookahead.core.errors import LookaheadError
+from lookahead.core.inputs import recorded
 
 SPLITS = ("train", "val")
 
@@ -69,3 +70,9 @@ class ContextCache:
         """Identifies this cache's content cheaply (meta and file sizes), for checkpoint keys."""
         sizes = {p.name: p.stat().st_size for p in sorted(self.dir.glob("*.npy"))}
         return json.dumps({"meta": self.meta, "sizes": sizes}, sort_keys=True)
+
+    def encoder_settings(self) -> tuple[int, bool]:
+        """(window, trust_remote_code) the cache's encoder ran with: the causality check reruns it."""
+        where = self.dir / META_FILE
+        return (int(recorded(self.meta, "config", "window", stage="contexts", source=where)),
+                bool(recorded(self.meta, "config", "trust_remote_code", stage="contexts", source=where)))

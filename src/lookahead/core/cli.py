@@ -18,7 +18,8 @@ def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | 
     """The shared command line of a stage script: ``--params``, ``--dry-run`` and its paths.
 
     ``paths`` maps each path option (without ``--``) to its help text. dvc.yaml passes them all;
-    they may be left out only with ``--dry-run``.
+    they may be left out only with ``--dry-run``. A help text that says "(input" puts the path in
+    ``args.inputs`` (checked before any work), one that says "(output" in ``args.outputs``.
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
@@ -31,6 +32,9 @@ def parse_stage_args(description: str, paths: dict[str, str], argv: list[str] | 
         parser.error(f"missing {', '.join(missing)} (dvc.yaml passes them)")
     # the paths whose help says "(input": the stage checks them (lookahead.core.inputs) once its params are valid
     args.inputs = {n: getattr(args, n.replace("-", "_")) for n, help_text in paths.items() if "(input" in help_text}
+    # the paths whose help says "(output": what the stage's writers write, by attribute name (dashes as `_`)
+    args.outputs = {n.replace("-", "_"): getattr(args, n.replace("-", "_"))
+                    for n, help_text in paths.items() if "(output" in help_text}
     return args
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -147,3 +148,22 @@ def check_inputs(paths: dict[str, str | Path]) -> None:
     """:func:`check_input` for each (name, path)."""
     for name, path in paths.items():
         check_input(path, f"--{name}")
+
+
+class MissingRecord(LookaheadError, KeyError):
+    """Another stage's output lacks a key this stage reads (written by an older version of it)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def recorded(meta: Any, *keys: str, stage: str, source: str | Path) -> Any:
+    """``meta[k1][k2]...`` of another stage's metadata (``source``: the file it came from); a missing
+    key is an error naming the stage to rerun, never a silent default."""
+    node = meta
+    for depth, key in enumerate(keys):
+        if not hasattr(node, "keys") or key not in node:
+            raise MissingRecord(f"{source} has no {'.'.join(keys[: depth + 1])!r} (written by an older `{stage}` "
+                                f"stage?): rerun `dvc repro {stage}`")
+        node = node[key]
+    return node

@@ -44,18 +44,26 @@ def lookup(report: Mapping[str, Any], path: FigurePath) -> Any:
     return node
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def pick(report: Mapping[str, Any], keys: Mapping[str, FigurePath] | tuple[str, ...]) -> dict[str, Any]:
     """The headline dict: ``{name: value at path}`` for a ``{name: path}`` mapping, or the
-    same name and path for each key of a tuple. Values must be scalars (numbers, strings, bools)."""
+    same name and path for each key of a tuple. Values must be scalars (numbers, strings, bools) or
+    a flat dict of numbers (``{"l0": 0.1, "l1": 0.2}``: ``dvc metrics show`` flattens it to
+    ``name.l0``, ``name.l1``)."""
     spec = dict(keys) if isinstance(keys, Mapping) else {k: k for k in keys}
     if len(spec) > MAX_HEADLINE:
         raise ValueError(f"{len(spec)} headline figures; keep it to {MAX_HEADLINE} (the rest belong in the report)")
     headline = {}
     for name, path in spec.items():
         value = lookup(report, path)
-        if isinstance(value, (Mapping, list, tuple)):
-            raise ValueError(f"headline figure {name!r} ({path!r}) must be a scalar, not {type(value).__name__}")
-        headline[name] = value
+        flat = isinstance(value, Mapping) and all(_is_number(v) for v in value.values())
+        if isinstance(value, (list, tuple)) or (isinstance(value, Mapping) and not flat):
+            raise ValueError(f"headline figure {name!r} ({path!r}) must be a scalar or a flat dict of numbers, "
+                             f"not {type(value).__name__}")
+        headline[name] = dict(value) if flat else value
     return headline
 
 

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
+from lookahead.core.inputs import recorded
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes, to_dense, to_edges
 from lookahead.graph.predictor import cascade
 
@@ -273,3 +274,12 @@ def load_denoiser(model_dir: str | Path) -> tuple[Denoiser, dict]:
                      config["context_dim"], config["geo_dim"], tensors["marginal"])
     model.load_state_dict(tensors)
     return model.eval(), config
+
+
+def sampling_settings(meta: dict, model_dir: str | Path) -> tuple[int, float]:
+    """(sample steps, temperature) the diffusion stage trained and scored its denoiser with, from
+    the metadata :func:`load_denoiser` returns: phase 2 and evaluate sample with the same."""
+    settings = recorded(meta, "diffusion", stage="diffusion", source=Path(model_dir) / CONFIG_FILE)
+    where = Path(model_dir) / CONFIG_FILE
+    return (int(recorded(settings, "sample_steps", stage="diffusion", source=where)),
+            float(recorded(settings, "sample_temperature", stage="diffusion", source=where)))

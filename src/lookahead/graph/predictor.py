@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
-from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.core.inputs import recorded
+from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
 
 class PredictorError(LookaheadError, ValueError):
@@ -45,9 +46,9 @@ class PredictorConfig:
     """Append the init stage's geometric embedding of the token (and a matched flag) to the context."""
     tau: float = 1.0
     """Temperature τ of the edge sigmoid (phase 1 anneals it)."""
-    gate_k: float = 4.0
+    gate_k: float = 2.0
     """Sharpness k of the head gate g = 1 − exp(−k·s), s = gated incoming weight."""
-    init_bias: float = 4.0
+    init_bias: float = 3.0
     """Added to U0 V0ᵀ in the static logits B: every edge starts at about σ(init_bias)."""
     hard: bool = False
     """Threshold edges and gates (straight-through gradients in training) instead of soft values."""
@@ -112,6 +113,16 @@ def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool)
         s = torch.einsum("...i,...ij->...j", g_src, a[..., :first, first:first + n_heads])  # (…, H)
         gates.append((s > 0).to(a.dtype) if binary else -torch.expm1(-k * s))  # 1 − exp(−k s), exact near 0
     return torch.cat(gates, dim=-1)
+
+
+
+def budget_terms(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two sparsity terms of phase 1's and phase 2's loss (λ_head and λ_edge weigh them): the
+    mean head gate (the embedding node, gate 0, left out) and the mean number of active edges over
+    the allowed ones. adjacency (..., N, N), gates (..., N)."""
+    head = gates[..., 1:].mean()
+    edge = adjacency.sum((-2, -1)).mean() / n_edges(n_layers, n_heads)
+    return head, edge
 
 
 class StructurePredictor(nn.Module):
@@ -191,7 +202,7 @@ def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     if not path.is_file():
         raise PredictorError(f"init file not found: {path} (run `dvc repro init`)")
     with safe_open(str(path), framework="pt") as f:  # one read for the tensors and the metadata
-        meta = json.loads((f.metadata() or {}).get("config", "{}"))
+        meta = json.loads(recorded(f.metadata() or {}, "config", stage="init", source=path))
         return {name: f.get_tensor(name) for name in f.keys()}, meta
 
 

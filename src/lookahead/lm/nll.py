@@ -30,3 +30,22 @@ def evaluate_nll(model, windows: torch.Tensor, batch_size: int, device: torch.de
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position NLL (B, T) of targets (B, T) under logits (B, T, V)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+
+
+class PositionTotals:
+    """Running sums of per-position figures (NLLs, active fractions) over evaluation batches, and
+    their means per position: how every stage that scores an LM on val windows accumulates."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.positions = 0
+
+    def add(self, positions: int = 0, **sums: float) -> None:
+        """Count ``positions`` more positions; add each figure's sum over a batch."""
+        self.positions += positions
+        for name, value in sums.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+
+    def mean(self, name: str) -> float:
+        """The figure's sum divided by the positions counted."""
+        return self.sums[name] / self.positions

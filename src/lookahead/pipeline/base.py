@@ -6,7 +6,6 @@ that embeds the resolved config it was built with (``lookahead_config.json``, ST
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -21,6 +20,7 @@ from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.lm.olmo2 import ArchConfig, olmo2_config
 from lookahead.lm.source import ModelSource
 from lookahead.train import data
+from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
 
 CONFIG_FILE = "lookahead_config.json"
@@ -38,7 +38,7 @@ class BaseConfig(ModelSource):
     """Windows per forward pass when evaluating."""
     arch: ArchConfig = dataclasses.field(default_factory=ArchConfig)
     """Scratch architecture; with `path`/`hub`, context_length is the evaluation window."""
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=800, lr=3e-3))
     """Scratch pretraining."""
 
     def __post_init__(self) -> None:
@@ -72,10 +72,6 @@ class LMTrainModule:
         return batch[:, 1:].numel()
 
 
-def config_hash(cfg: BaseConfig) -> str:
-    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()[:16]
-
-
 def pretrain(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, checkpoint_root: str | Path | None, tracker=None):
     """Pretrain a scratch OLMo2 on the train stream. Returns (model, TrainResult)."""
     from transformers import Olmo2ForCausalLM
@@ -87,7 +83,8 @@ def pretrain(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, checkpoint_root
     torch.manual_seed(cfg.train.seed)
     model = Olmo2ForCausalLM(olmo2_config(cfg.arch, tokenizer))
     module = LMTrainModule(model, train_stream, periodic, cfg)
-    ckpt = Path(checkpoint_root) / config_hash(cfg) if checkpoint_root else None
+    ckpt = checkpoint_dir(checkpoint_root, "base", to_dict(cfg),
+                          [Path(tokens_dir) / f"{split}.npy" for split in ("train", "val")])
     result = train(module, cfg.train, stage="base", checkpoint_dir=ckpt, tracker=tracker)
     return module.model, result
 

@@ -40,7 +40,7 @@ class ContextsConfig:
     """`minilm` (packaged all-MiniLM-L6-v2), `base` (the pipeline's LM), or an HF id/dir of a causal embedding model."""
     window: int = 16
     """`minilm`: position t is encoded from the text of the last `window` tokens ending at t."""
-    train_sequences: int = 192
+    train_sequences: int = 128
     """Train windows of `base.arch.context_length` tokens to encode."""
     val_sequences: int = 32
     """Val windows to encode (non-overlapping, seeded choice)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lookahead.core.errors import LookaheadError, require
+from lookahead.core.inputs import recorded
 from lookahead.semantics.geometry import row_cosines, unit_rows
 
 
@@ -213,7 +214,7 @@ def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir,
     metrics["nodes"] = int(len(u0))
 
     config = {"init": to_dict(cfg), "predictor": to_dict(predictor), "base_hidden_size": int(static.shape[1]),
-              "n_layers": int(heads.get("importance", np.zeros((0, 0))).shape[0])}
+              "n_layers": int(recorded(heads, "importance", stage="probe", source=heads_file).shape[0])}
     tensors = {
         "geo_table": table, "geo_mask": mask, "anchor_token_ids": anchor_ids.astype(np.int64),
         "anchor_geo": anchor_emb.astype(np.float32), "projection": fit["projection"].astype(np.float32),

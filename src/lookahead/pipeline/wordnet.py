@@ -46,7 +46,7 @@ class WordNetStageError(LookaheadError, ValueError):
 class WordNetConfig(WordNetSource):
     """The wordnet stage: where WordNet is (`path`), and which anchors and pairs to draw."""
 
-    n_anchors: int = 3000
+    n_anchors: int = 1024
     """Matched tokens drawn as anchors of the Wu-Palmer matrix."""
     n_eval_pairs: int = 20000
     """Anchor pairs (i < j) drawn for the relational-alignment evaluation (path similarity)."""

@@ -32,7 +32,7 @@ SECTIONS: dict[str, str] = {
     "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
     "pairs": "lookahead.pipeline.pairs:PairsConfig",
     "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",
-    "phase2": "lookahead.pipeline.phase2.build:Phase2Config",
+    "phase2": "lookahead.pipeline.phase2.config:Phase2Config",
     "evaluate": "lookahead.pipeline.evaluate.build:EvaluateConfig",
 }
 

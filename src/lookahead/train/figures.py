@@ -7,15 +7,28 @@ from pathlib import Path
 from lookahead.core.atomic import atomic_file
 
 
-def plot_training_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Path, title: str,
-                         reference: dict[str, float] | None = None) -> None:
-    """Training loss and validation NLL against step, with optional horizontal reference lines."""
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    return plt
+
+
+def save_png(fig, path: str | Path, close: bool = True) -> None:
+    """Write ``fig`` to ``path`` as PNG, atomically (a killed run leaves no half figure); close it."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    if close:
+        pyplot().close(fig)
+
+
+def plot_training_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Path, title: str,
+                         reference: dict[str, float] | None = None) -> None:
+    """Training loss and validation NLL against step, with optional horizontal reference lines."""
+    fig, ax = pyplot().subplots(figsize=(7, 4), dpi=120)
     if train_curve:
         ax.plot([r["step"] for r in train_curve], [r["loss"] for r in train_curve], label="train loss", lw=1, alpha=0.8)
     if eval_curve:
@@ -29,6 +42,4 @@ def plot_training_curves(train_curve: list[dict], eval_curve: list[dict], path: 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)

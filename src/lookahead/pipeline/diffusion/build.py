@@ -10,8 +10,6 @@ held-out pairs at fixed noisy draws, and mode recall is measured on them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from pathlib import Path
 
@@ -23,10 +21,12 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.pairs import PAIRS_FILE, PairSet, load_pairs
 from lookahead.core.config import to_dict
 from lookahead.core.errors import LookaheadError, require
+from lookahead.core.inputs import recorded
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.denoiser import Denoiser, DenoiserConfig, alpha_bar, q_probs, save_denoiser
 from lookahead.graph.predictor import load_init
 from lookahead.graph.scoring import GeoLookup
+from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
 
 
@@ -51,7 +51,7 @@ class DiffusionConfig:
     """Divides the a_0 logits while sampling: < 1 trades diversity for samples nearer the mode."""
     eval_samples: int = 8
     """K: samples per position for best-of-K NLL, diversity and mode recall (both samplers)."""
-    recall_radius: int = 2
+    recall_radius: int = 1
     """A kept topology counts as recovered when a sample is within this Hamming distance (bits)."""
     heldout_fraction: float = 0.2
     """Share of the pair set's windows held out of training (mode recall and val BCE are measured on them)."""
@@ -64,7 +64,8 @@ class DiffusionConfig:
     seed: int = 0
     """Seed of the hold-out split and of the evaluation samples."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=1500, batch_size=128, lr=2e-3, warmup_steps=50, weight_decay=0.0, eval_every=250, checkpoint_every=250))
+        steps=1500, batch_size=128, lr=2e-3, beta2=0.99, warmup_steps=50, weight_decay=0.0, eval_every=250,
+        checkpoint_every=250))
     """Optimisation of the denoiser (batch_size = pairs per step)."""
 
     def __post_init__(self) -> None:
@@ -179,18 +180,6 @@ def train_diffusion(cfg: DiffusionConfig, cache: ContextCache, geo: GeoLookup, p
     return module, result
 
 
-def checkpoint_dir_for(root, cfg: DiffusionConfig, cache: ContextCache, init_file, pairs_dir) -> Path | None:
-    """A checkpoint directory keyed by the config and the inputs' content (resume only what fits)."""
-    if not root:
-        return None
-    digest = hashlib.sha256()
-    digest.update(json.dumps({"diffusion": to_dict(cfg)}, sort_keys=True).encode())
-    digest.update(cache.fingerprint().encode())
-    for path in (Path(init_file), Path(pairs_dir) / PAIRS_FILE):
-        digest.update(path.read_bytes())
-    return Path(root) / digest.hexdigest()[:16]
-
-
 def save(module: DiffusionModule, out_dir) -> None:
     save_denoiser(module.model.cpu(), out_dir, extra={"encoder": module.pairs.info["encoder"],
                                                       "diffusion": to_dict(module.cfg)})
@@ -222,7 +211,8 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
                                  f"holds {cache.dim}-dim ones: rerun `dvc repro phase1`")
     tensors, _ = load_init(init_file)  # the predictor may take geometric features even when the head does not
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    ckpt = checkpoint_dir_for(checkpoint_root, cfg, cache, init_file, pairs_dir)
+    ckpt = checkpoint_dir(checkpoint_root, "diffusion", to_dict(cfg), [init_file, Path(pairs_dir) / PAIRS_FILE],
+                          [cache.fingerprint()])
     module, result = train_diffusion(cfg, cache, geo, pairs_dir, ckpt, tracker)
     save(module, out_dir)
 
@@ -231,7 +221,7 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     denoiser = module.model.to(device).eval()
     predictor.to(device).eval()
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    flip_prob = float(module.pairs.info["config"].get("flip_prob", 0.0))
+    flip_prob = float(recorded(module.pairs.info, "config", "flip_prob", stage="pairs", source=pairs_dir))
     samplers = make_samplers(denoiser, predictor, cfg.sample_steps, cfg.sample_temperature, flip_prob, generator)
     lm_figures = lm_comparison(lm, predictor, samplers, cache, geo.to(device), cfg.eval_samples, cfg.eval_sequences,
                                cfg.eval_batch_size, device, cfg.seed)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lookahead.core.atomic import atomic_file, write_csv
+from lookahead.core.atomic import write_csv
+from lookahead.train.figures import pyplot, save_png
 
 SAMPLER_LABELS = {"diffusion": "diffusion head", "baseline": "predictor noise (baseline)",
                   "explore": "predictor + flips (made the pairs)"}
@@ -29,18 +30,9 @@ def sampler_rows(report: dict) -> list[dict]:
     return rows
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Path) -> None:
     """Training BCE and the held-out BCE against step."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot([r["step"] for r in train_curve], [r["loss"] for r in train_curve], lw=1, label="train BCE (a_0 | a_t)")
     ax.plot([r["step"] for r in eval_curve], [r["val_bce"] for r in eval_curve], "o-", lw=1.5,
@@ -49,15 +41,13 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def plot_comparison(report: dict, path: str | Path) -> None:
     """Left: val NLL (one sample and best-of-K) against edge density for each sampler, with dense and
     the deterministic topology; right: diversity within vs across contexts and mode recall."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), dpi=110)
     k = report["eval_samples"]
     for i, (name, s) in enumerate(report["samplers"].items()):
@@ -86,9 +76,7 @@ def plot_comparison(report: dict, path: str | Path) -> None:
     bx.legend(fontsize=8, loc="upper left")
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_diffusion_reports(result, report: dict, outputs: dict) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.core.atomic import atomic_file, write_csv, write_text
+from lookahead.core.atomic import write_csv, write_text
+from lookahead.train.figures import pyplot, save_png
 
 LABELS = {
     "dense_base": ("base", "dense"),
@@ -40,7 +41,9 @@ def table_markdown(report: dict) -> str:
         "|---|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for name, row in report["table"].items():
-        lm, topology = LABELS.get(name, ("", name))
+        if name not in LABELS:
+            raise KeyError(f"evaluate row {name!r} has no label: add it to lookahead.pipeline.evaluate.plots.LABELS")
+        lm, topology = LABELS[name]
         per_layer = " ".join(f"{f:.2f}" for f in row["active_head_fraction_per_layer"])
         lines.append(f"| `{name}` | {lm} | {topology} | {_num(row['nll'])} | {_num(row['ppl'], 1)} | "
                      f"{_num(row['active_head_fraction'])} | {_num(row['active_edge_fraction'])} | {per_layer} | "
@@ -77,15 +80,6 @@ def layer_rows(report: dict) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ the explainer
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _box(ax, xy, text, color):
@@ -125,7 +119,7 @@ def _token_grid(ax, data: dict, n_layers: int, n_heads: int) -> None:
     image = np.full((n_layers, t * (n_heads + 1)), np.nan)
     for i in range(t):
         image[:, i * (n_heads + 1) : i * (n_heads + 1) + n_heads] = gates[i]
-    cmap = _pyplot().get_cmap("Blues").with_extremes(bad="white")
+    cmap = pyplot().get_cmap("Blues").with_extremes(bad="white")
     ax.imshow(image, origin="lower", cmap=cmap, vmin=-0.25, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xticks([i * (n_heads + 1) + (n_heads - 1) / 2 for i in range(t)])
     ax.set_xticklabels([repr(p)[1:-1] for p in data["tokens"]], rotation=60, ha="right", fontsize=8)
@@ -201,7 +195,7 @@ def _layers(ax, report: dict, n_layers: int) -> None:
 
 def explainer_figure(report: dict, static_curve: list[dict], data: dict, info: dict):
     """The five-panel explainer (a matplotlib Figure) from the evaluation's real figures."""
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(16, 12.5), dpi=100)
     grid = fig.add_gridspec(3, 3, height_ratios=[0.55, 1.1, 1.5], hspace=0.5, wspace=0.3, top=0.95, bottom=0.17)
     _flow(fig.add_subplot(grid[0, :]), info)
@@ -221,11 +215,10 @@ def write_explainer(report: dict, static_curve: list[dict], data: dict, info: di
     """The explainer as PNG and as a self-contained HTML page (inline SVG, text as paths, and the table)."""
     import matplotlib
 
-    plt = _pyplot()
+    plt = pyplot()
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "lookahead"}):
         fig = explainer_figure(report, static_curve, data, info)
-        with atomic_file(png) as tmp:
-            fig.savefig(tmp, format="png")
+        save_png(fig, png, close=False)
         buffer = io.StringIO()
         fig.savefig(buffer, format="svg", metadata={"Date": None})
         plt.close(fig)

@@ -77,8 +77,8 @@ class ModulatorConfig:
     """Val tokens scored for the val NLL, from the start of the val stream (0 = all)."""
     eval_batch_size: int = 16
     """Windows per forward pass when scoring."""
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=200, batch_size=8, lr=3e-2,
-                                                                               warmup_steps=20, weight_decay=0.0))
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
+        steps=200, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=50, checkpoint_every=50))
     """Optimisation of the modulator's parameters (batch_size = train windows per step)."""
 
     def __post_init__(self) -> None:
@@ -315,7 +315,8 @@ HEADLINE = {
 }
 # and their spread over training seeds (lookahead.core.seeds): the gains and what the training moves
 SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "alpha_mean")
-HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds"}
+HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds",
+            "alpha_per_layer": "alpha_per_layer"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
 
 
 def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
@@ -325,7 +326,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lookahead.artifacts.wordnet_tables import read_tsv
+    from lookahead.artifacts.wordnet_tables import read_eval_pairs
     from lookahead.core.atomic import atomic_dir
     from lookahead.core.devices import resolve_device
     from lookahead.core.tracking import is_main_process
@@ -343,10 +344,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     wn = open_wordnet(wordnet_path)
-    anchors = read_tsv(Path(wordnet_dir) / "anchors.tsv")
-    pair_rows = read_tsv(Path(wordnet_dir) / "eval_pairs.tsv")
-    pairs = np.array([[int(r["i"]), int(r["j"])] for r in pair_rows], dtype=np.int64)
-    path_sim = np.array([float(r["path_similarity"]) for r in pair_rows])
+    anchors, pairs, path_sim = read_eval_pairs(wordnet_dir)
     context = lm.config.max_position_embeddings
     if cfg.seq_len > context:
         raise ModulatorError(f"modulator.seq_len is {cfg.seq_len} but the base model's context is {context} tokens")

@@ -1,21 +1,12 @@
-"""The modulator stage's outputs besides the model: headline metrics (with α per layer as one
-column per layer), plot data (DVC plots, csv) and a PNG of training, α per layer and alignment."""
+"""The modulator stage's outputs besides the model and its metrics: plot data (DVC plots, csv) and
+a PNG of training, α per layer and alignment."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lookahead.core.atomic import atomic_file, write_csv, write_json
-from lookahead.core.report import write_metrics
-
-
-def write_modulator_metrics(report: dict, headline_keys: dict, metrics_path, report_path, tracker=None) -> dict:
-    """:func:`lookahead.core.report.write_metrics`, then ``alpha_per_layer`` added to the headline as a
-    {layer: α} dict (``dvc metrics show`` and ``dvc exp show`` flatten it to ``alpha_per_layer.l<i>``)."""
-    headline = {**write_metrics(report, headline_keys, metrics_path, report_path, tracker),
-                "alpha_per_layer": dict(report["alpha_per_layer"])}
-    write_json(metrics_path, headline)
-    return headline
+from lookahead.core.atomic import write_csv
+from lookahead.train.figures import pyplot, save_png
 
 
 def band_rows(report: dict) -> list[dict]:
@@ -28,10 +19,7 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
                    path: str | Path) -> None:
     """Four panels: training NLL and val NLL; α per layer against step; cosine by similarity band,
     and along hypernym chains, before and after."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, bx, cx, dx) = plt.subplots(1, 4, figsize=(19, 4), dpi=110)
     if train_curve:
@@ -71,9 +59,7 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
     dx.grid(alpha=0.3)
     dx.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_modulator_reports(result, alpha_rows: list[dict], report: dict, outputs: dict) -> None:

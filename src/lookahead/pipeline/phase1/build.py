@@ -15,8 +15,6 @@ active-head fraction: static pruning of the least important heads (probe importa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from pathlib import Path
 
@@ -29,10 +27,11 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.nodes import n_edges
-from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
 from lookahead.lm.nll import token_nll
+from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
 
 
@@ -43,13 +42,13 @@ class Phase1Config:
     seeds: int = 3
     """Runs over seeds of training (batches, noise), for each headline figure's mean and `_sd`
     (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
-    lambda_head: float = 0.05
+    lambda_head: float = 0.5
     """Weight of the mean head gate (pushes heads off)."""
-    lambda_edge: float = 0.0
+    lambda_edge: float = 1.0
     """Weight of the mean active edge weight (pushes edges off)."""
     tau_start: float = 1.0
     """Edge-sigmoid temperature at step 0."""
-    tau_end: float = 0.3
+    tau_end: float = 1.0
     """Temperature at the last step (geometric annealing in between)."""
     hard_from_step: int = -1
     """Straight-through hard edges and gates from this step on (-1 = never: soft training)."""
@@ -59,7 +58,8 @@ class Phase1Config:
     """Windows per forward pass when evaluating."""
     random_draws: int = 3
     """Draws of the random per-position heads baseline (its NLL is their mean)."""
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(lr=3e-3, warmup_steps=20))
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
+        steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=100, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:
@@ -120,8 +120,7 @@ class Phase1Module:
         adjacency, gates = model(batch["contexts"], self.geo(ids), tau=batch["tau"], hard=batch["hard"])
         logits = forward_with_topology(self.lm, ids, adjacency, gates)  # soft execution: every head's output exists
         nll = token_nll(logits, windows[:, 1:]).mean()
-        head = gates[..., 1:].mean()
-        edge = adjacency.sum((-2, -1)).mean() / self.n_edges
+        head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
         loss = nll + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge
         return loss, {"nll": nll.item(), "head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
 
@@ -183,15 +182,6 @@ class Phase1Module:
         return metrics
 
 
-def checkpoint_key(*parts: str) -> str:
-    """A directory name for resumable state: the hash of the configs and inputs it belongs to."""
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
 SEEDED = ("hard_nll", "active_head_fraction", "random_heads_nll", "hard_nll_increase", "static_pruning_nll_increase",
@@ -223,11 +213,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
 
     module.place(resolve_device(cfg.train.device, "phase1.train.device"))  # before the first evaluation
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
-    ckpt = None
-    if checkpoint_root:
-        key = checkpoint_key(json.dumps({"phase1": to_dict(cfg), "predictor": to_dict(predictor_cfg)}, sort_keys=True),
-                             cache.fingerprint(), file_digest(init_file), file_digest(Path(base_dir) / "model.safetensors"))
-        ckpt = Path(checkpoint_root) / key
+    ckpt = checkpoint_dir(checkpoint_root, "phase1", {"phase1": to_dict(cfg), "predictor": to_dict(predictor_cfg)},
+                          [init_file, Path(base_dir) / "model.safetensors"], [cache.fingerprint()])
     result = train(module, cfg.train, stage="phase1", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **initial})
     predictor = module.model.cpu()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lookahead.core.atomic import atomic_file, write_csv
+from lookahead.core.atomic import write_csv
+from lookahead.train.figures import pyplot, save_png
 
 EVAL_COLUMNS = ["step", "dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
                 "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "tau"]
@@ -25,23 +26,9 @@ def pareto_rows(eval_curve: list[dict], static_curve: list[dict]) -> list[dict]:
     return rows
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path) -> None:
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-
-
 def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Path) -> None:
     """Left: training loss and NLL; right: val NLL (dense, soft, hard, baselines) and active fraction."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
     steps = [r["step"] for r in train_curve]
     ax.plot(steps, [r["loss"] for r in train_curve], lw=1, label="loss (NLL + penalties)")
@@ -63,14 +50,13 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     fx.plot(steps, [r["active_head_fraction"] for r in eval_curve], color="tab:green", lw=1, ls="-.")
     fx.set(ylabel="active-head fraction (hard, green)", ylim=(0, 1.05))
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | None = None) -> None:
     """NLL against active-head fraction: static pruning at every fraction, random heads, dense, the
     predictor's points (its final point highlighted), and any ``extra_points`` (label, fraction, nll)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
     static = [r for r in rows if r["kind"] == "static pruning"]
     ax.plot([r["active_head_fraction"] for r in static], [r["nll"] for r in static], "v-", color="tab:red",
@@ -89,8 +75,7 @@ def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | N
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_phase1_reports(result, module, metrics: dict, outputs: dict) -> None:

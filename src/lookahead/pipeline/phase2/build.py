@@ -1,8 +1,5 @@
 """Phase 2 (DESIGN §2 phase2): continued pretraining of the base LM, unfrozen, with per-token
-topologies — and the **dense control** (its own stage, ``control``): the same LM trained on the same
-windows in the same order for the same steps with the same optimiser and no topology, so every
-comparison is at equal tokens. (Two stages rather than one: under ``accelerate launch`` the shared
-loop's worker processes exit when a training run ends, so one stage runs one training.)
+topologies; its dense control (the ``control`` stage) is :mod:`lookahead.pipeline.phase2.control`.
 
 ``decoder: mlp`` — the phase-1 predictor keeps training jointly with the LM under phase 1's loss
 (NLL(A) + lambda_head · mean gate + lambda_edge · mean edge weight, τ annealed, straight-through hard
@@ -26,11 +23,8 @@ whatever the gradient's scale). The saved predictor holds the plain p.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -40,73 +34,25 @@ from torch.nn.utils import parametrize
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
 from lookahead.core.config import to_dict
-from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
-from lookahead.graph.nodes import n_edges
+from lookahead.graph.predictor import budget_terms
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
-from lookahead.lm.nll import token_nll
+from lookahead.lm.nll import PositionTotals, token_nll
+from lookahead.pipeline.phase2.common import (
+    Phase2Error,
+    base_lm,
+    data_report,
+    save_lm,
+    step_windows,
+    tokens,
+    val_rows,
+    windows_loss,
+)
+from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
-from lookahead.train.loop import TrainConfig, TrainResult, train
-
-DECODERS = ("mlp", "diffusion")
-
-
-class Phase2Error(LookaheadError, ValueError):
-    """Inputs that do not fit phase 2."""
-
-
-@dataclasses.dataclass
-class Phase2Config:
-    """Joint continued pretraining; the dense control reads `train`, `replay` and the eval keys (DESIGN §2 phase2)."""
-
-    seeds: int = 3
-    """Runs over seeds of training (phase 2 and the dense control each), for each headline figure's mean and `_sd`
-    (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
-    decoder: Literal["mlp", "diffusion"] = "mlp"
-    """Topologies from the phase-1 predictor, trained on (`mlp`), or sampled from the frozen diffusion head."""
-    lambda_head: float = 0.5
-    """mlp: weight of the mean head gate (pushes heads off)."""
-    lambda_edge: float = 1.0
-    """mlp: weight of the mean active edge weight."""
-    tau_start: float = 1.0
-    """mlp: edge-sigmoid temperature at step 0."""
-    tau_end: float = 1.0
-    """mlp: temperature at the last step (geometric annealing in between)."""
-    hard_from_step: int = -1
-    """mlp: straight-through hard edges and gates from this step on (-1 = never: soft training)."""
-    predictor_lr_scale: float = 30.0
-    """mlp: the predictor's learning rate as a multiple of train.lr."""
-    replay: bool = True
-    """Each step also trains on train.batch_size windows of the whole train stream, dense, in both runs."""
-    eval_sequences: int = 0
-    """Val windows of the context cache used for evaluation (0 = all of them)."""
-    eval_batch_size: int = 8
-    """Windows per forward pass when evaluating."""
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=200, batch_size=8, lr=1e-3, warmup_steps=20, eval_every=50, checkpoint_every=50))
-    """Optimisation of the LM (and the predictor) — the dense control uses the same (batch_size = windows per step)."""
-
-    def __post_init__(self) -> None:
-        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
-        require(self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}")
-        for name in ("lambda_head", "lambda_edge"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
-        require(math.isfinite(self.tau_start) and self.tau_start > 0, "tau_start", f"must be > 0; got {self.tau_start}")
-        require(math.isfinite(self.tau_end) and 0 < self.tau_end <= self.tau_start, "tau_end",
-                f"must be in (0, tau_start = {self.tau_start}]; got {self.tau_end}")
-        require(-1 <= self.hard_from_step < self.train.steps, "hard_from_step",
-                f"must be -1 (never) or a step in [0, train.steps = {self.train.steps}); got {self.hard_from_step}")
-        require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale > 0, "predictor_lr_scale",
-                f"must be a finite number > 0; got {self.predictor_lr_scale}")
-        require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
-        require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
-
-    def tau(self, step: int) -> float:
-        """τ at ``step``: tau_start · (tau_end / tau_start)^(step / (steps − 1))."""
-        progress = min(1.0, step / max(1, self.train.steps - 1))
-        return self.tau_start * (self.tau_end / self.tau_start) ** progress
+from lookahead.train.checkpoints import checkpoint_dir
+from lookahead.train.loop import TrainResult, train
 
 
 class _Scale(nn.Module):
@@ -159,26 +105,20 @@ class Phase2Model(nn.Module):
         return forward_with_topology(self.lm, ids, adjacency, gates), (adjacency, gates)
 
 
-def window_rows(seed: int, step: int, n_windows: int, batch_size: int) -> np.ndarray:
-    """The cache's train windows of ``step``: the same for phase 2 and the control (equal tokens, same order)."""
-    return np.random.default_rng([seed, step, 0, 52]).integers(0, n_windows, batch_size)
-
-
 class Phase2Module:
-    """The step object of phase 2 (``topologies`` given) and of the dense control (``dense=True``)."""
+    """The step object of phase 2: the LM trains under the topologies of its decoder — the predictor,
+    training with it (``mlp``), or a sample of the frozen denoiser per position (``diffusion``)."""
 
     def __init__(self, model: Phase2Model, cache: ContextCache, geo: GeoLookup, cfg: Phase2Config,
-                 denoiser=None, dense: bool = False, stream: np.ndarray | None = None):
+                 denoiser=None, stream: np.ndarray | None = None):
         self.model = model
         self.stream = stream if cfg.replay else None  # the train token stream (replay windows)
         self.cache, self.geo, self.cfg = cache, geo, cfg
-        self.denoiser = None if dense else denoiser  # decoder diffusion: frozen, samples a topology per position
-        self.dense = dense
+        self.denoiser = denoiser  # decoder diffusion: frozen, samples a topology per position
         predictor = model.predictor
         self.geo_used = predictor is not None and predictor.geo_dim > 0
         self.device = torch.device("cpu")
-        n_val = len(cache.windows("val"))
-        self.val_rows = np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
+        self.val_rows = val_rows(cfg, cache)
         self.last_eval: dict = {}
 
     def place(self, device) -> None:
@@ -199,18 +139,11 @@ class Phase2Module:
         self._steps, self._temperature = steps, temperature
 
     def batch(self, step: int) -> dict:
-        t = self.cfg.train
-        rows = window_rows(t.seed, step, len(self.cache.windows("train")), t.batch_size)
-        windows, contexts = self.cache.batch("train", rows)
-        out = {"windows": windows}
-        if self.stream is not None:  # the same replay windows in both runs
-            out["replay"] = data.train_batch(self.stream, step, t.batch_size, self.cache.context_length, t.seed, salt=52)
-        if self.dense:
-            return out
+        out, contexts = step_windows(self.cfg, self.cache, self.stream, step)
         if self.denoiser is not None:
-            generator = torch.Generator(device=self.device).manual_seed(t.seed * 1_000_003 + step)
+            generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed * 1_000_003 + step)
             with torch.no_grad():
-                out["bits"] = self._sample(contexts, windows[:, :-1], generator)
+                out["bits"] = self._sample(contexts, out["windows"][:, :-1], generator)
             return out
         return {**out, "contexts": contexts, "tau": self.cfg.tau(step), "hard": 0 <= self.cfg.hard_from_step <= step}
 
@@ -218,112 +151,51 @@ class Phase2Module:
         windows = batch["windows"]
         ids, targets = windows[:, :-1], windows[:, 1:]
         parts = {}
-        if self.dense:
-            logits, _ = model(ids)
-        elif self.denoiser is not None:
+        if self.denoiser is not None:
             topology = self.denoiser.executed(batch["bits"])
             logits, _ = model(ids, topology=topology)
             parts["head_gate"] = topology[1][..., 1:].mean().item()
         else:
             geo = self.geo(ids) if self.geo_used else None
             logits, (adjacency, gates) = model(ids, batch["contexts"], geo, tau=batch["tau"], hard=batch["hard"])
-            head = gates[..., 1:].mean()
-            edge = adjacency.sum((-2, -1)).mean() / self._n_edges()
+            p = self.model.predictor
+            head, edge = budget_terms(adjacency, gates, p.n_layers, p.n_heads)
             parts.update({"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]})
-        nll = token_nll(logits, targets).mean()
-        parts["nll"] = nll.item()
-        if "replay" in batch:  # the stream windows, dense: half of the NLL
-            replay = batch["replay"]
-            replay_nll = token_nll(model(replay[:, :-1])[0], replay[:, 1:]).mean()
-            parts["replay_nll"] = replay_nll.item()
-            nll = (nll + replay_nll) / 2
-        if self.dense or self.denoiser is not None:
+        nll = windows_loss(token_nll(logits, targets).mean(), batch, lambda x: model(x)[0], parts)
+        if self.denoiser is not None:
             return nll, parts
         return nll + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge, parts
 
-    def _n_edges(self) -> int:
-        p = self.model.predictor
-        return n_edges(p.n_layers, p.n_heads)
-
     def tokens(self, batch: dict) -> int:
-        return batch["windows"][:, 1:].numel() + (batch["replay"][:, 1:].numel() if "replay" in batch else 0)
+        return tokens(batch)
 
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
-        """Val NLL of the LM dense; with a decoder also under its hard topologies (and soft for mlp)."""
+        """Val NLL of the LM dense and under its decoder's hard topologies (and soft for mlp)."""
         was_training = model.training
         model.eval()
-        sums = {"dense": 0.0, "hard": 0.0, "soft": 0.0, "heads": 0.0}
-        positions = 0
+        totals = PositionTotals()
         generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)  # same draws every eval
         for i in range(0, len(self.val_rows), self.cfg.eval_batch_size):
             windows, contexts = (x.to(self.device) for x in self.cache.batch("val", self.val_rows[i : i + self.cfg.eval_batch_size]))
             ids, targets = windows[:, :-1], windows[:, 1:]
-            sums["dense"] += token_nll(model.lm(input_ids=ids).logits, targets).sum().item()
-            positions += targets.numel()
-            if self.dense:
-                continue
+            totals.add(targets.numel(), dense=token_nll(model.lm(input_ids=ids).logits, targets).sum().item())
             if self.denoiser is not None:
                 adjacency, gates = self.denoiser.executed(self._sample(contexts, ids, generator).to(self.device))
             else:
                 geo = self.geo(ids) if self.geo_used else None
                 adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=False)
-                sums["soft"] += token_nll(forward_with_topology(model.lm, ids, adjacency, gates), targets).sum().item()
+                totals.add(soft=token_nll(forward_with_topology(model.lm, ids, adjacency, gates), targets).sum().item())
                 adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=True)
             hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True)
-            sums["hard"] += token_nll(hard, targets).sum().item()
-            sums["heads"] += gates[..., 1:].mean(-1).sum().item()
+            totals.add(hard=token_nll(hard, targets).sum().item(), heads=gates[..., 1:].mean(-1).sum().item())
         model.train(was_training)
-        metrics = {"dense_nll": sums["dense"] / positions}
-        if not self.dense:
-            metrics.update({"hard_nll": sums["hard"] / positions, "active_head_fraction": sums["heads"] / positions})
-            if self.denoiser is None:
-                metrics["soft_nll"] = sums["soft"] / positions
+        metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
+                   "active_head_fraction": totals.mean("heads")}
+        if self.denoiser is None:
+            metrics["soft_nll"] = totals.mean("soft")
         self.last_eval = metrics
         return metrics
-
-
-def checkpoint_dir(root, kind: str, config: dict, cache: ContextCache, files: list[Path]) -> Path | None:
-    """A checkpoint directory keyed by ``kind``, the config and the inputs' content (resume only what fits)."""
-    import hashlib
-
-    if not root:
-        return None
-    digest = hashlib.sha256(json.dumps({kind: config}, sort_keys=True).encode())
-    digest.update(cache.fingerprint().encode())
-    for path in files:
-        digest.update(Path(path).read_bytes())
-    return Path(root) / digest.hexdigest()[:16]
-
-
-def save_lm(lm, tokenizer_dir, out_dir: Path, config: dict) -> None:
-    """``save_pretrained`` (safetensors) with the base's tokenizer and the resolved config (STYLE 6)."""
-    from transformers import AutoTokenizer
-
-    lm.save_pretrained(out_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
-    (out_dir / "lookahead_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-
-
-def _base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = ""):
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if n_layers is not None and (lm.config.num_hidden_layers, lm.config.num_attention_heads) != (n_layers, n_heads):
-        raise Phase2Error(f"base model ({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) and "
-                          f"{source} ({n_layers} x {n_heads}) disagree: rerun `dvc repro phase1`")
-    return lm.train()
-
-
-def _data_report(cfg: Phase2Config, cache: ContextCache, module: Phase2Module, result: TrainResult) -> dict:
-    return {
-        "train_steps": cfg.train.steps,
-        "train_tokens": cfg.train.steps * cfg.train.batch_size * cache.context_length * (2 if cfg.replay else 1),
-        "passes_over_cache": cfg.train.steps * cfg.train.batch_size / len(cache.windows("train")),
-        "val_positions": int(len(module.val_rows) * cache.context_length),
-        "train_tokens_per_s": result.tokens_per_s,
-        "train_seconds": result.train_seconds,
-    }
 
 
 # metrics/phase2.json (lookahead.core.report)
@@ -338,7 +210,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     """Train the phase-2 LM with its decoder; write the LM (and the predictor) to ``out_dir``;
     return the report and the training result."""
     from lookahead.core.atomic import atomic_dir
-    from lookahead.graph.denoiser import load_denoiser
+    from lookahead.graph.denoiser import load_denoiser, sampling_settings
     from lookahead.graph.predictor import load_init, load_predictor, save_predictor
 
     cache = ContextCache(contexts_dir)
@@ -355,19 +227,18 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         predictor = None
 
     torch.manual_seed(cfg.train.seed)
-    lm = _base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
+    lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
     if predictor is not None:
         predictor.train()
         scale_learning_rate(predictor, cfg.predictor_lr_scale)
     stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
     module = Phase2Module(Phase2Model(lm, predictor), cache, geo, cfg, denoiser, stream=stream)
     if denoiser is not None:
-        settings = diffusion_meta.get("diffusion", {})
-        module.set_sampling(int(settings.get("sample_steps", 10)), float(settings.get("sample_temperature", 1.0)))
+        module.set_sampling(*sampling_settings(diffusion_meta, diffusion_dir))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
     files += [Path(tokens_dir) / "train.npy"] if cfg.replay else []
     files += [Path(diffusion_dir) / "model.safetensors"] if denoiser is not None else []
-    ckpt = checkpoint_dir(checkpoint_root, "phase2", to_dict(cfg), cache, files)
+    ckpt = checkpoint_dir(checkpoint_root, "phase2", to_dict(cfg), files, [cache.fingerprint()])
 
     start = module.evaluate(module.model)  # the starting point: the base LM under the phase-1 decoder
     result = train(module, cfg.train, stage="phase2", checkpoint_dir=ckpt, tracker=tracker)
@@ -391,44 +262,8 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "hard_nll": final["hard_nll"],
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
-        **_data_report(cfg, cache, module, result),
+        **data_report(cfg, cache, module.val_rows, result),
     }
-    return report, result
-
-
-def control_config(cfg: Phase2Config) -> dict:
-    """The keys of ``phase2`` the dense control reads (dvc.yaml lists the same)."""
-    return {"train": to_dict(cfg.train), "replay": cfg.replay, "eval_sequences": cfg.eval_sequences,
-            "eval_batch_size": cfg.eval_batch_size, "seeds": cfg.seeds}
-
-
-# metrics/control.json (lookahead.core.report)
-CONTROL_SEEDED = ("val_nll",)
-CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "train_steps", "train_tokens", "passes_over_cache"),
-                                   CONTROL_SEEDED)
-
-
-def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                  tracker=None) -> tuple[dict, TrainResult]:
-    """The dense control of phase 2: the base LM trained with phase 2's optimiser and schedule on
-    the same windows in the same order (cache windows and replay), no topology. Writes the LM to
-    ``out_dir``; returns the report and the training result."""
-    from lookahead.core.atomic import atomic_dir
-
-    cache = ContextCache(contexts_dir)
-    torch.manual_seed(cfg.train.seed)
-    stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
-    geo = GeoLookup(torch.zeros(1, 1), torch.zeros(1))  # a dense run reads no geometric features
-    module = Phase2Module(Phase2Model(_base_lm(base_dir)), cache, geo, cfg, dense=True, stream=stream)
-    files = [Path(base_dir) / "model.safetensors"] + ([Path(tokens_dir) / "train.npy"] if cfg.replay else [])
-    ckpt = checkpoint_dir(checkpoint_root, "control", control_config(cfg), cache, files)
-    start = module.evaluate(module.model)
-    result = train(module, cfg.train, stage="control", checkpoint_dir=ckpt, tracker=tracker)
-    result.eval_curve.insert(0, {"step": 0, **start})
-    with atomic_dir(out_dir) as tmp:
-        save_lm(module.model.lm.cpu(), base_dir, tmp, {"control": control_config(cfg)})
-    report = {"base_val_nll": start["dense_nll"], "val_nll": module.last_eval["dense_nll"],
-              **_data_report(cfg, cache, module, result)}
     return report, result
 
 
@@ -444,10 +279,3 @@ def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, in
     return with_spread(report, others, SEEDED), result
 
 
-def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                        tracker=None) -> tuple[dict, TrainResult]:
-    """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`."""
-    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_control(
-        c, base_dir, tokens_dir, contexts_dir, scratch / "control", checkpoint_root)[0], "control")
-    return with_spread(report, others, CONTROL_SEEDED), result

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lookahead.core.atomic import atomic_file, write_csv
+from lookahead.core.atomic import write_csv
+from lookahead.train.figures import pyplot, save_png
 
 TRAIN_COLUMNS = ["step", "loss", "nll", "replay_nll", "head_gate", "lr", "grad_norm"]
 EVAL_COLUMNS = ["step", "hard_nll", "soft_nll", "dense_nll", "active_head_fraction"]
@@ -17,10 +18,7 @@ def _rows(curve: list[dict], columns: list[str]) -> list[dict]:
 
 def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
     """Left: training loss and NLL; right: val NLL (hard, soft, dense) and the active-head fraction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
     steps = [r["step"] for r in train]
@@ -45,9 +43,7 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
     fx.plot(steps, [r["active_head_fraction"] for r in evals], color="tab:green", lw=1, ls="-.")
     fx.set(ylabel="active-head fraction (hard, green)", ylim=(0, 1.05))
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_phase2_reports(result, outputs: dict) -> None:

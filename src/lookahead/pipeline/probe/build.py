@@ -23,6 +23,7 @@ from lookahead.core.errors import require
 from lookahead.lm.encoders import BASE, MINILM, encode_texts, minilm_path
 from lookahead.semantics import geometry
 from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts
+from lookahead.train.figures import pyplot, save_png
 
 MAX_MODELS = 4  # 5 headline figures per model (+ 3 for the base) within lookahead.core.report's limit
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:layers|layer)\.(\d+)\.(.+)\.weight$")
@@ -176,7 +177,7 @@ def mlp_neurons(model, batches: list[dict]) -> dict:
 
 def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cfg: ProbeConfig):
     """All measurements of one model: (metrics block, spectrum, head stats or None, band rows)."""
-    from lookahead.artifacts.wordnet_tables import read_tsv
+    from lookahead.artifacts.wordnet_tables import read_eval_pairs
     from lookahead.semantics.heads import probe_heads
     from lookahead.train import data
 
@@ -188,10 +189,7 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
     block["embedding"], spectrum = embedding_geometry(emb, cfg)
     block["weights"] = weight_geometry(model)
 
-    anchors = read_tsv(Path(wordnet_dir) / "anchors.tsv")
-    pair_rows = read_tsv(Path(wordnet_dir) / "eval_pairs.tsv")
-    pairs = np.array([[int(r["i"]), int(r["j"])] for r in pair_rows], dtype=np.int64)
-    path_sim = np.array([float(r["path_similarity"]) for r in pair_rows])
+    anchors, pairs, path_sim = read_eval_pairs(wordnet_dir)
     glosses = [a["gloss"] for a in anchors]
     ctx = encode_texts(model, tokenizer, glosses, cfg.encode_batch_size, cfg.max_text_tokens)
     static = static_texts(model, tokenizer, [" " + a["lemma"] for a in anchors])
@@ -267,12 +265,8 @@ def save_head_stats(path: str | Path, heads: dict, model_name: str) -> None:
 
 def plot_summary(path, spectra: dict, head_rows_: list[dict], bands: list[dict]) -> None:
     """Eigenspectra, head importance and cosine by similarity band, in one PNG."""
-    import matplotlib
+    plt = pyplot()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from lookahead.core.atomic import atomic_file
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), dpi=110)
     for name, spec in spectra.items():
@@ -299,9 +293,7 @@ def plot_summary(path, spectra: dict, head_rows_: list[dict], bands: list[dict])
     axes[2].set(title="mean cosine by WordNet path-similarity band", xlabel="path similarity", ylabel="cosine")
     axes[2].legend(fontsize=7)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,99 @@
+"""What phase 2 and its dense control share, so that both train on the same windows in the same
+order and are scored alike: the step's windows, the loss over cache and replay windows, the base LM,
+saving, and the data report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.core.errors import LookaheadError
+from lookahead.lm.nll import token_nll
+from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.train import data
+from lookahead.train.loop import TrainResult
+
+
+class Phase2Error(LookaheadError, ValueError):
+    """Inputs that do not fit phase 2."""
+
+
+def window_rows(seed: int, step: int, n_windows: int, batch_size: int) -> np.ndarray:
+    """The cache's train windows of ``step``: the same for phase 2 and the control (equal tokens, same order)."""
+    return np.random.default_rng([seed, step, 0, 52]).integers(0, n_windows, batch_size)
+
+
+def step_windows(cfg: Phase2Config, cache: ContextCache, stream: np.ndarray | None,
+                 step: int) -> tuple[dict, torch.Tensor]:
+    """({``windows``: (B, T+1) cache rows of ``step``, with a train stream ``replay``: (B, T+1)},
+    their contexts (B, T, C)): the same in phase 2 and the control."""
+    t = cfg.train
+    rows = window_rows(t.seed, step, len(cache.windows("train")), t.batch_size)
+    windows, contexts = cache.batch("train", rows)
+    out = {"windows": windows}
+    if stream is not None:
+        out["replay"] = data.train_batch(stream, step, t.batch_size, cache.context_length, t.seed, salt=52)
+    return out, contexts
+
+
+def val_rows(cfg: Phase2Config, cache: ContextCache) -> np.ndarray:
+    """The cache's val windows both runs are scored on."""
+    n_val = len(cache.windows("val"))
+    return np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
+
+
+def windows_loss(nll: torch.Tensor, batch: dict, dense_logits: Callable[[torch.Tensor], torch.Tensor],
+                 parts: dict) -> torch.Tensor:
+    """The LM loss of a step: the cache windows' mean NLL, averaged with the replay windows' when the
+    batch has them (``dense_logits``: ids (B, T) -> (B, T, V), through the trained model's wrapper
+    so that DDP sees the forward); ``parts`` gets ``nll`` and ``replay_nll``."""
+    parts["nll"] = nll.item()
+    if "replay" not in batch:
+        return nll
+    replay = batch["replay"]
+    replay_nll = token_nll(dense_logits(replay[:, :-1]), replay[:, 1:]).mean()
+    parts["replay_nll"] = replay_nll.item()
+    return (nll + replay_nll) / 2
+
+
+def tokens(batch: dict) -> int:
+    """Target tokens of one step (cache windows and replay)."""
+    return batch["windows"][:, 1:].numel() + (batch["replay"][:, 1:].numel() if "replay" in batch else 0)
+
+
+def save_lm(lm, tokenizer_dir, out_dir: Path, config: dict) -> None:
+    """``save_pretrained`` (safetensors) with the base's tokenizer and the resolved config (STYLE 6)."""
+    from transformers import AutoTokenizer
+
+    lm.save_pretrained(out_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+    (out_dir / "lookahead_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = ""):
+    """The base LM in float32, in training mode; with ``n_layers``/``n_heads``, checked against
+    ``source`` (the predictor or denoiser it must fit)."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if n_layers is not None and (lm.config.num_hidden_layers, lm.config.num_attention_heads) != (n_layers, n_heads):
+        raise Phase2Error(f"base model ({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) and "
+                          f"{source} ({n_layers} x {n_heads}) disagree: rerun `dvc repro phase1`")
+    return lm.train()
+
+
+def data_report(cfg: Phase2Config, cache: ContextCache, val_rows: np.ndarray, result: TrainResult) -> dict:
+    """The tokens a run trained on and the val positions it was scored on (phase 2 and the control alike)."""
+    return {
+        "train_steps": cfg.train.steps,
+        "train_tokens": cfg.train.steps * cfg.train.batch_size * cache.context_length * (2 if cfg.replay else 1),
+        "passes_over_cache": cfg.train.steps * cfg.train.batch_size / len(cache.windows("train")),
+        "val_positions": int(len(val_rows) * cache.context_length),
+        "train_tokens_per_s": result.tokens_per_s,
+        "train_seconds": result.train_seconds,
+    }
