@@ -6,7 +6,8 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.evaluate.build import HEADLINE, EvaluateConfig, build_evaluate
+from lookahead.pipeline.evaluate.build import HEADLINE, build_evaluate
+from lookahead.pipeline.evaluate.config import EvaluateConfig
 from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
 

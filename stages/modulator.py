@@ -6,7 +6,8 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.modulator.build import HEADLINE, AlignmentConfig, ModulatorConfig, build_modulator_seeds
+from lookahead.pipeline.modulator.build import HEADLINE, build_modulator_seeds
+from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig
 from lookahead.pipeline.modulator.plots import write_modulator_reports
 from lookahead.semantics.wordnet_source import WordNetSource
 

@@ -6,7 +6,8 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.phase2.build import HEADLINE, Phase2Config, build_phase2_seeds
+from lookahead.pipeline.phase2.build import HEADLINE, build_phase2_seeds
+from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.plots import write_phase2_reports
 
 

@@ -14,14 +14,9 @@ import torch.nn.functional as F
 
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
-from lookahead.pipeline.modulator.build import (
-    AlignmentConfig,
-    GeometricModulator,
-    ModulatorConfig,
-    ModulatorError,
-    build_modulator,
-    load_modulator,
-)
+from lookahead.pipeline.modulator.build import build_modulator
+from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
+from lookahead.pipeline.modulator.model import GeometricModulator, load_modulator
 from tests.conftest import save_tiny_lm
 
 N_GEO = 4

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-import lookahead.graph.runtime as runtime
+from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes, node_index
 from lookahead.graph.runtime import TopologyError, default_gates, forward_with_topology
 from tests.reference_head_graph import reference_forward
@@ -119,7 +119,7 @@ def test_vanishing_soft_gates_keep_gradients_finite():
     finite, and the forward still matches the plain reference."""
     per_head = torch.tensor([300.0, 500.0, 700.0, 1100.0])[:, None, None, None].expand(4, 1, 1, 2)
     w = torch.tensor([0.0, 0.0, 0.0, 1e-37])[:, None, None].requires_grad_(True)
-    runtime._gated_mean(per_head, w).sum().backward()
+    attention.gated_mean(per_head, w).sum().backward()
     assert torch.isfinite(w.grad).all()
 
     model = tiny_olmo2(n_layers=2, n_heads=2)
@@ -225,8 +225,8 @@ def test_hard_execution_skips_the_work_of_off_pairs(monkeypatch):
     model = tiny_olmo2(n_layers=2, n_heads=4, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (4, 32), generator=torch.Generator().manual_seed(6))
     rows = []
-    real = runtime._project
-    monkeypatch.setattr(runtime, "_project", lambda x, w: rows.append(x.shape[:-1].numel()) or real(x, w))
+    real = attention.project
+    monkeypatch.setattr(attention, "project", lambda x, w: rows.append(x.shape[:-1].numel()) or real(x, w))
     adjacency, gates = random_topology(model, 4, 32, p_off=0.75, seed=7)
     with torch.no_grad():
         forward_with_topology(model, ids, adjacency, gates, hard=True)

@@ -38,9 +38,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
+from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
 
 
@@ -165,14 +165,14 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if ones else g_all[cols]  # (h,) | (h, B, T)
         if shared and (heads is None or len(heads)):
-            out = _heads(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
+            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
             if packing is not None:
                 out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
-                o, total = _heads(layer, heads, x, g, cos, sin_signed, not last)
+                o, total = attention.head_outputs(layer, heads, x, g, cos, sin_signed, not last)
                 out = None if o is None else o.view(-1, bsz * t, d), total
         if out is not None:
             if out[0] is not None:
@@ -229,134 +229,6 @@ def _mix_tokens(a, cols: slice, msum, blocks) -> torch.Tensor:
     return x
 
 
-def _weights(layer, heads: torch.Tensor | None):
-    """Per-head slices of one layer's attention weights for heads ``heads`` (None: all): W_qkv
-    (h, d, 3D), W_O (h, D, d), q/k norm weights (h, 2, D)."""
-    attn = layer.self_attn
-    d_head = attn.head_dim
-    hidden = attn.q_proj.weight.shape[1]
-    h_all = attn.q_proj.weight.shape[0] // d_head
-
-    w_qkv = torch.cat([w.view(h_all, d_head, hidden) for w in (attn.q_proj.weight, attn.k_proj.weight,
-                                                                attn.v_proj.weight)], dim=1)  # (H, 3D, d)
-    w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
-    qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
-    if heads is not None:
-        w_qkv, w_o, qk_w = w_qkv[heads], w_o[heads], qk_w[heads]
-    return w_qkv.transpose(1, 2), w_o, qk_w
-
-
-def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Per-head matmul: (h, …, in) @ (h, in, out) → (h, …, out)."""
-    return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
-
-
-def _rope_tables(weight: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """q/k norm weights folded into RoPE: for n a row and w its norm weight,
-    (w n) cos + rotate_half(w n) sin = n · (w cos) + roll(n) · (roll(w) · sign · sin), rolling by
-    D/2, sign = −1 on the first half and +1 on the second (``sin_signed`` = sign · sin).
-
-    weight (h, 2, D), cos/sin_signed (T, D) float32 → tables (h, T, 2, 2, D) float32: [..., 0, :, :]
-    multiplies n, [..., 1, :, :] multiplies roll(n), each for q and k.
-    """
-    w = weight.float()[:, None]  # (h, 1, 2, D)
-    return torch.stack([w * cos[None, :, None, :], w.roll(w.shape[-1] // 2, -1) * sin_signed[None, :, None, :]], dim=2)
-
-
-def _qk_norm_rope(x: torch.Tensor, ms: torch.Tensor, eps: float, c: torch.Tensor, s: torch.Tensor,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """OLMo2's q/k RMSNorm with a given mean square, then RoPE in its rolled form; q and k together.
-
-    x (h, B, S, 2, D) float32; ms (…, 2) broadcastable to (h, B, S, 2); x · c + roll(x) · s is the
-    weighted, rotated row (c, s broadcastable to x: :func:`_rope_tables` for unweighted x, or
-    cos and signed sin when x already carries the norm weight). The norm's scalar factor commutes
-    with RoPE, so it is applied last. Returns q, k as (h, B, S, D) in ``dtype``.
-    """
-    out = torch.addcmul(x * c, x.roll(x.shape[-1] // 2, -1), s)
-    out = (out * torch.rsqrt(ms + eps)[..., None]).to(dtype)
-    return out[..., 0, :], out[..., 1, :]
-
-
-def _heads(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their inputs x
-    (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): the stock
-    post-attention norm of the gated attention output.
-
-    g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
-    """
-    attn = layer.self_attn
-    eps = attn.q_norm.variance_epsilon
-    w_qkv, w_o, qk_w = _weights(layer, heads)
-    d_head = attn.head_dim
-    qkv = _project(x, w_qkv)  # (h, B, T, 3D)
-    qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
-    w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
-    ms = _gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
-    table = _rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
-    q, k = _qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
-
-    # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
-    z = _attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
-    o = _project(z, w_o)  # (h, B, T, d)
-    if w is not None:
-        o = o * w[..., None].to(o.dtype)
-    return _post_norm(layer, o.sum(0).float(), o if contributions else None, x.dtype)
-
-
-def _post_norm(layer, s: torch.Tensor, o: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """OLMo2's post-attention RMSNorm of the gated attention sum s (…, d) float32, in the stock
-    norm's order of operations: (the heads' contributions o · w_post / rms, o (h, …, d) — None
-    when o is None —, the normed sum w_post · s / rms), both in ``dtype``."""
-    inv_rms = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + layer.post_attention_layernorm.variance_epsilon)
-    w_post = layer.post_attention_layernorm.weight
-    total = (w_post * (s * inv_rms)).to(dtype)
-    return None if o is None else (o.float() * (w_post * inv_rms)).to(dtype), total
-
-
-GATE_FLOOR = 1e-12
-"""Smallest gate total the soft path divides by, and smallest gate whose log it takes. The exact
-gradients there scale as 1 / g (against an upstream gradient that is itself O(g)): a layer whose
-heads at a position sum to ~1e-37 (soft training gets there: [0, 0, 0, 1e-37]) squares that total
-below float32's range in the division's backward, and the whole backward pass turns NaN. Flooring
-moves the function by at most about the floor, relatively: it touches only gates below it."""
-
-
-def _gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2), the total floored at GATE_FLOOR; the
-    plain mean when w is None. (B, T, 2)"""
-    if w is None:
-        return per_head.mean(0)
-    w = w.float().expand(per_head.shape[:-1])[..., None]
-    return (per_head * w).sum(0) / w.sum(0).clamp_min(GATE_FLOOR)
-
-
-def _attend(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            key_gates: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of (h, B, S, D) tensors with ``attn``'s scale and dropout; key_gates
-    (h, B, S), when given, add log g to each key's logits (excluding keys with g = 0)."""
-    dropout = attn.attention_dropout if attn.training else 0.0
-    if key_gates is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=attn.scaling)
-    n = q.shape[-2]
-    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    mask = torch.where(causal, _key_bias(key_gates, q.dtype)[..., None, :], _future(q.dtype, q.device))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=attn.scaling)
-
-
-def _future(dtype: torch.dtype, device) -> torch.Tensor:
-    """Attention bias of a key after the query: the dtype's most negative value."""
-    return torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
-
-
-def _key_bias(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Attention bias of each key: log g where g > 0 (g floored at GATE_FLOOR); for an excluded key
-    (g = 0) half the dtype's most negative value — weight exactly 0 beside any present key, yet above future keys, so a
-    query whose every past key is excluded (its own output is gated to 0) still never reads the
-    future, not even through a gradient."""
-    excluded = torch.tensor(torch.finfo(dtype).min / 2, dtype=dtype, device=g.device)
-    return torch.where(g > 0, g.float().clamp_min(GATE_FLOOR).log().to(dtype), excluded)
-
-
 class _Packing:
     """Where each (head, position) pair with g > 0 runs under per-position hard gates, for every
     head at once: each (head, batch row)'s active positions packed to the front, in order, of S_l
@@ -406,7 +278,7 @@ class _Packing:
 
 def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
                   ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
-    """``_heads`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
+    """``attention.head_outputs`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
     Projections, QK-norm, RoPE and attention run on the packed slots of :class:`_Packing` only;
     the output projection reads the token-first attention outputs, 0 for the pairs that did not
@@ -423,9 +295,9 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     d_head = attn.head_dim
     n_h, (bsz, t, d) = x_tok.shape[1], msum.shape
 
-    w_qkv, w_o, qk_w = _weights(layer, None)
+    w_qkv, w_o, qk_w = attention.head_weights(layer, None)
     xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
-    qkv = _project(xp, w_qkv)  # (h, B, S, 3D)
+    qkv = attention.project(xp, w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
 
     sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
@@ -435,12 +307,12 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     ms = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, tok_dst, sumsq.view(-1, 2)).div_(g_tok).index_select(0, tok_dst)
     cos_sin = rope.index_select(0, pos).view(n_h, bsz, slots, 2, 1, -1)  # each slot's position's
     x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
-    q, k = _qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
+    q, k = attention.qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
     # than 1 add log g to their keys' logits (padding keys: g = 0, excluded).
-    z = _attend(attn, q, k, v, None if binary else gp)
+    z = attention.attend(attn, q, k, v, None if binary else gp)
     if not binary:
         z = z * gp[..., None].to(z.dtype)  # gated: o_j = g_j W_O[j] z_j
 
@@ -450,5 +322,5 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     s = (z_tok.view(bsz * t, n_h * d_head) @ attn.o_proj.weight.T).float()  # gated attention sum (B·T, d)
     # (h, B·T, d) contributions, exactly 0 where g = 0
     o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o) if contributions else None
-    o, total = _post_norm(layer, s, o, xp.dtype)
+    o, total = attention.post_norm(layer, s, o, xp.dtype)
     return o, total.view(bsz, t, d)

@@ -26,14 +26,14 @@ SECTIONS: dict[str, str] = {
     "base": "lookahead.pipeline.base:BaseConfig",
     "probe": "lookahead.pipeline.probe.build:ProbeConfig",
     "init": "lookahead.pipeline.init:InitConfig",
-    "modulator": "lookahead.pipeline.modulator.build:ModulatorConfig",
+    "modulator": "lookahead.pipeline.modulator.config:ModulatorConfig",
     "predictor": "lookahead.graph.predictor:PredictorConfig",
     "contexts": "lookahead.pipeline.contexts:ContextsConfig",
     "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
     "pairs": "lookahead.pipeline.pairs:PairsConfig",
     "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",
     "phase2": "lookahead.pipeline.phase2.config:Phase2Config",
-    "evaluate": "lookahead.pipeline.evaluate.build:EvaluateConfig",
+    "evaluate": "lookahead.pipeline.evaluate.config:EvaluateConfig",
 }
 
 

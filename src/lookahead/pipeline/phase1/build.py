@@ -30,7 +30,7 @@ from lookahead.graph.nodes import n_edges
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
-from lookahead.lm.nll import token_nll
+from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
 
@@ -143,9 +143,8 @@ class Phase1Module:
         batches = self._val_batches()
         if self._dense is None:
             self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _ in batches]
-        sums = {"soft": 0.0, "hard": 0.0, "dense": 0.0, "below": 0.0, "edges": 0.0}
+        totals = PositionTotals()
         layer_on = torch.zeros(self.n_layers, device=self.device)
-        positions = 0
         for (windows, contexts), dense in zip(batches, self._dense):
             ids, targets = windows[:, :-1], windows[:, 1:]
             geo = self.geo(ids)
@@ -153,27 +152,24 @@ class Phase1Module:
             soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates), targets)
             adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=True)
             hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True), targets)
-            sums["soft"] += soft.sum().item()
-            sums["hard"] += hard.sum().item()
-            sums["dense"] += dense.sum().item()
-            sums["below"] += (hard < dense).sum().item()
-            sums["edges"] += adjacency.sum((-2, -1)).sum().item() / self.n_edges
+            totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
+                       below=(hard < dense).sum().item(),
+                       edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
             layer_on += gates[..., 1:].reshape(-1, self.n_layers, self.n_heads).sum((0, 2))
-            positions += dense.numel()
         model.train(was_training)
-        per_layer = (layer_on / (positions * self.n_heads)).tolist()
+        per_layer = (layer_on / (totals.positions * self.n_heads)).tolist()
         fraction = float(np.mean(per_layer))
         if self.static_curve is None:
             self.static_curve = static_pruning_curve(self.lm, [w for w, _ in batches], self.importance)
         random_nll = random_heads_nll(self.lm, [w for w, _ in batches], fraction, self.n_layers, self.n_heads,
                                       self.cfg.random_draws, self.cfg.train.seed)
         metrics = {
-            "dense_nll": sums["dense"] / positions,
-            "soft_nll": sums["soft"] / positions,
-            "hard_nll": sums["hard"] / positions,
+            "dense_nll": totals.mean("dense"),
+            "soft_nll": totals.mean("soft"),
+            "hard_nll": totals.mean("hard"),
             "active_head_fraction": fraction,
-            "active_edge_fraction": sums["edges"] / positions,
-            "below_dense_fraction": sums["below"] / positions,
+            "active_edge_fraction": totals.mean("edges"),
+            "below_dense_fraction": totals.mean("below"),
             "static_pruning_nll": interpolate_curve(self.static_curve, fraction),
             "random_heads_nll": random_nll,
             "tau": self.tau_now,
