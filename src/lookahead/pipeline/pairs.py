@@ -114,28 +114,11 @@ SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "p
           "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
 HEADLINE = seeded_headline(SEEDED, SEEDED)
 
-def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
-    """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
-    from safetensors.numpy import save_file
-    from transformers import AutoModelForCausalLM
-
-    from lookahead.core.atomic import atomic_dir
-
-    device = torch.device(resolve_device(cfg.device, "pairs.device"))
-    cache = ContextCache(contexts_dir)
-    n_train = len(cache.windows("train"))
-    if cfg.sequences > n_train:
-        raise PairsError(f"pairs.sequences is {cfg.sequences} but the context cache holds {n_train} train windows "
-                         "(contexts.train_sequences)")
-    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
-    predictor, meta = load_predictor(predictor_file)
-    predictor.to(device)
-    if meta["context_dim"] != cache.dim:
-        raise PairsError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache holds "
-                         f"{cache.dim}-dim ones: rerun `dvc repro phase1`")
-    tensors, _ = load_init(init_file)
-    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
-    mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
+def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
+               device) -> tuple[dict[str, np.ndarray], list[int], list[int], float]:
+    """Sample ``cfg.samples`` topologies per position of the first ``cfg.sequences`` train windows,
+    score them with the LM and keep the pairs :func:`select_pairs` picks. Returns (the pairs file's
+    arrays, distinct topologies sampled per position, pairs kept per position, seconds)."""
     n_e = n_edges(predictor.n_layers, predictor.n_heads)
     t_len = cache.context_length
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -175,13 +158,42 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
                     edges_out.append(edge_share[s, p])
     seconds = time.perf_counter() - tic
 
-    positions = cfg.sequences * t_len
     pairs = len(rows)
     arrays = {
         "rows": np.asarray(rows, dtype=np.int64), "bits": np.asarray(bits_out, dtype=np.uint8).reshape(pairs, -1),
         "nll": np.asarray(nll_out, dtype=np.float32), "dense_nll": np.asarray(dense_out, dtype=np.float32),
         "head_fraction": np.asarray(heads_out, dtype=np.float32), "edge_fraction": np.asarray(edges_out, dtype=np.float32),
     }
+    return arrays, distinct, kept_counts, seconds
+
+
+def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+    """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+
+    from lookahead.core.atomic import atomic_dir
+
+    device = torch.device(resolve_device(cfg.device, "pairs.device"))
+    cache = ContextCache(contexts_dir)
+    n_train = len(cache.windows("train"))
+    if cfg.sequences > n_train:
+        raise PairsError(f"pairs.sequences is {cfg.sequences} but the context cache holds {n_train} train windows "
+                         "(contexts.train_sequences)")
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
+    predictor, meta = load_predictor(predictor_file)
+    predictor.to(device)
+    if meta["context_dim"] != cache.dim:
+        raise PairsError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache holds "
+                         f"{cache.dim}-dim ones: rerun `dvc repro phase1`")
+    tensors, _ = load_init(init_file)
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
+    mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
+    n_e = n_edges(predictor.n_layers, predictor.n_heads)
+    t_len = cache.context_length
+    arrays, distinct, kept_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device)
+    positions = cfg.sequences * t_len
+    pairs = len(arrays["rows"])
     spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device)
     info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
             "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],

@@ -222,6 +222,10 @@ def train(
 
     Under ``accelerate launch`` with N processes only the main process returns; the others exit
     (status 0) once training has ended, since what follows training is the main process's job.
+
+    One function of ~160 lines on purpose: the order of its steps — RNG draws, batch split over
+    processes, optimiser and schedule, NaN guard, evaluation, checkpoint save and resume — is the
+    contract a resumed run must replay exactly (tests/test_trainer.py), and it reads top to bottom.
     Raises:
         NonFiniteLoss: with the stage, step and value, when loss or gradient norm is NaN/inf.
     """
