@@ -4,13 +4,13 @@ context position, :mod:`lookahead.pipeline.pairs` writes it), split by window fo
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lookahead.core.errors import LookaheadError
+from lookahead.core.inputs import read_safetensors
 from lookahead.graph.nodes import unpack_bits
 
 PAIRS_FILE = "pairs.safetensors"  # the pairs stage's output (lookahead.pipeline.pairs writes it)
@@ -44,18 +44,9 @@ class PairSet:
 
 def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: float, seed: int) -> PairSet:
     """Read the pairs file and split it by window (a seeded choice of held-out windows)."""
-    from safetensors import safe_open
-
     path = Path(pairs_dir) / PAIRS_FILE
-    if not path.is_file():
-        raise PairsDataError(f"pairs file not found: {path} (run `dvc repro pairs`)")
-    try:
-        with safe_open(str(path), framework="np") as f:
-            info = json.loads((f.metadata() or {})["lookahead"])
-            arrays = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as err:  # truncated or foreign file
-        raise PairsDataError(f"{path} is not a readable pairs file ({err}): run `dvc checkout pairs` or "
-                                 "`dvc repro -f pairs`") from None
+    info, arrays = read_safetensors(path, "np", "lookahead", PairsDataError,
+                                    "run `dvc repro pairs` (or restore it: `dvc checkout pairs`)")
     if info["context_length"] != context_length:
         raise PairsDataError(f"{path} was made for windows of {info['context_length']} positions but the context "
                                  f"cache holds {context_length}: rerun `dvc repro pairs`")

@@ -167,3 +167,19 @@ def recorded(meta: Any, *keys: str, stage: str, source: str | Path) -> Any:
                                 f"stage?): rerun `dvc repro {stage}`")
         node = node[key]
     return node
+
+
+def read_safetensors(path: str | Path, framework: str, meta_key: str, error: type[LookaheadError], fix: str) -> tuple[dict, dict]:
+    """(json metadata under ``meta_key``, tensors) of another stage's safetensors file in one read;
+    a missing, truncated or foreign file raises ``error`` with ``fix`` (the command that remakes it)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} not found: {fix}")
+    try:
+        with safe_open(str(path), framework=framework) as f:
+            meta = json.loads((f.metadata() or {})[meta_key])
+            return meta, {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # truncated or foreign file
+        raise error(f"{path} is not readable ({err}): {fix}") from None

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
-from lookahead.core.inputs import recorded
+from lookahead.core.inputs import read_safetensors
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
 
@@ -115,7 +115,6 @@ def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool)
     return torch.cat(gates, dim=-1)
 
 
-
 def budget_terms(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The two sparsity terms of phase 1's and phase 2's loss (λ_head and λ_edge weigh them): the
     mean head gate (the embedding node, gate 0, left out) and the mean number of active edges over
@@ -196,14 +195,9 @@ class StructurePredictor(nn.Module):
 
 def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """The init stage's tensors and its config metadata."""
-    from safetensors import safe_open
-
-    path = Path(init_file)
-    if not path.is_file():
-        raise PredictorError(f"init file not found: {path} (run `dvc repro init`)")
-    with safe_open(str(path), framework="pt") as f:  # one read for the tensors and the metadata
-        meta = json.loads(recorded(f.metadata() or {}, "config", stage="init", source=path))
-        return {name: f.get_tensor(name) for name in f.keys()}, meta
+    meta, tensors = read_safetensors(init_file, "pt", "config", PredictorError,
+                                     "run `dvc repro init` (or restore it: `dvc checkout`)")
+    return tensors, meta
 
 
 def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: torch.Tensor) -> torch.Tensor:
@@ -231,20 +225,11 @@ def save_predictor(predictor: StructurePredictor, path: str | Path, extra: dict 
 
 def load_predictor(path: str | Path) -> tuple[StructurePredictor, dict]:
     """A predictor saved by :func:`save_predictor`, in eval mode, and its metadata."""
-    from safetensors import safe_open
 
     from lookahead.core.config import from_dict
 
-    path = Path(path)
-    if not path.is_file():
-        raise PredictorError(f"predictor file not found: {path} (run `dvc repro phase1`)")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})["config"])
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as err:  # truncated or foreign file
-        raise PredictorError(f"{path} is not a readable predictor file ({err}): run `dvc checkout` or "
-                             "`dvc repro -f phase1`") from None
+    meta, tensors = read_safetensors(path, "pt", "config", PredictorError,
+                                     "run `dvc repro -f phase1` (or restore it: `dvc checkout`)")
     cfg = from_dict(PredictorConfig, meta["predictor"])
     predictor = StructurePredictor(cfg, meta["n_layers"], meta["n_heads"], meta["context_dim"], meta["geo_dim"])
     predictor.load_state_dict(tensors)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lookahead.core.devices import eval_mode
+
 
 def causal_lm_nll(model, windows: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """NLL of tokens 1..T of each window given the ones before. windows: (B, T+1)."""
@@ -16,14 +18,12 @@ def causal_lm_nll(model, windows: torch.Tensor, reduction: str = "mean") -> torc
 def evaluate_nll(model, windows: torch.Tensor, batch_size: int, device: torch.device | None = None) -> float:
     """Mean NLL per target token over all ``windows`` (N, T+1)."""
     device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(windows), batch_size):
-        chunk = windows[i : i + batch_size].to(device)
-        total += causal_lm_nll(model, chunk, reduction="sum").item()
-        count += chunk[:, 1:].numel()
-    model.train(was_training)
+    with eval_mode(model):
+        total, count = 0.0, 0
+        for i in range(0, len(windows), batch_size):
+            chunk = windows[i : i + batch_size].to(device)
+            total += causal_lm_nll(model, chunk, reduction="sum").item()
+            count += chunk[:, 1:].numel()
     return total / count
 
 

@@ -15,7 +15,6 @@ active-head fraction: static pruning of the least important heads (probe importa
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import to_dict
-from lookahead.core.devices import resolve_device
+from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.nodes import n_edges
@@ -33,6 +32,7 @@ from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_n
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
+from lookahead.train.schedule import check_budget_schedule, tau_at
 
 
 @dataclasses.dataclass
@@ -64,22 +64,14 @@ class Phase1Config:
 
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
-        for name in ("lambda_head", "lambda_edge"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
-        require(math.isfinite(self.tau_start) and self.tau_start > 0, "tau_start", f"must be > 0; got {self.tau_start}")
-        require(math.isfinite(self.tau_end) and 0 < self.tau_end <= self.tau_start, "tau_end",
-                f"must be in (0, tau_start = {self.tau_start}]; got {self.tau_end}")
-        require(-1 <= self.hard_from_step < self.train.steps, "hard_from_step",
-                f"must be -1 (never) or a step in [0, train.steps = {self.train.steps}); got {self.hard_from_step}")
+        check_budget_schedule(self)
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
 
     def tau(self, step: int) -> float:
-        """τ at ``step``: tau_start · (tau_end / tau_start)^(step / (steps − 1))."""
-        progress = min(1.0, step / max(1, self.train.steps - 1))
-        return self.tau_start * (self.tau_end / self.tau_start) ** progress
+        """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
+        return tau_at(self.tau_start, self.tau_end, step, self.train.steps)
 
 
 class Phase1Module:
@@ -138,25 +130,23 @@ class Phase1Module:
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
         """Dense, soft and hard NLL on the val contexts, active fractions, and the baselines."""
-        was_training = model.training
-        model.eval()
-        batches = self._val_batches()
-        if self._dense is None:
-            self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _ in batches]
-        totals = PositionTotals()
-        layer_on = torch.zeros(self.n_layers, device=self.device)
-        for (windows, contexts), dense in zip(batches, self._dense):
-            ids, targets = windows[:, :-1], windows[:, 1:]
-            geo = self.geo(ids)
-            adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=False)
-            soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates), targets)
-            adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=True)
-            hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True), targets)
-            totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
-                       below=(hard < dense).sum().item(),
-                       edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
-            layer_on += gates[..., 1:].reshape(-1, self.n_layers, self.n_heads).sum((0, 2))
-        model.train(was_training)
+        with eval_mode(model):
+            batches = self._val_batches()
+            if self._dense is None:
+                self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _ in batches]
+            totals = PositionTotals()
+            layer_on = torch.zeros(self.n_layers, device=self.device)
+            for (windows, contexts), dense in zip(batches, self._dense):
+                ids, targets = windows[:, :-1], windows[:, 1:]
+                geo = self.geo(ids)
+                adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=False)
+                soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates), targets)
+                adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=True)
+                hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True), targets)
+                totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
+                           below=(hard < dense).sum().item(),
+                           edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
+                layer_on += gates[..., 1:].reshape(-1, self.n_layers, self.n_heads).sum((0, 2))
         per_layer = (layer_on / (totals.positions * self.n_heads)).tolist()
         fraction = float(np.mean(per_layer))
         if self.static_curve is None:

@@ -34,6 +34,7 @@ from torch.nn.utils import parametrize
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
 from lookahead.core.config import to_dict
+from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.predictor import budget_terms
 from lookahead.graph.runtime import forward_with_topology
@@ -44,8 +45,9 @@ from lookahead.pipeline.phase2.common import (
     base_lm,
     data_report,
     save_lm,
+    step_tokens,
     step_windows,
-    tokens,
+    val_batches,
     val_rows,
     windows_loss,
 )
@@ -166,30 +168,26 @@ class Phase2Module:
             return nll, parts
         return nll + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge, parts
 
-    def tokens(self, batch: dict) -> int:
-        return tokens(batch)
+    tokens = staticmethod(step_tokens)
 
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
         """Val NLL of the LM dense and under its decoder's hard topologies (and soft for mlp)."""
-        was_training = model.training
-        model.eval()
-        totals = PositionTotals()
-        generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)  # same draws every eval
-        for i in range(0, len(self.val_rows), self.cfg.eval_batch_size):
-            windows, contexts = (x.to(self.device) for x in self.cache.batch("val", self.val_rows[i : i + self.cfg.eval_batch_size]))
-            ids, targets = windows[:, :-1], windows[:, 1:]
-            totals.add(targets.numel(), dense=token_nll(model.lm(input_ids=ids).logits, targets).sum().item())
-            if self.denoiser is not None:
-                adjacency, gates = self.denoiser.executed(self._sample(contexts, ids, generator).to(self.device))
-            else:
-                geo = self.geo(ids) if self.geo_used else None
-                adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=False)
-                totals.add(soft=token_nll(forward_with_topology(model.lm, ids, adjacency, gates), targets).sum().item())
-                adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=True)
-            hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True)
-            totals.add(hard=token_nll(hard, targets).sum().item(), heads=gates[..., 1:].mean(-1).sum().item())
-        model.train(was_training)
+        with eval_mode(model):
+            totals = PositionTotals()
+            generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)  # same draws every eval
+            for windows, contexts in val_batches(self.cache, self.val_rows, self.cfg.eval_batch_size, self.device):
+                ids, targets = windows[:, :-1], windows[:, 1:]
+                totals.add(targets.numel(), dense=token_nll(model.lm(input_ids=ids).logits, targets).sum().item())
+                if self.denoiser is not None:
+                    adjacency, gates = self.denoiser.executed(self._sample(contexts, ids, generator).to(self.device))
+                else:
+                    geo = self.geo(ids) if self.geo_used else None
+                    adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=False)
+                    totals.add(soft=token_nll(forward_with_topology(model.lm, ids, adjacency, gates), targets).sum().item())
+                    adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=True)
+                hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True)
+                totals.add(hard=token_nll(hard, targets).sum().item(), heads=gates[..., 1:].mean(-1).sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}
         if self.denoiser is None:

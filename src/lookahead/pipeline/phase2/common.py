@@ -5,7 +5,7 @@ saving, and the data report."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,13 @@ def val_rows(cfg: Phase2Config, cache: ContextCache) -> np.ndarray:
     return np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
 
 
+def val_batches(cache: ContextCache, rows: np.ndarray, batch_size: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(windows (B, T+1), contexts (B, T, C)) of the val ``rows``, batch by batch, on ``device``."""
+    for i in range(0, len(rows), batch_size):
+        windows, contexts = cache.batch("val", rows[i : i + batch_size])
+        yield windows.to(device), contexts.to(device)
+
+
 def windows_loss(nll: torch.Tensor, batch: dict, dense_logits: Callable[[torch.Tensor], torch.Tensor],
                  parts: dict) -> torch.Tensor:
     """The LM loss of a step: the cache windows' mean NLL, averaged with the replay windows' when the
@@ -61,7 +68,7 @@ def windows_loss(nll: torch.Tensor, batch: dict, dense_logits: Callable[[torch.T
     return (nll + replay_nll) / 2
 
 
-def tokens(batch: dict) -> int:
+def step_tokens(batch: dict) -> int:
     """Target tokens of one step (cache windows and replay)."""
     return batch["windows"][:, 1:].numel() + (batch["replay"][:, 1:].numel() if "replay" in batch else 0)
 

@@ -8,6 +8,7 @@ from typing import Literal
 
 from lookahead.core.errors import require
 from lookahead.train.loop import TrainConfig
+from lookahead.train.schedule import check_budget_schedule, tau_at
 
 DECODERS = ("mlp", "diffusion")
 
@@ -46,20 +47,12 @@ class Phase2Config:
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         require(self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}")
-        for name in ("lambda_head", "lambda_edge"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
-        require(math.isfinite(self.tau_start) and self.tau_start > 0, "tau_start", f"must be > 0; got {self.tau_start}")
-        require(math.isfinite(self.tau_end) and 0 < self.tau_end <= self.tau_start, "tau_end",
-                f"must be in (0, tau_start = {self.tau_start}]; got {self.tau_end}")
-        require(-1 <= self.hard_from_step < self.train.steps, "hard_from_step",
-                f"must be -1 (never) or a step in [0, train.steps = {self.train.steps}); got {self.hard_from_step}")
+        check_budget_schedule(self)
         require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale > 0, "predictor_lr_scale",
                 f"must be a finite number > 0; got {self.predictor_lr_scale}")
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
 
     def tau(self, step: int) -> float:
-        """τ at ``step``: tau_start · (tau_end / tau_start)^(step / (steps − 1))."""
-        progress = min(1.0, step / max(1, self.train.steps - 1))
-        return self.tau_start * (self.tau_end / self.tau_start) ** progress
+        """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
+        return tau_at(self.tau_start, self.tau_end, step, self.train.steps)

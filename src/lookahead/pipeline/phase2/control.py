@@ -13,9 +13,19 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import to_dict
+from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import base_lm, data_report, save_lm, step_windows, tokens, val_rows, windows_loss
+from lookahead.pipeline.phase2.common import (
+    base_lm,
+    data_report,
+    save_lm,
+    step_tokens,
+    step_windows,
+    val_batches,
+    val_rows,
+    windows_loss,
+)
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir
@@ -45,20 +55,16 @@ class ControlModule:
         nll = token_nll(model(input_ids=windows[:, :-1]).logits, windows[:, 1:]).mean()
         return windows_loss(nll, batch, lambda ids: model(input_ids=ids).logits, parts), parts
 
-    def tokens(self, batch: dict) -> int:
-        return tokens(batch)
+    tokens = staticmethod(step_tokens)
 
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
         """Val NLL of the LM on the cache's val windows (phase 2's ``dense_nll``)."""
-        was_training = model.training
-        model.eval()
-        totals = PositionTotals()
-        for i in range(0, len(self.val_rows), self.cfg.eval_batch_size):
-            windows, _ = self.cache.batch("val", self.val_rows[i : i + self.cfg.eval_batch_size])
-            ids, targets = windows[:, :-1].to(self.device), windows[:, 1:].to(self.device)
-            totals.add(targets.numel(), dense=token_nll(model(input_ids=ids).logits, targets).sum().item())
-        model.train(was_training)
+        with eval_mode(model):
+            totals = PositionTotals()
+            for windows, _ in val_batches(self.cache, self.val_rows, self.cfg.eval_batch_size, self.device):
+                ids, targets = windows[:, :-1], windows[:, 1:]
+                totals.add(targets.numel(), dense=token_nll(model(input_ids=ids).logits, targets).sum().item())
         self.last_eval = {"dense_nll": totals.mean("dense")}
         return self.last_eval
 
