@@ -17,8 +17,11 @@ def pyplot():
     return plt
 
 
-def save_png(fig, path: str | Path, close: bool = True) -> None:
-    """Write ``fig`` to ``path`` as PNG, atomically (a killed run leaves no half figure); close it."""
+def save_png(fig, path: str | Path, close: bool = True, tight: bool = False) -> None:
+    """Write ``fig`` to ``path`` as PNG, atomically (a killed run leaves no half figure), after
+    ``tight_layout`` when ``tight``; close it."""
+    if tight:
+        fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
     if close:
@@ -41,5 +44,11 @@ def plot_training_curves(train_curve: list[dict], eval_curve: list[dict], path: 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
+
+
+def fraction_twin(ax, steps: list, fractions: list) -> None:
+    """The active-head fraction against step on a right-hand axis of ``ax`` (green, dash-dot)."""
+    fx = ax.twinx()
+    fx.plot(steps, fractions, color="tab:green", lw=1, ls="-.")
+    fx.set(ylabel="active-head fraction (hard, green)", ylim=(0, 1.05))

@@ -40,8 +40,7 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     ax.set(xlabel="step", ylabel="BCE per edge (nats)", title="diffusion head - training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
 
 
 def plot_comparison(report: dict, path: str | Path) -> None:
@@ -75,8 +74,7 @@ def plot_comparison(report: dict, path: str | Path) -> None:
     rx.set(ylabel="mode recall (black)", ylim=(0, 1.05))
     bx.legend(fontsize=8, loc="upper left")
     bx.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
 
 
 def write_diffusion_reports(result, report: dict, outputs: dict) -> None:

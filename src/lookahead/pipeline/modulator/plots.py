@@ -58,8 +58,7 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
            title="cosine to the k-th hypernym")
     dx.grid(alpha=0.3)
     dx.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
 
 
 def write_modulator_reports(result, alpha_rows: list[dict], report: dict, outputs: dict) -> None:

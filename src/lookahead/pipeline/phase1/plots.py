@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lookahead.core.atomic import write_csv
-from lookahead.train.figures import pyplot, save_png
+from lookahead.train.figures import fraction_twin, pyplot, save_png
 
 EVAL_COLUMNS = ["step", "dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
                 "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "tau"]
@@ -46,11 +46,8 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     bx.set(xlabel="step", ylabel="val nats / token", title="phase 1 - validation (baselines at the same fraction)")
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8, loc="upper left")
-    fx = bx.twinx()
-    fx.plot(steps, [r["active_head_fraction"] for r in eval_curve], color="tab:green", lw=1, ls="-.")
-    fx.set(ylabel="active-head fraction (hard, green)", ylim=(0, 1.05))
-    fig.tight_layout()
-    save_png(fig, path)
+    fraction_twin(bx, steps, [r["active_head_fraction"] for r in eval_curve])
+    save_png(fig, path, tight=True)
 
 
 def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | None = None) -> None:
@@ -74,8 +71,7 @@ def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | N
            title="phase 1 - NLL against heads kept")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
 
 
 def write_phase1_reports(result, module, metrics: dict, outputs: dict) -> None:

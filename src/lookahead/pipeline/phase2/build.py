@@ -40,17 +40,8 @@ from lookahead.graph.predictor import budget_terms
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import (
-    Phase2Error,
-    base_lm,
-    data_report,
-    save_lm,
-    step_tokens,
-    step_windows,
-    val_batches,
-    val_rows,
-    windows_loss,
-)
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, save_lm
+from lookahead.pipeline.phase2.common import step_tokens, step_windows, val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir

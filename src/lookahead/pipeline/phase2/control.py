@@ -16,16 +16,8 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import (
-    base_lm,
-    data_report,
-    save_lm,
-    step_tokens,
-    step_windows,
-    val_batches,
-    val_rows,
-    windows_loss,
-)
+from lookahead.pipeline.phase2.common import base_lm, data_report, save_lm, step_tokens
+from lookahead.pipeline.phase2.common import step_windows, val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir

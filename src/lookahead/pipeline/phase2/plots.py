@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lookahead.core.atomic import write_csv
-from lookahead.train.figures import pyplot, save_png
+from lookahead.train.figures import fraction_twin, pyplot, save_png
 
 TRAIN_COLUMNS = ["step", "loss", "nll", "replay_nll", "head_gate", "lr", "grad_norm"]
 EVAL_COLUMNS = ["step", "hard_nll", "soft_nll", "dense_nll", "active_head_fraction"]
@@ -39,11 +39,8 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
     bx.set(xlabel="step", ylabel="val nats / token", title="phase 2 - validation (step 0: base + phase-1 decoder)")
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8, loc="upper right")
-    fx = bx.twinx()
-    fx.plot(steps, [r["active_head_fraction"] for r in evals], color="tab:green", lw=1, ls="-.")
-    fx.set(ylabel="active-head fraction (hard, green)", ylim=(0, 1.05))
-    fig.tight_layout()
-    save_png(fig, path)
+    fraction_twin(bx, steps, [r["active_head_fraction"] for r in evals])
+    save_png(fig, path, tight=True)
 
 
 def write_phase2_reports(result, outputs: dict) -> None:

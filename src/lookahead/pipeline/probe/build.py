@@ -292,8 +292,7 @@ def plot_summary(path, spectra: dict, head_rows_: list[dict], bands: list[dict])
     axes[2].set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     axes[2].set(title="mean cosine by WordNet path-similarity band", xlabel="path similarity", ylabel="cosine")
     axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_png(fig, path, tight=True)
 
 
 def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
