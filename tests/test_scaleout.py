@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lookahead.core.errors import ConfigError
-from lookahead.core.launch import LaunchConfig
+from lookahead.tools.launch import LaunchConfig
 from tests.conftest import sh
 
 pytestmark = pytest.mark.slow

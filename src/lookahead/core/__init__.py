@@ -1,5 +1,5 @@
 """Infrastructure every stage uses and that imports nothing else of ours (DESIGN §8–§10):
 errors a user can fix, strict typed config, the stage command line, atomic writes, input checks,
-metrics/report files, MLflow tracking, devices, the launch command and seed spreads.
+metrics/report files, MLflow tracking, devices and seed spreads.
 
 An edit here reruns every stage: dvc.yaml lists this directory as one dep of each."""

@@ -8,10 +8,15 @@ import torch.nn.functional as F
 from lookahead.core.devices import eval_mode
 
 
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """The one next-token cross-entropy: logits (B, T, V) in float32 against targets (B, T);
+    ``reduction`` as torch's ("none": flat (B·T,))."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
+
+
 def causal_lm_nll(model, windows: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """NLL of tokens 1..T of each window given the ones before. windows: (B, T+1)."""
-    logits = model(input_ids=windows[:, :-1]).logits  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten(), reduction=reduction)
+    return cross_entropy(model(input_ids=windows[:, :-1]).logits, windows[:, 1:], reduction)
 
 
 @torch.no_grad()
@@ -29,7 +34,7 @@ def evaluate_nll(model, windows: torch.Tensor, batch_size: int, device: torch.de
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position NLL (B, T) of targets (B, T) under logits (B, T, V)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+    return cross_entropy(logits, targets).view(targets.shape)
 
 
 class PositionTotals:

@@ -15,7 +15,7 @@ import contextlib
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from lookahead.lm.nll import causal_lm_nll
 
 
 def attention_layers(model) -> list:
@@ -64,11 +64,6 @@ class HeadMasks(contextlib.AbstractContextManager):
         return False
 
 
-def _nll(model, windows: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=windows[:, :-1]).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
-
-
 def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
     """Head statistics of ``model`` over ``batches`` of token windows (B, T+1).
 
@@ -84,7 +79,7 @@ def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
     for windows in batches:
         mask = torch.ones(n_layers, n_heads, requires_grad=True, device=device)
         with HeadMasks(model, n_heads, mask) as hooks:
-            loss = _nll(model, windows)
+            loss = causal_lm_nll(model, windows)
         (grad,) = torch.autograd.grad(loss, mask)
         grads += grad.abs().cpu()
         dense.append(loss.item())
@@ -97,7 +92,7 @@ def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
                 mask = torch.ones(n_layers, n_heads, device=device)
                 mask[layer, head] = 0.0
                 with HeadMasks(model, n_heads, mask):
-                    ablated = [_nll(model, w).item() for w in batches]
+                    ablated = [causal_lm_nll(model, w).item() for w in batches]
                 ablation[layer, head] = float(np.mean(ablated) - np.mean(dense))
     with np.errstate(invalid="ignore", divide="ignore"):
         affinity = np.corrcoef(norms_all.T.double().numpy())

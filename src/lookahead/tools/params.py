@@ -19,7 +19,7 @@ from lookahead.core.errors import ConfigError
 
 # section -> "module:Class"; strings, so that validating imports only what it needs
 SECTIONS: dict[str, str] = {
-    "launch": "lookahead.core.launch:LaunchConfig",
+    "launch": "lookahead.tools.launch:LaunchConfig",
     "corpus": "lookahead.pipeline.corpus:CorpusConfig",
     "wordnet": "lookahead.pipeline.wordnet:WordNetConfig",
     "tokenizer": "lookahead.pipeline.tokenizer:TokenizerConfig",
