@@ -279,7 +279,6 @@ def load_denoiser(model_dir: str | Path) -> tuple[Denoiser, dict]:
 def sampling_settings(meta: dict, model_dir: str | Path) -> tuple[int, float]:
     """(sample steps, temperature) the diffusion stage trained and scored its denoiser with, from
     the metadata :func:`load_denoiser` returns: phase 2 and evaluate sample with the same."""
-    settings = recorded(meta, "diffusion", stage="diffusion", source=Path(model_dir) / CONFIG_FILE)
     where = Path(model_dir) / CONFIG_FILE
-    return (int(recorded(settings, "sample_steps", stage="diffusion", source=where)),
-            float(recorded(settings, "sample_temperature", stage="diffusion", source=where)))
+    return (int(recorded(meta, "diffusion", "sample_steps", stage="diffusion", source=where)),
+            float(recorded(meta, "diffusion", "sample_temperature", stage="diffusion", source=where)))

@@ -21,11 +21,12 @@ and its tests; the stage, its measurements and the experiments are the rest of t
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 from torch import nn
+
+from lookahead.pipeline.modulator.model import modulated_blocks
 
 EXPERTS = (1, 2, 4)  # edge, triangle, pentachoron
 
@@ -114,7 +115,7 @@ class FieldModulator(nn.Module):
         self.experts = nn.ModuleList(KSimplexChannelExpert(k, d_active, edim, deform_scale) for k in experts)
         logit = math.log(alpha_init / (1 - alpha_init)) if alpha_init > 0 else -math.inf
         self.alpha_logit = nn.Parameter(torch.full((len(self.layers), len(experts)), logit))
-        self.last_validity: torch.Tensor | None = None  # (n_layers, n_experts): mean validity, last forward
+        self.last_validity = torch.zeros(len(self.layers), len(experts))  # mean validity of the last forward
 
     def alphas(self) -> torch.Tensor:
         """α (n_layers, n_experts), clamped to [alpha_min, alpha_max]."""
@@ -124,36 +125,17 @@ class FieldModulator(nn.Module):
         """The residual h (..., hidden) entering the ``layer``-th modulated block, constrained; the
         null dims are copied through untouched."""
         x = h[..., self.active]
+        alphas = self.alphas()[layer].to(x.dtype)  # (n_experts,)
         factor = torch.ones_like(x)
-        validity = []
         for e, expert in enumerate(self.experts):
             gate, valid, _ = expert(x)
-            alpha = self.alphas()[layer, e].to(x.dtype)
-            factor = factor * ((1 - alpha) + alpha * gate)
-            validity.append(valid.detach().float().mean())
-        if self.last_validity is None or self.last_validity.shape[0] != len(self.layers):
-            self.last_validity = torch.zeros(len(self.layers), len(self.experts))
-        self.last_validity[layer] = torch.stack(validity).cpu()
+            factor = factor * ((1 - alphas[e]) + alphas[e] * gate)
+            self.last_validity[layer, e] = valid.detach().float().mean().cpu()
         return h.index_copy(-1, self.active, x * factor)
 
-    @contextlib.contextmanager
     def attached(self, lm):
         """Within the block, ``lm``'s blocks in ``layers`` see the modulated stream."""
-        blocks = lm.model.layers
-
-        def hook(k: int):
-            def pre(module, args, kwargs):
-                if args:
-                    return (self.modulate(args[0], k), *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": self.modulate(kwargs["hidden_states"], k)}
-            return pre
-
-        handles = [blocks[layer].register_forward_pre_hook(hook(k), with_kwargs=True) for k, layer in enumerate(self.layers)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+        return modulated_blocks(lm, self.layers, self.modulate)
 
     def forward(self, lm, input_ids: torch.Tensor, **kwargs):
         with self.attached(lm):

@@ -19,6 +19,7 @@ trainable or frozen by params. The update is ``torch.lerp``, so α = 0 leaves th
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 import json
 import math
 from pathlib import Path
@@ -35,6 +36,27 @@ def _logit(p: float) -> float:
     if p >= 1.0:
         return math.inf
     return math.log(p / (1.0 - p))
+
+
+@contextlib.contextmanager
+def modulated_blocks(lm, layers: list[int], modify: Callable[[torch.Tensor, int], torch.Tensor]) -> Iterator[None]:
+    """Within the block, the residual h entering block ``layers[k]`` of the OLMo2 ``lm`` is replaced
+    by ``modify(h, k)`` (forward pre-hooks, removed on exit): how both modulators are applied."""
+    blocks = lm.model.layers
+
+    def hook(k: int):
+        def pre(module, args, kwargs):
+            if args:
+                return (modify(args[0], k), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": modify(kwargs["hidden_states"], k)}
+        return pre
+
+    handles = [blocks[layer].register_forward_pre_hook(hook(k), with_kwargs=True) for k, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class GeometricModulator(nn.Module):
@@ -63,28 +85,12 @@ class GeometricModulator(nn.Module):
         """μ + s · geo(x) P for every token (μ = 0, s = 1 for ``target: plain``). (B, T, hidden)"""
         return self.pca_mean + self.geo_scale * (self.table[ids] @ self.projection)
 
-    @contextlib.contextmanager
     def attached(self, lm, ids: torch.Tensor):
         """Within the block, ``lm``'s blocks in ``layers`` see the modulated stream for tokens ``ids``."""
-        blocks = lm.model.layers
         target = self.target(ids)
         weights = self.alphas()[:, None, None, None] * self.mask[ids][None, :, :, None]  # (n, B, T, 1)
-
-        def hook(k: int):
-            def pre(module, args, kwargs):
-                if args:
-                    h = args[0]
-                    return (torch.lerp(h, target.to(h.dtype), weights[k].to(h.dtype)), *args[1:]), kwargs
-                h = kwargs["hidden_states"]
-                return args, {**kwargs, "hidden_states": torch.lerp(h, target.to(h.dtype), weights[k].to(h.dtype))}
-            return pre
-
-        handles = [blocks[layer].register_forward_pre_hook(hook(k), with_kwargs=True) for k, layer in enumerate(self.layers)]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+        return modulated_blocks(lm, self.layers,
+                                lambda h, k: torch.lerp(h, target.to(h.dtype), weights[k].to(h.dtype)))
 
     def forward(self, lm, input_ids: torch.Tensor, **kwargs):
         with self.attached(lm, input_ids):
