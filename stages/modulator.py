@@ -1,5 +1,6 @@
-"""DVC stage `modulator`: the seed notebook's LERP geometric residual modulator, trained on next-token
-NLL with the base LM frozen; val NLL and relational alignment with WordNet before and after."""
+"""DVC stage `modulator`: the seed notebook's geometric residual modulator — the LERP one (sections
+7-10) or the multi-expert field one (section 12), `modulator.kind` — trained on next-token NLL with
+the base LM frozen; val NLL and relational alignment with WordNet (gloss- and token-level) before and after."""
 
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict

@@ -114,4 +114,21 @@ def test_each_block_receives_the_reference_modulation_of_its_input():
         expected = reference_modulate(modulator, captured[(layer, "in")], k)
         assert torch.allclose(captured[(layer, "seen")].double(), expected, atol=1e-5)
     assert torch.equal(captured[(1, "seen")], captured[(1, "in")])  # an unmodulated block sees its input
-    assert modulator.last_validity.shape == (2, 3) and ((modulator.last_validity > 0) & (modulator.last_validity < 1)).all()
+    assert torch.equal(modulator.last_validity, torch.ones(2, 3))  # simplices of real points: V² > 0 everywhere
+
+
+def test_validity_is_the_share_of_simplices_with_positive_volume():
+    # undeformed templates are regular simplices (valid); a deformation that sends every vertex to
+    # the origin leaves V² = 0 (the Cayley-Menger matrix of coincident points is singular): invalid
+    lm = tiny_olmo2(n_layers=2, hidden=32).eval()
+    ids = torch.randint(0, 61, (3, 9), generator=torch.Generator().manual_seed(4))
+    modulator = FieldModulator(32, [0, 1], experts=(2, 4), null_fraction=0.0, deform_scale=1.0)
+    collapsed = modulator.experts[1]
+    with torch.no_grad():
+        for expert in modulator.experts:
+            expert.deform.weight.zero_()
+            expert.deform.bias.zero_()
+        collapsed.deform.bias.copy_(-collapsed.template.flatten())
+    block_inputs(lm, modulator, ids)
+    assert torch.equal(modulator.last_validity, torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    assert modulator.monitor()["validity_k2"] == 1.0 and modulator.monitor()["validity_k4"] == 0.0

@@ -240,3 +240,87 @@ def test_layers_past_the_model_are_refused_before_any_work(stage_inputs, tmp_pat
         build_modulator(stage_config(layers=[1, 5]), ALIGN, d / "base", d / "tokens", d / "wordnet", None,
                         d / "init.safetensors", tmp_path / "out", None)
     assert not (tmp_path / "out").exists()
+
+
+FIELD = {"experts": [1, 2], "edim": 4, "deform_scale": 0.5, "null_fraction": 0.25, "alpha_min": 0.0}
+
+
+def test_the_field_stage_trains_its_experts_and_saves_a_modulator_that_loads_back(tiny, stage_inputs, tmp_path):
+    from lookahead.pipeline.modulator.field import FieldModulator
+
+    lm, _, _, _ = tiny
+    d = stage_inputs
+    cfg = stage_config(kind="field", layers=[0, 2], field=FIELD)
+    report, result, alpha_rows = build_modulator(cfg, ALIGN, d / "base", d / "tokens", d / "wordnet", None,
+                                                 d / "init.safetensors", tmp_path / "out", None)
+    mod, config = load_modulator(tmp_path / "out" / "modulator.safetensors")
+    assert isinstance(mod, FieldModulator) and mod.layers == [0, 2] and config["modulator"]["kind"] == "field"
+    # the val NLL after is the saved modulator's, through the stock model with its hooks
+    stream = torch.from_numpy(np.load(d / "tokens" / "val.npy").astype(np.int64))
+    windows = torch.stack([stream[s : s + 33] for s in range(0, 6 * 32, 32)])
+    with torch.no_grad():
+        logits = mod(lm, windows[:, :-1]).logits
+    assert report["val_nll_after"] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item(),
+                                                    rel=1e-6)
+    assert report["val_nll_after"] != report["val_nll_before"]
+    alphas = mod.alphas()
+    assert report["alpha_per_layer"] == pytest.approx({"l0_k1": alphas[0, 0].item(), "l0_k2": alphas[0, 1].item(),
+                                                        "l2_k1": alphas[1, 0].item(), "l2_k2": alphas[1, 1].item()})
+    assert (alphas - 0.01).abs().min() > 1e-4  # α moved
+    assert report["kind"] == "field" and report["validity_mean"] == 1.0 and set(report["validity"]) == set(
+        report["alpha_per_layer"])
+    assert report["active_dims"] == 12 and set(report["health"]) == {"k1", "k2"}
+    assert report["cv_in_band"] == (0.16 <= report["after"]["pentachoron"]["pentachoron_cv"]["mean"] <= 0.26)
+    assert {"token", "lemma"} <= set(report["before"]) and {"token", "lemma"} <= set(report["after"])
+    # α per layer per expert over training, and the CV monitor beside the val NLL
+    assert [r["step"] for r in alpha_rows if r["series"] == "layer 2, k=2"] == [0, 1, 2, 3]
+    assert all("pentachoron_cv" in r for r in result.eval_curve[1:]) and "validity_k1" in result.train_curve[0]
+
+
+def test_the_field_modulators_optimiser_groups_and_cv_early_stop(tiny, stage_inputs):
+    from lookahead.pipeline.modulator.build import ModulatorModule
+    from lookahead.pipeline.modulator.field import build_field
+
+    lm, _, _, _ = tiny
+    cfg = stage_config(kind="field", field={**FIELD, "cv_patience": 2, "geometric_lr_scale": 0.1, "alpha_lr_scale": 0.5})
+    field = build_field(cfg, 16, [0, 1])
+    module = ModulatorModule(field, lm, np.zeros(100, np.uint16), torch.zeros(2, 33, dtype=torch.long), cfg)
+    scales = {name: module.lr_scale(name) for name, _ in field.named_parameters()}
+    assert scales["alpha_logit"] == 0.5 and scales["experts.0.gate.weight"] == 1.0
+    assert scales["experts.1.deform.weight"] == 0.1 and scales["experts.1.norm.bias"] == 0.1
+    curve = [{"pentachoron_cv": cv} for cv in (0.45, 0.40)]
+    assert module.stop_reason(curve) is None  # never inside the band: it cannot leave it
+    curve = [{"pentachoron_cv": cv} for cv in (0.2, 0.3)]
+    assert module.stop_reason(curve) is None  # out for one evaluation only
+    curve.append({"pentachoron_cv": 0.1})
+    assert module.stop_reason(curve) == "pentachoron CV 0.100 outside [0.16, 0.26] for 2 evaluations"
+    assert ModulatorModule(field, lm, np.zeros(100, np.uint16), torch.zeros(2, 33, dtype=torch.long),
+                           stage_config(kind="field", field=FIELD)).stop_reason(curve) is None  # patience 0: off
+
+
+def test_an_interrupted_field_training_resumes_to_the_same_weights(tiny, stage_inputs, tmp_path):
+    from lookahead.pipeline.modulator.build import ModulatorModule
+    from lookahead.pipeline.modulator.field import build_field
+    from lookahead.train.loop import train
+
+    lm, _, _, _ = tiny
+    cfg = stage_config(kind="field", field=FIELD)
+    stream = np.load(stage_inputs / "tokens" / "train.npy")
+    val = torch.from_numpy(np.load(stage_inputs / "tokens" / "val.npy")[:66].astype(np.int64)).view(2, 33)
+
+    def module(interrupt: bool = False):
+        torch.manual_seed(cfg.train.seed)
+        m = ModulatorModule(build_field(cfg, 16, [0, 1, 2]), lm, stream, val, cfg)
+        if interrupt:
+            batch = m.batch
+            m.batch = lambda step: (_ for _ in ()).throw(KeyboardInterrupt()) if step == 2 else batch(step)
+        return m
+
+    straight = module()
+    train(straight, cfg.train, stage="test", checkpoint_dir=tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        train(module(interrupt=True), cfg.train, stage="test", checkpoint_dir=tmp_path / "b")
+    resumed = module()
+    assert train(resumed, cfg.train, stage="test", checkpoint_dir=tmp_path / "b").resumed_from == 2
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -92,3 +92,30 @@ def test_a_model_directory_is_probed_as_a_causal_lm(tmp_path, tiny_lm, tiny_toke
     assert causal and name == str(tmp_path / "lm")
     for (key, a), (_, b) in zip(tiny_lm.state_dict().items(), model.state_dict().items()):
         assert torch.equal(a, b), key
+
+
+def test_token_encodings_are_the_lemmas_own_states_after_its_gloss(tiny_tokenizer):
+    from lookahead.semantics.alignment import token_encodings
+
+    torch.manual_seed(0)
+    cfg = Olmo2Config(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0,
+                      eos_token_id=0)
+    lm = Olmo2ForCausalLM(cfg).eval()
+    assert tiny_tokenizer.pad_token is not None  # batches of texts of different lengths are padded
+    anchors = [{"lemma": "alpha", "gloss": "beta gamma delta"}, {"lemma": "kappa iota", "gloss": "zeta eta theta."},
+               {"lemma": "beta", "gloss": " ".join(["gamma epsilon"] * 30)}]
+    got = token_encodings(lm, tiny_tokenizer, anchors, batch_size=2, max_tokens=12)
+    for a, row in zip(anchors[:2], got):  # the stock forward of "gloss. lemma", one text at a time
+        ids = tiny_tokenizer(a["gloss"].rstrip(".") + ". " + a["lemma"], add_special_tokens=False)["input_ids"]
+        n_lemma = len(tiny_tokenizer(" " + a["lemma"], add_special_tokens=False)["input_ids"])
+        with torch.no_grad():
+            hidden = lm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+        assert np.allclose(row, hidden[-n_lemma:].mean(0).numpy(), atol=1e-5)
+    # a long gloss is cut so that gloss and lemma fit max_tokens: the state of " beta" after 11 gloss tokens
+    gloss = tiny_tokenizer(" ".join(["gamma epsilon"] * 30) + ".", add_special_tokens=False)["input_ids"]
+    ids = gloss[:11] + tiny_tokenizer(" beta", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 12
+    with torch.no_grad():
+        hidden = lm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    assert np.allclose(got[2], hidden[-1].numpy(), atol=1e-5)

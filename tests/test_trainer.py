@@ -97,3 +97,38 @@ def test_nan_loss_stops_with_the_stage_and_step(tiny_tokenizer):
     module.batch, module.loss = counting, poisoned
     with pytest.raises(NonFiniteLoss, match=r"test: training loss is nan at step 3"):
         train(module, cfg, stage="test")
+
+
+def test_a_learning_rate_scale_is_an_adamw_group_at_that_rate(tiny_tokenizer):
+    # every parameter at scale 0.25 trains exactly as every parameter at lr × 0.25 (same AdamW steps)
+    base = TrainConfig(steps=4, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=4, device="cpu")
+    scaled = lm_module(tiny_tokenizer, base)
+    scaled.lr_scale = lambda name: 0.25
+    train(scaled, base, stage="test")
+    plain_cfg = TrainConfig(steps=4, batch_size=2, lr=1e-2 * 0.25, warmup_steps=1, eval_every=4, device="cpu")
+    plain = lm_module(tiny_tokenizer, plain_cfg)
+    train(plain, plain_cfg, stage="test")
+    for (name, a), (_, b) in zip(scaled.model.state_dict().items(), plain.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_a_stop_reason_ends_training_after_that_evaluation_and_resumes_to_the_same_stop(tiny_tokenizer, tmp_path):
+    cfg = TrainConfig(steps=12, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, log_every=1, checkpoint_every=2,
+                      device="cpu")
+
+    def stopping(module):
+        module.stop_reason = lambda curve: "two evaluations" if len(curve) == 2 else None
+        return module
+
+    straight = stopping(lm_module(tiny_tokenizer, cfg))
+    result = train(straight, cfg, stage="test", checkpoint_dir=tmp_path / "a")
+    assert (result.stopped_at, result.stop_reason) == (6, "two evaluations")
+    assert [r["step"] for r in result.eval_curve] == [3, 6] and result.train_curve[-1]["step"] == 6
+    assert not (tmp_path / "a").exists()  # a run that stopped early is done: no checkpoint left
+    with pytest.raises(Interrupted):
+        train(stopping(lm_module(tiny_tokenizer, cfg, interrupt_at=5)), cfg, stage="test", checkpoint_dir=tmp_path / "b")
+    resumed = stopping(lm_module(tiny_tokenizer, cfg))
+    again = train(resumed, cfg, stage="test", checkpoint_dir=tmp_path / "b")
+    assert again.resumed_from == 4 and again.stopped_at == 6 and again.eval_curve == result.eval_curve
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -28,7 +28,7 @@ from typing import Any
 
 from lookahead.core.atomic import write_json
 
-MAX_HEADLINE = 24  # "a few to a couple of dozen keys"
+MAX_HEADLINE = 28  # "a few to a couple of dozen keys"
 
 
 FigurePath = str | tuple[str, ...]  # "train.lines", or ("Qwen/Qwen3-0.6B", "embedding") where a key has dots

@@ -18,6 +18,36 @@ def static_texts(model, tokenizer, texts: list[str]) -> np.ndarray:
     return torch.stack([emb[torch.tensor(i or [0], device=emb.device)].mean(0) for i in ids]).cpu().numpy().astype(np.float32)
 
 
+@torch.no_grad()
+def token_encodings(model, tokenizer, anchors: list[dict], batch_size: int = 64, max_tokens: int = 64) -> np.ndarray:
+    """Token-level encodings: each anchor's lemma read in context — the text ``"{gloss}. {lemma}"``,
+    the gloss cut so that the whole is at most ``max_tokens`` tokens — and represented by the last
+    hidden state at the lemma's own tokens (their mean; one token for a pipeline anchor), not pooled
+    over the text. A causal LM's lemma state has read the whole gloss; the gloss-level encoding
+    (:func:`lookahead.lm.encoders.encode_texts`) averages over the gloss's tokens instead. (n, d) float32."""
+    device = next(model.parameters()).device
+    texts, starts = [], []
+    for a in anchors:
+        lemma = " " + a["lemma"]
+        budget = max(1, max_tokens - len(tokenizer(lemma, add_special_tokens=True)["input_ids"]))
+        gloss = a["gloss"].strip().rstrip(".") + "."
+        ends = [e for _, e in tokenizer(gloss, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+        gloss = gloss[: ends[min(budget, len(ends)) - 1]] if ends else gloss
+        texts.append(gloss + lemma)
+        starts.append(len(gloss))
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=True,
+                        return_offsets_mapping=True, return_special_tokens_mask=True)
+        hidden = model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+                       output_hidden_states=True).hidden_states[-1]
+        for b, start in enumerate(starts[i : i + batch_size]):
+            own = (enc["offset_mapping"][b, :, 1] > start) & (enc["special_tokens_mask"][b] == 0) \
+                & (enc["attention_mask"][b] == 1)
+            out.append(hidden[b, own.to(device)].float().mean(0).cpu())
+    return torch.stack(out).numpy().astype(np.float32)
+
+
 def relational_alignment(vectors: np.ndarray, pairs: np.ndarray, path_sim: np.ndarray, seeds: list[int]) -> tuple[dict, list]:
     """Correlation of pair cosines with WordNet path similarity (bootstrap over seeds), and the
     mean cosine per similarity band."""

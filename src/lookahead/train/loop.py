@@ -111,7 +111,10 @@ class TrainModule(Protocol):
         """Tokens processed by one batch (for throughput)."""
 
     # Optional: ``place(device)``, called once before training, moves what the module holds
-    # besides ``model`` (a frozen LM, lookup tables) to the training device.
+    # besides ``model`` (a frozen LM, lookup tables) to the training device;
+    # ``lr_scale(name) -> float``, the learning rate of parameter ``name`` as a multiple of lr;
+    # ``stop_reason(eval_curve) -> str | None``, asked after every evaluation: a reason ends
+    # training there (early stopping; the result's ``stopped_at`` and ``stop_reason``).
 
 
 @dataclasses.dataclass
@@ -128,6 +131,9 @@ class TrainResult:
     """Wall time of this call, evaluations and checkpoints included (a resumed run: since resuming)."""
     resumed_from: int
     """Step the run resumed from (0 = fresh start)."""
+    stopped_at: int | None = None
+    """Step at which the module's ``stop_reason`` ended training early (None = ran every step)."""
+    stop_reason: str | None = None
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -143,12 +149,21 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for param in model.parameters():
+def _param_groups(module: TrainModule, weight_decay: float, lr: float) -> list[dict]:
+    """Matrices with weight decay, vectors without; one such pair per learning-rate scale the
+    module asks for (``lr_scale(name)``, optional: 1 for every parameter without it)."""
+    scale_of = getattr(module, "lr_scale", lambda name: 1.0)
+    groups: dict[tuple[float, bool], list] = {}
+    for name, param in module.model.named_parameters():
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            scale = float(scale_of(name))
+            groups.setdefault((scale, True), [])
+            groups.setdefault((scale, False), [])
+            groups[scale, param.ndim >= 2].append(param)
+    if not groups:
+        groups[1.0, True], groups[1.0, False] = [], []
+    return [{"params": params, "weight_decay": weight_decay if decay else 0.0, "lr": lr * scale}
+            for (scale, decay), params in groups.items()]
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -245,7 +260,7 @@ def train(
         module.place(accelerator.device)
 
     optimizer = torch.optim.AdamW(
-        _param_groups(module.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=False
+        _param_groups(module, cfg.weight_decay, cfg.lr), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=False
     )
     # The scheduler is stepped by hand once per optimizer step (accelerate's prepared scheduler
     # would step once per process), so the schedule is the same for any number of processes.
@@ -300,6 +315,7 @@ def train(
             tracker.log_metrics(metrics, step=step)
 
     model.train()
+    stopped_at, stop_reason = None, None
     bar = tqdm(
         range(start, cfg.steps), desc=stage, initial=start, total=cfg.steps, unit="step",
         disable=not accelerator.is_local_main_process, mininterval=1.0,
@@ -346,6 +362,11 @@ def train(
             seconds_done += time.perf_counter() - tic
             run_eval(done)
             tic = time.perf_counter()
+            stop_reason = module.stop_reason(eval_curve) if hasattr(module, "stop_reason") else None
+            if stop_reason is not None:
+                stopped_at = done
+                accelerator.print(f"{stage}: stopping early at step {done}: {stop_reason}")
+                break
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             seconds_done += time.perf_counter() - tic
             save(done)
@@ -369,4 +390,6 @@ def train(
         train_seconds=seconds_done,
         wall_seconds=time.perf_counter() - wall_start,
         resumed_from=resumed_from,
+        stopped_at=stopped_at,
+        stop_reason=stop_reason,
     )

@@ -1,9 +1,10 @@
-"""The modulator stage (DESIGN §2 modulator): the geometric modulator of
-:mod:`lookahead.pipeline.modulator.model` trained on next-token NLL over the train stream with the
-LM frozen, measured before and after: val NLL (coherence), relational alignment with WordNet exactly
-as the probe stage measures it (Pearson/Spearman of contextual gloss encodings against path
-similarity, mean cosine per similarity band, hypernym-chain decay), and the pentachoron CV of those
-encodings."""
+"""The modulator stage (DESIGN §2 modulator): a geometric modulator — the LERP one of
+:mod:`lookahead.pipeline.modulator.model` or the field one of :mod:`lookahead.pipeline.modulator.field`
+(``modulator.kind``) — trained on next-token NLL over the train stream with the LM frozen, measured
+before and after: val NLL (coherence), relational alignment with WordNet exactly as the probe stage
+measures it (Pearson/Spearman of contextual gloss encodings against path similarity, mean cosine per
+similarity band, hypernym-chain decay), the token-level alignment (each lemma's own hidden state read
+after its gloss), and the pentachoron CV of the gloss encodings."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.seeds import other_seeds, with_spread
 from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
+from lookahead.pipeline.modulator.field import build_field
 from lookahead.pipeline.modulator.model import GeometricModulator, ModulatedLM, save_modulator
 from lookahead.semantics import geometry
 from lookahead.train import data
@@ -36,13 +38,15 @@ def resolve_layers(cfg: ModulatorConfig, n_layers: int) -> list[int]:
 
 
 class ModulatorModule:
-    """The stage's step object for :func:`lookahead.train.loop.train`: the modulator trains, the LM is frozen."""
+    """The stage's step object for :func:`lookahead.train.loop.train`: the modulator trains, the LM is frozen.
+    ``gloss_cv(modulated_lm)``, when given, is evaluated with the val NLL (the field modulator's CV
+    monitor) and ends training once the CV has left ``cfg.field.cv_band`` for ``cv_patience`` evaluations."""
 
-    def __init__(self, modulator: GeometricModulator, lm, train_stream: np.ndarray, val_windows: torch.Tensor,
-                 cfg: ModulatorConfig):
+    def __init__(self, modulator, lm, train_stream: np.ndarray, val_windows: torch.Tensor, cfg: ModulatorConfig,
+                 gloss_cv=None):
         self.model = modulator
         self.lm = lm.eval().requires_grad_(False)
-        self.stream, self.val_windows, self.cfg = train_stream, val_windows, cfg
+        self.stream, self.val_windows, self.cfg, self.gloss_cv = train_stream, val_windows, cfg, gloss_cv
         self.seq_len = int(val_windows.shape[1]) - 1
 
     def place(self, device) -> None:
@@ -54,11 +58,35 @@ class ModulatorModule:
 
     def loss(self, model, windows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         nll = causal_lm_nll(ModulatedLM(self.lm, model), windows)
-        alphas = self.model.alphas().detach().cpu().tolist()
-        return nll, {f"alpha_l{layer}": a for layer, a in zip(self.model.layers, alphas)}
+        return nll, self.model.monitor()
+
+    def lr_scale(self, name: str) -> float:
+        """The field modulator's optimiser groups (seed notebook section 12): α logits at
+        ``alpha_lr_scale``, gate projections at 1, the rest of each expert (deformation map,
+        validator) at ``geometric_lr_scale``; every LERP parameter at 1."""
+        if self.cfg.kind != "field":
+            return 1.0
+        if name == "alpha_logit":
+            return self.cfg.field.alpha_lr_scale
+        return 1.0 if ".gate." in name else self.cfg.field.geometric_lr_scale
 
     def evaluate(self, model) -> dict[str, float]:
-        return {"val_nll": evaluate_nll(ModulatedLM(self.lm, model), self.val_windows, self.cfg.eval_batch_size)}
+        modulated = ModulatedLM(self.lm, model)
+        out = {"val_nll": evaluate_nll(modulated, self.val_windows, self.cfg.eval_batch_size)}
+        if self.gloss_cv is not None:
+            out["pentachoron_cv"] = self.gloss_cv(modulated)
+        return out
+
+    def stop_reason(self, eval_curve: list[dict]) -> str | None:
+        patience = self.cfg.field.cv_patience
+        cvs = [row["pentachoron_cv"] for row in eval_curve if "pentachoron_cv" in row]
+        if not patience or len(cvs) < patience:
+            return None
+        lo, hi = self.cfg.field.cv_band
+        inside = [lo <= cv <= hi for cv in cvs]
+        if any(inside) and not any(inside[-patience:]):
+            return f"pentachoron CV {cvs[-1]:.3f} outside [{lo}, {hi}] for {patience} evaluations"
+        return None
 
     def tokens(self, windows: torch.Tensor) -> int:
         return windows[:, 1:].numel()
@@ -68,10 +96,12 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
               acfg: AlignmentConfig) -> tuple[dict, np.ndarray]:
     """Relational alignment of ``model`` with WordNet as the probe stage measures it: Pearson and
     Spearman of the anchors' contextual gloss encodings against path similarity, mean cosine per
-    band, hypernym-chain decay; plus the pentachoron CV of those encodings, and (``lemma``) the same
-    correlations for each anchor's lemma token encoded alone. Returns (block, gloss encodings)."""
+    band, hypernym-chain decay; plus the pentachoron CV of those encodings, the token-level
+    correlations (``token``: each lemma's own hidden state read after its gloss, as the probe's
+    ``token_level`` option) and (``lemma``) the same for each lemma token encoded alone, without
+    context. Returns (block, gloss encodings)."""
     from lookahead.lm.encoders import encode_texts
-    from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts
+    from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts, token_encodings
 
     ctx = encode_texts(model, tokenizer, [a["gloss"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
     correlations, bands = relational_alignment(ctx, pairs, path_sim, acfg.seeds)
@@ -81,11 +111,13 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
     # (its final hidden state), against the same path similarities; the nudge reaches it directly
     lemma = encode_texts(model, tokenizer, lemmas, acfg.encode_batch_size, acfg.max_text_tokens)
     lemma_correlations, _ = relational_alignment(lemma, pairs, path_sim, acfg.seeds)
+    tokens = token_encodings(model, tokenizer, anchors, acfg.encode_batch_size, acfg.max_text_tokens)
+    token_correlations, _ = relational_alignment(tokens, pairs, path_sim, acfg.seeds)
     cv: dict[str, list] = {}
     for seed in acfg.seeds:
         for k, v in geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, np.random.default_rng([seed, 10])).items():
             cv.setdefault(k, []).append(v)
-    block = {**correlations, "lemma": lemma_correlations, "bands": bands, "chain_decay": decay["contextual"],
+    block = {**correlations, "token": token_correlations, "lemma": lemma_correlations, "bands": bands, "chain_decay": decay["contextual"],
              "pentachoron": {k: geometry.mean_ci(v) for k, v in cv.items()}}
     return block, ctx
 
@@ -94,19 +126,68 @@ def _gain_pct(before: float, after: float) -> float | None:
     return 100.0 * (after - before) / abs(before) if before else None
 
 
-# metrics/modulator.json: these scalars plus `alpha_per_layer` ({"l<i>": α}, one column per layer in dvc exp show)
+# metrics/modulator.json: these scalars plus `alpha_per_layer` ({"l<i>": α}, or {"l<i>_k<k>": α} per
+# layer per expert for the field modulator: one column each in dvc exp show); `validity_mean` is
+# null for the LERP modulator (no simplex); `cv_in_band` reads the after CV against field.cv_band for both
 HEADLINE = {
     "val_nll_before": "val_nll_before", "val_nll_after": "val_nll_after", "val_nll_change_pct": "val_nll_change_pct",
     "pearson_before": "pearson_before", "pearson_after": "pearson_after", "pearson_gain_pct": "pearson_gain_pct",
     "spearman_before": "spearman_before", "spearman_after": "spearman_after", "spearman_gain_pct": "spearman_gain_pct",
     "cv_ratio_before": "before.pentachoron.cv_ratio.mean", "cv_ratio_after": "after.pentachoron.cv_ratio.mean",
     "lemma_spearman_before": "before.lemma.spearman.mean", "lemma_spearman_after": "after.lemma.spearman.mean",
-    "alpha_mean": "alpha_mean",
+    "token_spearman_before": "before.token.spearman.mean", "token_spearman_after": "after.token.spearman.mean",
+    "alpha_mean": "alpha_mean", "kind": "kind", "validity_mean": "validity_mean", "cv_in_band": "cv_in_band",
 }
 # and their spread over training seeds (lookahead.core.seeds): the gains and what the training moves
 SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "alpha_mean")
 HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds",
             "alpha_per_layer": "alpha_per_layer"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
+
+
+def new_modulator(cfg: ModulatorConfig, init: dict, geo_scale: float, layers: list[int], hidden: int):
+    """The untrained modulator of ``cfg.kind`` (seeded by the caller)."""
+    if cfg.kind == "field":
+        return build_field(cfg, hidden, layers)
+    return GeometricModulator(init["geo_table"], init["geo_mask"], init["projection"], init["pca_mean"], geo_scale,
+                              layers, cfg)
+
+
+def alpha_rows(step: int, monitor: dict[str, float]) -> list[dict]:
+    """Rows of the α curve from a modulator's monitor: ``alpha_l<i>`` → series "layer i",
+    ``alpha_l<i>_k<k>`` → "layer i, k=k"."""
+    rows = []
+    for key, value in monitor.items():
+        if key.startswith("alpha_l"):
+            layer, _, k = key[len("alpha_l"):].partition("_k")
+            rows.append({"step": step, "series": f"layer {layer}" + (f", k={k}" if k else ""), "alpha": value})
+    return rows
+
+
+def gloss_cv_monitor(tokenizer, anchors: list[dict], acfg: AlignmentConfig):
+    """``cv(model)``: the pentachoron CV of ``model``'s gloss encodings, drawn as the stage's
+    first alignment seed draws it (so the last evaluation's CV is the `after` block's first seed)."""
+    from lookahead.lm.encoders import encode_texts
+
+    glosses = [a["gloss"] for a in anchors]
+
+    def cv(model) -> float:
+        ctx = encode_texts(model, tokenizer, glosses, acfg.encode_batch_size, acfg.max_text_tokens)
+        rng = np.random.default_rng([acfg.seeds[0], 10])
+        return geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, rng)["pentachoron_cv"]
+    return cv
+
+
+@torch.no_grad()
+def field_validity(lm, modulator, val_windows: torch.Tensor, batch_size: int) -> list[list[float]]:
+    """The field modulator's validity fraction (share of tokens with V² > 0) per layer per expert
+    over the val windows. (n_layers, n_experts) as lists."""
+    total = torch.zeros_like(modulator.last_validity)
+    device = next(lm.parameters()).device
+    for i in range(0, len(val_windows), batch_size):
+        batch = val_windows[i : i + batch_size, :-1].to(device)
+        modulator(lm, batch)
+        total += modulator.last_validity * len(batch)
+    return (total / len(val_windows)).tolist()
 
 
 def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
@@ -148,19 +229,18 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     geo_scale = float(np.linalg.norm(pcs, axis=1).mean())
 
     torch.manual_seed(cfg.train.seed)
-    modulator = GeometricModulator(init["geo_table"], init["geo_mask"], init["projection"], init["pca_mean"],
-                                   geo_scale, layers, cfg).to(device)
-    alpha_rows = [{"step": 0, "series": f"layer {layer}", "alpha": a} for layer, a in zip(layers, modulator.alphas().tolist())]
+    modulator = new_modulator(cfg, init, geo_scale, layers, lm.config.hidden_size).to(device)
+    curve = alpha_rows(0, modulator.monitor())
     result = None
     if cfg.trains:
-        module = ModulatorModule(modulator, lm, data.load_stream(tokens_dir, "train"), val_windows, cfg)
+        gloss_cv = gloss_cv_monitor(tokenizer, anchors, acfg) if cfg.kind == "field" else None
+        module = ModulatorModule(modulator, lm, data.load_stream(tokens_dir, "train"), val_windows, cfg, gloss_cv)
         ckpt = checkpoint_dir(checkpoint_root, "modulator", {"modulator": to_dict(cfg), "geo_scale": geo_scale},
                               [Path(base_dir) / "model.safetensors", init_file, Path(tokens_dir) / "train.npy"])
         result = train(module, cfg.train, stage="modulator", checkpoint_dir=ckpt, tracker=tracker)
         result.eval_curve.insert(0, {"step": 0, "val_nll": nll_before})
         modulator = module.model
-        alpha_rows += [{"step": r["step"], "series": f"layer {layer}", "alpha": r[f"alpha_l{layer}"]}
-                       for r in result.train_curve for layer in layers]
+        curve += [row for r in result.train_curve for row in alpha_rows(r["step"], r)]
     elif not is_main_process():
         raise SystemExit(0)  # nothing to train: the main process measures and writes (as after training)
     modulator.eval()
@@ -168,30 +248,43 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     with torch.no_grad():
         after, _ = alignment(modulated, tokenizer, wn, anchors, pairs, path_sim, acfg)
         nll_after = evaluate_nll(modulated, val_windows, cfg.eval_batch_size)
-        matched = float(modulator.mask[val_windows[:, :-1].to(device)].mean())
-        alphas = modulator.alphas().cpu().tolist()
+    alphas = {key[len("alpha_"):]: a for key, a in modulator.monitor().items() if key.startswith("alpha_")}
 
     config = {"modulator": to_dict(cfg), "base_hidden_size": lm.config.hidden_size, "geo_scale": geo_scale}
     with atomic_dir(out_dir) as tmp:
         save_modulator(modulator, tmp / MODULATOR_FILE, config)
     change = _gain_pct(nll_before, nll_after)
+    lo, hi = cfg.field.cv_band
+    cv_after = after["pentachoron"]["pentachoron_cv"]["mean"]
     report = {
+        "kind": cfg.kind,
         "val_nll_before": nll_before, "val_nll_after": nll_after, "val_nll_change_pct": change,
         "coherent": change <= 1.0,
         "pearson_before": before["pearson"]["mean"], "pearson_after": after["pearson"]["mean"],
         "pearson_gain_pct": _gain_pct(before["pearson"]["mean"], after["pearson"]["mean"]),
         "spearman_before": before["spearman"]["mean"], "spearman_after": after["spearman"]["mean"],
         "spearman_gain_pct": _gain_pct(before["spearman"]["mean"], after["spearman"]["mean"]),
-        "alpha_mean": float(np.mean(alphas)),
-        "alpha_per_layer": {f"l{layer}": a for layer, a in zip(layers, alphas)},
+        "alpha_mean": float(np.mean(list(alphas.values()))),
+        "alpha_per_layer": alphas,
+        "cv_band": [lo, hi], "cv_in_band": bool(lo <= cv_after <= hi), "validity_mean": None,
         "layers": layers, "geo_scale": geo_scale, "val_tokens": int(val_windows[:, 1:].numel()),
-        "val_matched_token_fraction": matched, "trained": cfg.trains,
-        "before": before, "after": after,
+        "trained": cfg.trains, "before": before, "after": after,
     }
+    if cfg.kind == "field":
+        validity = field_validity(lm, modulator, val_windows, cfg.eval_batch_size)
+        report.update({"validity_mean": float(np.mean(validity)), "experts": list(cfg.field.experts),
+                       "validity": {f"l{layer}_k{k}": validity[i][e] for i, layer in enumerate(layers)
+                                    for e, k in enumerate(cfg.field.experts)},
+                       "health": modulator.health(), "active_dims": len(modulator.active),
+                       "parameters": sum(p.numel() for p in modulator.parameters())})
+    else:
+        with torch.no_grad():
+            report["val_matched_token_fraction"] = float(modulator.mask[val_windows[:, :-1].to(device)].mean())
     if result is not None:
         report.update({"train_steps": cfg.train.steps, "train_tokens_per_s": result.tokens_per_s,
-                       "train_seconds": result.train_seconds, "resumed_from": result.resumed_from})
-    return report, result, alpha_rows
+                       "train_seconds": result.train_seconds, "resumed_from": result.resumed_from,
+                       "stopped_at": result.stopped_at, "stop_reason": result.stop_reason})
+    return report, result, curve
 
 
 def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,

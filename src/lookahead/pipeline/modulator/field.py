@@ -15,8 +15,10 @@ identity, bit for bit. A fraction ``null_fraction`` of the dims (the tail, or a 
 never touched. At d = 512, 6 layers and the section's defaults this is 38 552 parameters, the
 notebook's count (tests/test_field_modulator.py).
 
-Not yet wired into the modulator stage (``modulator.kind: lerp | field``): this module is the model
-and its tests; the stage, its measurements and the experiments are the rest of the issue.
+The modulator stage builds it with ``modulator.kind: field`` (:func:`build_field`); its monitors
+are α per layer per expert and, per expert, the validity fraction — the share of tokens whose
+deformed simplex has V² > 0 (a simplex of real points never has V² < 0: the fraction can only drop
+where the deformation flattens it to V² = 0 in float arithmetic).
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ class FieldModulator(nn.Module):
         self.experts = nn.ModuleList(KSimplexChannelExpert(k, d_active, edim, deform_scale) for k in experts)
         logit = math.log(alpha_init / (1 - alpha_init)) if alpha_init > 0 else -math.inf
         self.alpha_logit = nn.Parameter(torch.full((len(self.layers), len(experts)), logit))
-        self.last_validity = torch.zeros(len(self.layers), len(experts))  # mean validity of the last forward
+        self.ks = tuple(experts)
+        self.last_validity = torch.zeros(len(self.layers), len(experts))  # share of V² > 0 in the last forward
 
     def alphas(self) -> torch.Tensor:
         """α (n_layers, n_experts), clamped to [alpha_min, alpha_max]."""
@@ -128,15 +131,44 @@ class FieldModulator(nn.Module):
         alphas = self.alphas()[layer].to(x.dtype)  # (n_experts,)
         factor = torch.ones_like(x)
         for e, expert in enumerate(self.experts):
-            gate, valid, _ = expert(x)
+            gate, _, vol2 = expert(x)
             factor = factor * ((1 - alphas[e]) + alphas[e] * gate)
-            self.last_validity[layer, e] = valid.detach().float().mean().cpu()
+            self.last_validity[layer, e] = (vol2.detach() > 0).float().mean().cpu()
         return h.index_copy(-1, self.active, x * factor)
 
     def attached(self, lm):
         """Within the block, ``lm``'s blocks in ``layers`` see the modulated stream."""
         return modulated_blocks(lm, self.layers, self.modulate)
 
+    def monitor(self) -> dict[str, float]:
+        """α per layer per expert (``alpha_l<layer>_k<k>``) and the validity fraction per expert
+        over the layers of the last forward (``validity_k<k>``)."""
+        alphas = self.alphas().detach().cpu()
+        out = {f"alpha_l{layer}_k{k}": float(alphas[i, e]) for i, layer in enumerate(self.layers)
+               for e, k in enumerate(self.ks)}
+        return out | {f"validity_k{k}": float(self.last_validity[:, e].mean()) for e, k in enumerate(self.ks)}
+
+    @torch.no_grad()
+    def health(self) -> dict[str, dict[str, float]]:
+        """Read from the weights, per expert: the norms of its deformation map and gate projection,
+        the mean gate bias (σ of it: the gate of a zero feature vector), and its α over layers."""
+        alphas = self.alphas().detach().cpu()
+        return {f"k{k}": {"deform_weight_norm": float(expert.deform.weight.norm()),
+                          "gate_weight_norm": float(expert.gate.weight.norm()),
+                          "gate_at_zero_features": float(torch.sigmoid(expert.gate.bias).mean()),
+                          "alpha_mean": float(alphas[:, e].mean()), "alpha_max": float(alphas[:, e].max())}
+                for e, (k, expert) in enumerate(zip(self.ks, self.experts))}
+
     def forward(self, lm, input_ids: torch.Tensor, **kwargs):
         with self.attached(lm):
             return lm(input_ids=input_ids, **kwargs)
+
+
+def build_field(cfg, hidden: int, layers: list[int]) -> FieldModulator:
+    """The field modulator of a :class:`~lookahead.pipeline.modulator.config.ModulatorConfig` with
+    ``kind: field`` for a model of width ``hidden``; α logits frozen when ``alpha_mode`` is fixed."""
+    f = cfg.field
+    modulator = FieldModulator(hidden, layers, tuple(f.experts), f.edim, f.deform_scale, f.null_fraction, f.null_mode,
+                               cfg.alpha_init, f.alpha_min, f.alpha_max, seed=cfg.train.seed)
+    modulator.alpha_logit.requires_grad_(cfg.alpha_mode == "learned")
+    return modulator

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lookahead.core.config import from_dict
 from lookahead.pipeline.modulator.config import ModulatorConfig
 
 
@@ -81,6 +82,10 @@ class GeometricModulator(nn.Module):
         """α of each modulated layer, in the order of ``layers``. (n_layers_modulated,)"""
         return torch.sigmoid(self.alpha_logit).expand(len(self.layers))
 
+    def monitor(self) -> dict[str, float]:
+        """α of each modulated layer (``alpha_l<layer>``): the curves logged during training."""
+        return {f"alpha_l{layer}": float(a) for layer, a in zip(self.layers, self.alphas().detach().cpu())}
+
     def target(self, ids: torch.Tensor) -> torch.Tensor:
         """μ + s · geo(x) P for every token (μ = 0, s = 1 for ``target: plain``). (B, T, hidden)"""
         return self.pca_mean + self.geo_scale * (self.table[ids] @ self.projection)
@@ -116,7 +121,7 @@ class ModulatedLM(nn.Module):
         return self.modulator(self.lm, input_ids, **kwargs)
 
 
-def save_modulator(modulator: GeometricModulator, path: str | Path, config: dict) -> None:
+def save_modulator(modulator: nn.Module, path: str | Path, config: dict) -> None:
     """One safetensors file with the resolved config in its metadata."""
     from safetensors.torch import save_file
 
@@ -129,16 +134,23 @@ def save_modulator(modulator: GeometricModulator, path: str | Path, config: dict
                                                                     sort_keys=True)})
 
 
-def load_modulator(path: str | Path) -> tuple[GeometricModulator, dict]:
-    """(modulator, config) from :func:`save_modulator`'s file."""
+def load_modulator(path: str | Path) -> tuple[nn.Module, dict]:
+    """(modulator, config) from :func:`save_modulator`'s file: a :class:`GeometricModulator`, or a
+    :class:`~lookahead.pipeline.modulator.field.FieldModulator` for ``kind: field``."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
     config = json.loads(meta["config"])
-    cfg = ModulatorConfig(**{k: v for k, v in config["modulator"].items() if k != "train"})
+    cfg = from_dict(ModulatorConfig, config["modulator"])
     t = load_file(str(path))
+    if cfg.kind == "field":
+        from lookahead.pipeline.modulator.field import build_field
+
+        modulator = build_field(cfg, int(config["base_hidden_size"]), config["resolved_layers"])
+        modulator.load_state_dict(t)
+        return modulator, config
     modulator = GeometricModulator(t["table"], t["mask"], t["projection"], t["pca_mean"], float(t["geo_scale"]),
                                    config["resolved_layers"], cfg)
     modulator.load_state_dict(t)

@@ -32,13 +32,19 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
                                                        f"{report['val_nll_after']:.3f}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    for series in dict.fromkeys(r["series"] for r in alpha_rows):
+    names = list(dict.fromkeys(r["series"] for r in alpha_rows))
+    experts = list(dict.fromkeys(n.partition(", ")[2] for n in names))  # "k=1", … ("" for LERP)
+    layers = list(dict.fromkeys(n.partition(", ")[0] for n in names))
+    for series in names:  # the field modulator's: colour = layer, line style = expert
         rows = [r for r in alpha_rows if r["series"] == series]
+        layer, _, expert = series.partition(", ")
         bx.plot([r["step"] for r in rows], [r["alpha"] for r in rows], "o-" if len(rows) == 1 else "-", lw=1.2,
-                label=series)
-    bx.set(xlabel="step", ylabel="α", title="modulator - α per layer" + ("" if report["trained"] else " (fixed)"))
+                label=series, color=f"C{layers.index(layer) % 10}", ls=("-", "--", ":", "-.")[experts.index(expert) % 4])
+    field = report["kind"] == "field"
+    bx.set(xlabel="step", ylabel="α", title=f"{report['kind']} modulator - α per layer" + (" and expert" if field else "")
+                                           + ("" if report["trained"] else " (fixed)"))
     bx.grid(alpha=0.3)
-    bx.legend(fontsize=8)
+    bx.legend(fontsize=7 if field else 8, ncol=2 if field else 1)
     bands = band_rows(report)
     labels = list(dict.fromkeys(r["band"] for r in bands))
     for offset, when in ((-0.2, "before"), (0.2, "after")):

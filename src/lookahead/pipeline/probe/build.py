@@ -22,10 +22,10 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.lm.encoders import BASE, MINILM, encode_texts, minilm_path
 from lookahead.semantics import geometry
-from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts
+from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts, token_encodings
 from lookahead.train.figures import pyplot, save_png
 
-MAX_MODELS = 4  # 5 headline figures per model (+ 3 for the base) within lookahead.core.report's limit
+MAX_MODELS = 4  # 5 headline figures per model (+ 4 for the base) within lookahead.core.report's limit
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:layers|layer)\.(\d+)\.(.+)\.weight$")
 
 
@@ -53,6 +53,9 @@ class ProbeConfig:
     """Truncate glosses to this many tokens when encoding."""
     encode_batch_size: int = 64
     """Texts per forward pass when encoding glosses."""
+    token_level: bool = True
+    """Also measure token-level alignment: each anchor's lemma read after its gloss, represented by
+    the hidden state at the lemma's own tokens (lookahead.semantics.alignment.token_encodings)."""
     trust_remote_code: bool = False
     """Allow model repos' own code for HF ids."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -197,6 +200,9 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
     for kind, vectors in (("static", static), ("contextual", ctx)):
         align[kind], kind_bands = relational_alignment(vectors, pairs, path_sim, cfg.seeds)
         bands += [{"model": name, "kind": kind, "series": f"{name} {kind}", **b} for b in kind_bands]
+    if cfg.token_level:
+        tokens = token_encodings(model, tokenizer, anchors, cfg.encode_batch_size, cfg.max_text_tokens)
+        align["token"], _ = relational_alignment(tokens, pairs, path_sim, cfg.seeds)
     align["chain_decay"] = chain_decay(model, tokenizer, wn, anchors, cfg.chain_depth, cfg, ctx, static)
     block["relational"] = align
 
@@ -298,8 +304,8 @@ def plot_summary(path, spectra: dict, head_rows_: list[dict], bands: list[dict])
 def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
     """metrics/probe.json (lookahead.core.report): per model the pentachoron CV ratio against a Gaussian
     and the contextual relational alignment; for the base also its dense NLL, the largest
-    single-head ablation and the embedding participation ratio. The per-layer, per-matrix battery
-    stays in the report. The alignment comes with its sd over ``probe.seeds`` (``<key>_sd``).
+    single-head ablation, the embedding participation ratio and (``token_level``) the token-level
+    Spearman. The per-layer, per-matrix battery stays in the report. The alignment comes with its sd over ``probe.seeds`` (``<key>_sd``).
     Paths are tuples: an HF id may contain dots."""
     keys = {}
     for name, block in report.items():
@@ -312,6 +318,8 @@ def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
             keys[f"{tag}_dense_nll"] = (name, "heads", "dense_nll", "mean")
             keys[f"{tag}_ablation_dnll_max"] = (name, "heads", "ablation_dnll_max", "mean")
             keys[f"{tag}_participation_ratio"] = (name, "embedding", "participation_ratio")
+            if "token" in block["relational"]:  # the base's token-level alignment (24 keys at 4 models)
+                keys[f"{tag}_token_spearman"] = (name, "relational", "token", "spearman", "mean")
     return keys
 
 
