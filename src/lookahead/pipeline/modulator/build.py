@@ -78,6 +78,8 @@ class ModulatorModule:
         return out
 
     def stop_reason(self, eval_curve: list[dict]) -> str | None:
+        """Why to stop now (the loop's early-stop hook): the CV, inside the band at some evaluation,
+        has been outside it for the last ``cv_patience`` evaluations; None otherwise or when off."""
         patience = self.cfg.field.cv_patience
         cvs = [row["pentachoron_cv"] for row in eval_curve if "pentachoron_cv" in row]
         if not patience or len(cvs) < patience:

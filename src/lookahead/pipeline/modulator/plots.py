@@ -38,7 +38,7 @@ def plot_modulator(train_curve: list[dict], eval_curve: list[dict], alpha_rows: 
     for series in names:  # the field modulator's: colour = layer, line style = expert
         rows = [r for r in alpha_rows if r["series"] == series]
         layer, _, expert = series.partition(", ")
-        bx.plot([r["step"] for r in rows], [r["alpha"] for r in rows], "o-" if len(rows) == 1 else "-", lw=1.2,
+        bx.plot([r["step"] for r in rows], [r["alpha"] for r in rows], marker="o" if len(rows) == 1 else None, lw=1.2,
                 label=series, color=f"C{layers.index(layer) % 10}", ls=("-", "--", ":", "-.")[experts.index(expert) % 4])
     field = report["kind"] == "field"
     bx.set(xlabel="step", ylabel="α", title=f"{report['kind']} modulator - α per layer" + (" and expert" if field else "")
