@@ -113,11 +113,17 @@ def test_config_refusals_name_the_key():
     for values, key in (({"layers": []}, "layers"), ({"layers": [0, 0]}, "layers"), ({"layers": [-1]}, "layers"),
                         ({"alpha_init": 0.0}, "alpha_init"), ({"alpha_init": float("nan")}, "alpha_init"),
                         ({"alpha_mode": "fixed", "alpha_init": 1.5}, "alpha_init"), ({"alpha_mode": "static"}, "alpha_mode"),
-                        ({"eval_tokens": -1}, "eval_tokens"), ({"layers": "some"}, "layers"), ({"alphas": 1}, "alphas")):
+                        ({"eval_tokens": -1}, "eval_tokens"), ({"layers": "some"}, "layers"), ({"alphas": 1}, "alphas"),
+                        ({"kind": "fields"}, "kind"), ({"kind": "field", "train_table": True}, "train_table"),
+                        ({"kind": "field", "alpha_mode": "fixed", "alpha_init": 0.5}, "alpha_init"),
+                        ({"field": {"experts": [4], "edim": 4}}, "field.edim"),
+                        ({"field": {"experts": [1, 1]}}, "field.experts"), ({"field": {"null_fraction": 1.0}}, "field.null_fraction"),
+                        ({"field": {"cv_band": [0.3, 0.2]}}, "field.cv_band")):
         with pytest.raises(ConfigError) as err:
             from_dict(ModulatorConfig, values)
         assert err.value.key.startswith(key), (values, err.value.key)
     assert from_dict(ModulatorConfig, {"alpha_mode": "fixed", "alpha_init": 0.0}).trains is False
+    assert from_dict(ModulatorConfig, {"kind": "field", "alpha_mode": "fixed", "alpha_init": 0.29154}).trains  # the gates
 
 
 @pytest.fixture(scope="module")

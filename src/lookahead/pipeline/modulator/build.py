@@ -138,10 +138,12 @@ HEADLINE = {
     "cv_ratio_before": "before.pentachoron.cv_ratio.mean", "cv_ratio_after": "after.pentachoron.cv_ratio.mean",
     "lemma_spearman_before": "before.lemma.spearman.mean", "lemma_spearman_after": "after.lemma.spearman.mean",
     "token_spearman_before": "before.token.spearman.mean", "token_spearman_after": "after.token.spearman.mean",
+    "token_spearman_gain_pct": "token_spearman_gain_pct",
     "alpha_mean": "alpha_mean", "kind": "kind", "validity_mean": "validity_mean", "cv_in_band": "cv_in_band",
 }
 # and their spread over training seeds (lookahead.core.seeds): the gains and what the training moves
-SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "alpha_mean")
+SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "token_spearman_gain_pct",
+          "alpha_mean")
 HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds",
             "alpha_per_layer": "alpha_per_layer"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
 
@@ -266,6 +268,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
         "pearson_gain_pct": _gain_pct(before["pearson"]["mean"], after["pearson"]["mean"]),
         "spearman_before": before["spearman"]["mean"], "spearman_after": after["spearman"]["mean"],
         "spearman_gain_pct": _gain_pct(before["spearman"]["mean"], after["spearman"]["mean"]),
+        "token_spearman_gain_pct": _gain_pct(before["token"]["spearman"]["mean"], after["token"]["spearman"]["mean"]),
         "alpha_mean": float(np.mean(list(alphas.values()))),
         "alpha_per_layer": alphas,
         "cv_band": [lo, hi], "cv_in_band": bool(lo <= cv_after <= hi), "validity_mean": None,
