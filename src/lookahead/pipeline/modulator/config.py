@@ -50,8 +50,9 @@ class FieldConfig:
         require(math.isfinite(self.deform_scale) and self.deform_scale > 0, "deform_scale",
                 f"must be > 0; got {self.deform_scale}")
         require(0.0 <= self.null_fraction < 1.0, "null_fraction", f"must be in [0, 1); got {self.null_fraction}")
-        require(0.0 <= self.alpha_min <= self.alpha_max < 1.0, "alpha_max",
-                f"need 0 <= alpha_min <= alpha_max < 1; got {self.alpha_min}, {self.alpha_max}")
+        require(0.0 <= self.alpha_min < 1.0, "alpha_min", f"must be in [0, 1); got {self.alpha_min}")
+        require(self.alpha_min <= self.alpha_max < 1.0, "alpha_max",
+                f"must be in [alpha_min, 1) = [{self.alpha_min}, 1); got {self.alpha_max}")
         for name in ("geometric_lr_scale", "alpha_lr_scale"):
             require(getattr(self, name) > 0, name, f"must be > 0; got {getattr(self, name)}")
         require(len(self.cv_band) == 2 and 0 <= self.cv_band[0] < self.cv_band[1], "cv_band",
