@@ -305,8 +305,8 @@ def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
     """metrics/probe.json (lookahead.core.report): per model the pentachoron CV ratio against a Gaussian
     and the contextual relational alignment; for the base also its dense NLL, the largest
     single-head ablation, the embedding participation ratio and (``token_level``) the token-level
-    Spearman. The per-layer, per-matrix battery stays in the report. The alignment comes with its sd over ``probe.seeds`` (``<key>_sd``).
-    Paths are tuples: an HF id may contain dots."""
+    Spearman. The per-layer, per-matrix battery stays in the report. The alignment comes with its
+    sd over ``probe.seeds`` (``<key>_sd``). Paths are tuples: an HF id may contain dots."""
     keys = {}
     for name, block in report.items():
         tag = re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
