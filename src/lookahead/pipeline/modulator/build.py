@@ -105,7 +105,7 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
     from lookahead.lm.encoders import encode_texts
     from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts, token_encodings
 
-    ctx = encode_texts(model, tokenizer, [a["gloss"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
+    ctx = gloss_encodings(model, tokenizer, anchors, acfg)
     correlations, bands = relational_alignment(ctx, pairs, path_sim, acfg.seeds)
     lemmas = [" " + a["lemma"] for a in anchors]
     decay = chain_decay(model, tokenizer, wn, anchors, acfg.chain_depth, acfg, ctx, static_texts(model, tokenizer, lemmas))
@@ -117,11 +117,23 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
     token_correlations, _ = relational_alignment(tokens, pairs, path_sim, acfg.seeds)
     cv: dict[str, list] = {}
     for seed in acfg.seeds:
-        for k, v in geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, np.random.default_rng([seed, 10])).items():
+        for k, v in gloss_cv(ctx, acfg, seed).items():
             cv.setdefault(k, []).append(v)
-    block = {**correlations, "token": token_correlations, "lemma": lemma_correlations, "bands": bands, "chain_decay": decay["contextual"],
-             "pentachoron": {k: geometry.mean_ci(v) for k, v in cv.items()}}
+    block = {**correlations, "token": token_correlations, "lemma": lemma_correlations, "bands": bands,
+             "chain_decay": decay["contextual"], "pentachoron": {k: geometry.mean_ci(v) for k, v in cv.items()}}
     return block, ctx
+
+
+def gloss_encodings(model, tokenizer, anchors: list[dict], acfg: AlignmentConfig) -> np.ndarray:
+    """The anchors' gloss encodings as the probe stage computes them (mean-pooled last hidden state)."""
+    from lookahead.lm.encoders import encode_texts
+
+    return encode_texts(model, tokenizer, [a["gloss"] for a in anchors], acfg.encode_batch_size, acfg.max_text_tokens)
+
+
+def gloss_cv(ctx: np.ndarray, acfg: AlignmentConfig, seed: int) -> dict[str, float]:
+    """The pentachoron CV of gloss encodings ``ctx`` (and its Gaussian reference), drawn with ``seed``."""
+    return geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, np.random.default_rng([seed, 10]))
 
 
 def _gain_pct(before: float, after: float) -> float | None:
@@ -168,17 +180,9 @@ def alpha_rows(step: int, monitor: dict[str, float]) -> list[dict]:
 
 
 def gloss_cv_monitor(tokenizer, anchors: list[dict], acfg: AlignmentConfig):
-    """``cv(model)``: the pentachoron CV of ``model``'s gloss encodings, drawn as the stage's
-    first alignment seed draws it (so the last evaluation's CV is the `after` block's first seed)."""
-    from lookahead.lm.encoders import encode_texts
-
-    glosses = [a["gloss"] for a in anchors]
-
-    def cv(model) -> float:
-        ctx = encode_texts(model, tokenizer, glosses, acfg.encode_batch_size, acfg.max_text_tokens)
-        rng = np.random.default_rng([acfg.seeds[0], 10])
-        return geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, rng)["pentachoron_cv"]
-    return cv
+    """``cv(model)``: the pentachoron CV of ``model``'s gloss encodings, drawn as :func:`alignment`
+    draws its first seed's (so the last evaluation's CV is the `after` block's first seed)."""
+    return lambda model: gloss_cv(gloss_encodings(model, tokenizer, anchors, acfg), acfg, acfg.seeds[0])["pentachoron_cv"]
 
 
 @torch.no_grad()

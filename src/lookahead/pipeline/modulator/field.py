@@ -88,7 +88,7 @@ class KSimplexChannelExpert(nn.Module):
 def active_dims(hidden: int, null_fraction: float, null_mode: str = "tail", seed: int = 0) -> torch.Tensor:
     """Indices of the dims the experts read and gate (sorted); the rest — ``null_fraction`` of them,
     the tail or a seeded scatter — are never touched."""
-    n_null = int(round(null_fraction * hidden))
+    n_null = round(null_fraction * hidden)
     if null_mode == "tail":
         return torch.arange(hidden - n_null)
     if null_mode == "scatter":
