@@ -7,6 +7,7 @@ from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.graph.predictor import PredictorConfig
+from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.build import HEADLINE, Phase1Config, build_phase1_seeds
 from lookahead.pipeline.phase1.plots import write_phase1_reports
 
@@ -31,13 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     configs = {
         "phase1": load_section(args.params, "phase1", Phase1Config),
         "predictor": load_section(args.params, "predictor", PredictorConfig),
+        "runtime": load_section(args.params, "runtime", RuntimeConfig),
     }
     if args.dry_run:
         return print_config(configs)
     check_inputs(args.inputs)
     with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
-                                                     args.init, args.heads, args.out, args.checkpoints, tracker=run)
+                                                     args.init, args.heads, args.out, args.checkpoints, tracker=run,
+                                                     runtime_cfg=configs["runtime"])
         write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

@@ -12,7 +12,8 @@ from transformers.models.olmo2.modeling_olmo2 import apply_rotary_pos_emb
 
 
 @torch.no_grad()
-def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor,
+                      skip: str = "full") -> torch.Tensor:
     """Logits (B, T, V) of an Olmo2ForCausalLM run over the head graph (adjacency, gates).
 
     adjacency (N, N) shared or (B, T, N, N); gates (N,) or (B, T, N), entry 0 ignored.
@@ -23,6 +24,10 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
       attention over keys t' ≤ t with g_j(t') > 0, logits q·k · scale + log g_j(t')
       o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms, rms = sqrt(mean((Σ_h g_h W_O[h] z_h)²) + eps)
     and the MLP and final norm read e + Σ o + Σ m.
+
+    skip="query": a head off at t has no query or output there, but its key and value at t exist:
+      the k-norm's ms is the plain mean Σ_h |k_h|² / (D H) over the layer's heads, the q-norm's is
+      gated as above, attention runs over every key t' ≤ t with no log g term, and o_j keeps its g_j.
     """
     cfg = model.config
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
@@ -60,6 +65,8 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
             for b in range(bsz):
                 for t in range(seq):
                     w = torch.stack([g[b, t, j] for j in nodes])
+                    if skip == "query" and name == "k":
+                        w = torch.ones_like(w)
                     total = w.sum()
                     ms = (w * vec[:, b, t].pow(2).sum(-1)).sum() / (d_head * total) if total > 0 else torch.tensor(1.0)
                     for h in range(n_heads):
@@ -72,10 +79,15 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
             w_o = attn.o_proj.weight[:, h * d_head : (h + 1) * d_head]
             for b in range(bsz):
                 for t in range(seq):
-                    keys = [s for s in range(t + 1) if g[b, s, j] > 0]
+                    if skip == "query":
+                        keys = list(range(t + 1))
+                        bias = [0.0] * len(keys)
+                    else:
+                        keys = [s for s in range(t + 1) if g[b, s, j] > 0]
+                        bias = [math.log(g[b, s, j]) for s in keys]
                     if not keys:
                         continue
-                    logits = torch.stack([q[h, b, t] @ k[h, b, s] * attn.scaling + math.log(g[b, s, j]) for s in keys])
+                    logits = torch.stack([q[h, b, t] @ k[h, b, s] * attn.scaling + c for s, c in zip(keys, bias)])
                     p = torch.softmax(logits, 0)
                     z = sum(p[i] * v[h, b, s] for i, s in enumerate(keys))
                     head_out[h, b, t] = w_o @ z

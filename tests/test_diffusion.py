@@ -179,7 +179,7 @@ def test_mode_recall_counts_kept_topologies_a_sample_comes_near():
     pairs = _Pairs(rows=[10, 10, 11, 12, 12], edges=torch.stack([a, b, a, a, b]).to(torch.uint8), heldout=[0, 1, 2, 3, 4])
 
     def always(topology):
-        def draw(contexts, geo):
+        def draw(contexts, geo, router):
             bits = topology.expand(contexts.shape[0], -1)
             return to_dense_bits(bits, mask), torch.ones(contexts.shape[0], 5)
         return Sampler("fixed", draw)

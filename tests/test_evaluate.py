@@ -14,7 +14,8 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.graph.nodes import allowed_mask
-from lookahead.graph.predictor import load_init, load_predictor
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
+from lookahead.graph.router_inputs import input_dim, router_context
 from lookahead.graph.scoring import GeoLookup, static_pruning_curve
 from lookahead.lm.encoders import load_context_encoder
 from lookahead.lm.nll import token_nll
@@ -84,6 +85,29 @@ def test_causality_check_passes_a_causal_decoder_and_catches_one_that_peeks(caus
     assert not bad["passed"] and bad["per_decoder"]["peeking"] > 1e-3
 
 
+@pytest.mark.parametrize("kind", ["lm", "embedding"])
+def test_causality_check_covers_routers_that_read_the_lm(causal_setup, kind):
+    """A head-gate router reading the LM's own states (random weights, so its gates do depend on
+    them) passes the check with the real perturbed text; its topology does move after t."""
+    cache, geo, lm, encoder, _ = causal_setup
+    torch.manual_seed(3)
+    cfg_p = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input=kind, geo_features=False)
+    width = input_dim(kind, cache.dim, lm.config.hidden_size)
+    predictor = StructurePredictor(cfg_p, lm.config.num_hidden_layers, lm.config.num_attention_heads, width).eval()
+    for layer in (predictor.mlp[0], predictor.to_gate):
+        torch.nn.init.normal_(layer.weight, std=10.0)
+    cfg = EvaluateConfig(causality_windows=2, causality_cuts=3)
+    for skip in ("full", "query"):
+        out = causality_check({"router": (lm, predictor_topologies(predictor, hard=True, lm=lm))}, encoder, cache, geo,
+                              cfg, lm.config.vocab_size, "cpu", skip)
+        assert out["passed"] and out["max_change"] <= 1e-5 and out["after_cut_changed_fraction"] > 0.9
+    ids = torch.from_numpy(cache.windows("val")[:1, :-1].astype(np.int64))
+    later = ids.clone()
+    later[:, 5:] = (later[:, 5:] + 1) % lm.config.vocab_size
+    z1, z2 = (predictor.head_logits(router_context(kind, lm, x, None)) for x in (ids, later))
+    assert torch.equal(z1[:, :5], z2[:, :5]) and (z1[:, 5:] - z2[:, 5:]).abs().max() > 1e-3  # it reads the tokens
+
+
 @pytest.fixture(scope="module")
 def evaluation(downstream_inputs, phase2_run):
     i = downstream_inputs
@@ -148,7 +172,7 @@ def test_outputs_table_plots_and_a_self_contained_explainer(evaluation, tmp_path
 def test_a_decoder_that_peeks_fails_the_stage(downstream_inputs, phase2_run, monkeypatch):
     i = downstream_inputs
     real = ev.predictor_topologies
-    monkeypatch.setattr(ev, "predictor_topologies", lambda p, hard: peeking(p) if hard else real(p, hard))
+    monkeypatch.setattr(ev, "predictor_topologies", lambda p, hard, lm=None: peeking(p) if hard else real(p, hard, lm))
     cfg = EvaluateConfig(eval_batch_size=4, diffusion_samples=1, random_draws=1, timing_rounds=1, causality_windows=1,
                          causality_cuts=1)
     with pytest.raises(EvaluateError, match="causality check failed"):

@@ -13,7 +13,7 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.errors import ConfigError
 from lookahead.graph.nodes import allowed_mask, n_nodes
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_predictor
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase1.build import Phase1Config, Phase1Module, build_phase1
@@ -190,6 +190,29 @@ def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, mon
             "below_dense_fraction", "static_pruning_nll", "random_heads_nll"} <= set(metrics)
     assert straight.eval_curve[0]["step"] == 0 and straight.eval_curve[-1]["step"] == 7
     assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
+
+
+def test_a_per_token_router_is_measured_against_its_oracle_and_its_static_twin(phase_inputs, tmp_path):
+    """Head gates under an exact budget, read from the LM's states, query skip, distilled from the
+    oracle: the fraction is exact, the oracles and the twin are reported, and the twin (zeroed
+    inputs) is a static mask whatever it learned."""
+    cfg = Phase1Config(lambda_head=0.0, eval_batch_size=2, distill=1.0, z_loss=1e-3, balance=0.1, oracle="greedy",
+                       static_twin=True, noise_end=0.5,
+                       train=TrainConfig(steps=4, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=4, device="cpu"))
+    pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
+    metrics, result, module = build_phase1(cfg, pcfg, phase_inputs["base"], phase_inputs["contexts"],
+                                           phase_inputs["init"], phase_inputs["heads"], tmp_path / "p.safetensors",
+                                           runtime_cfg=RuntimeConfig(skip="query"))
+    assert metrics["active_head_fraction"] == 0.5 and metrics["oracle_heads_kept"] == 2  # 2 x 2 heads
+    assert metrics["static_twin_dynamic_fraction"] == 0.0
+    assert metrics["static_twin_gap"] == pytest.approx(metrics["static_twin_hard_nll"] - metrics["hard_nll"])
+    assert metrics["oracle_capture"] == pytest.approx((metrics["static_pruning_nll"] - metrics["hard_nll"])
+                                                      / (metrics["static_pruning_nll"] - metrics["oracle_nll"]))
+    assert metrics["greedy_oracle_nll"] > 0 and 0 <= metrics["dynamic_fraction"] <= 0.5
+    assert {"distill", "logit_abs"} <= set(result.train_curve[-1])
+    predictor, meta = load_predictor(tmp_path / "p.safetensors")
+    assert meta["runtime"] == {"skip": "query"} and predictor.cfg.gate == "head"
+    assert meta["context_dim"] == 2 * module.lm.config.hidden_size
 
 
 def test_sweep_script_reads_experiment_rows(repo_root):

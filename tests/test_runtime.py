@@ -149,24 +149,53 @@ def sparse_topology(model, shape, binary: bool, seed: int):
     return weights * dense(model), gates
 
 
+@pytest.mark.parametrize("skip", ["full", "query"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
 @pytest.mark.parametrize("binary", [True, False], ids=["hard-gates", "soft-gates"])
-def test_sparse_topologies_match_the_plain_reference(shared, binary):
+def test_sparse_topologies_match_the_plain_reference(shared, binary, skip):
     """DESIGN §4 written out head by head and position by position (tests/reference_head_graph.py,
-    no code shared with the runtime) against both executions of the runtime."""
+    no code shared with the runtime) against both executions of the runtime, in both skip modes."""
     model = tiny_olmo2(n_layers=3, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(21))
     adjacency, gates = sparse_topology(model, () if shared else (2, 7), binary, seed=22 + shared)
-    ref = reference_forward(model, ids, adjacency, gates)
+    ref = reference_forward(model, ids, adjacency, gates, skip)
     with torch.no_grad():
-        soft = forward_with_topology(model, ids, adjacency, gates)
-        hard = forward_with_topology(model, ids, adjacency, gates, hard=True)
+        soft = forward_with_topology(model, ids, adjacency, gates, skip=skip)
+        hard = forward_with_topology(model, ids, adjacency, gates, hard=True, skip=skip)
     assert (soft - ref).abs().max() <= TOL
     assert (hard - ref).abs().max() <= TOL
     assert (ref - model(ids).logits).abs().max() > 1e-2  # the graph does change the function
     # and the reference is the stock forward on the dense graph
     n = adjacency.shape[-1]
-    assert (reference_forward(model, ids, dense(model), torch.ones(n)) - model(ids).logits).abs().max() <= TOL
+    assert (reference_forward(model, ids, dense(model), torch.ones(n), skip) - model(ids).logits).abs().max() <= TOL
+    if not shared:  # the two semantics are different functions of the same per-position graph
+        other = reference_forward(model, ids, adjacency, gates, "query" if skip == "full" else "full")
+        assert (other - ref).abs().max() > 1e-3
+
+
+def test_query_skip_keeps_the_off_heads_keys_and_values():
+    """runtime.skip = query: head j off at t has no output at t, yet its input stream at t still
+    reaches position t and later through its key there (the k-norm spans every head's key, as
+    in the stock model) and its value (under ``full`` it reaches nothing: the test above)."""
+    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(8))
+    n = n_nodes(2, 2)
+    head = node_index(0, 1, 2)
+    a = dense(model).expand(1, 9, n, n).clone()
+    g = torch.ones(1, 9, n)
+    g[0, 4, head] = 0
+    a[0, 4, head, :] = 0
+    a2 = a.clone()
+    a2[0, 4, 0, head] = 3.0  # a different input stream for the off head at position 4
+    with torch.no_grad():
+        for hard in (False, True):
+            base = forward_with_topology(model, ids, a, g, hard=hard, skip="query")
+            moved = forward_with_topology(model, ids, a2, g, hard=hard, skip="query")
+            assert torch.equal(base[0, :4], moved[0, :4])  # causal
+            assert (base - moved)[0, 4:].abs().max() > 1e-4  # its key and value at t are read
+            dense_g = torch.ones(n)
+            assert (forward_with_topology(model, ids, dense(model), dense_g, hard=hard, skip="query")
+                    - model(ids).logits).abs().max() <= TOL
 
 
 def test_hard_execution_equals_soft_execution():
@@ -284,10 +313,11 @@ def test_runtime_is_causal():
     adj2[:, : t + 1], gates2[:, : t + 1] = adjacency[:, : t + 1], gates[:, : t + 1]
     with torch.no_grad():
         for hard in (False, True):
-            a = forward_with_topology(model, ids, adjacency, gates, hard=hard)
-            b = forward_with_topology(model, ids2, adj2, gates2, hard=hard)
-            assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() <= 1e-6
-            assert (a[:, t + 1:] - b[:, t + 1:]).abs().max() > 1e-3
+            for skip in ("full", "query"):
+                a = forward_with_topology(model, ids, adjacency, gates, hard=hard, skip=skip)
+                b = forward_with_topology(model, ids2, adj2, gates2, hard=hard, skip=skip)
+                assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() <= 1e-6
+                assert (a[:, t + 1:] - b[:, t + 1:]).abs().max() > 1e-3
 
 
 def test_default_gates_follow_incoming_weight():

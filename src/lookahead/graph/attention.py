@@ -58,12 +58,15 @@ def qk_norm_rope(x: torch.Tensor, ms: torch.Tensor, eps: float, c: torch.Tensor,
     return out[..., 0, :], out[..., 1, :]
 
 
-def head_outputs(layer, heads, x, g, cos, sin_signed, contributions: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+def head_outputs(layer, heads, x, g, cos, sin_signed, contributions: bool = True,
+                 query: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their inputs x
     (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): the stock
     post-attention norm of the gated attention output.
 
-    g: None (all on), (h,) shared gates or (h, B, T) per-position gates.
+    g: None (all on), (h,) shared gates or (h, B, T) per-position gates. ``query``: the gates act
+    on the query side only (``runtime.skip: query``): every key and value exists, the k-norm's mean
+    square is over all heads, and only the q-norm's is weighted by the gates.
     """
     attn = layer.self_attn
     eps = attn.q_norm.variance_epsilon
@@ -72,12 +75,17 @@ def head_outputs(layer, heads, x, g, cos, sin_signed, contributions: bool = True
     qkv = project(x, w_qkv)  # (h, B, T, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
-    ms = gated_mean(qk.float().pow(2).sum(-1), w) / d_head  # (B, T, 2)
+    sumsq = qk.float().pow(2).sum(-1)  # (h, B, T, 2)
+    if query and w is not None:  # q: the gated mean; k: every head's
+        ms = torch.cat([gated_mean(sumsq[..., :1], w), sumsq[..., 1:].mean(0)], dim=-1) / d_head
+    else:
+        ms = gated_mean(sumsq, w) / d_head  # (B, T, 2)
     table = rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
     q, k = qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
 
-    # per-position gates: keys carry log g; shared gates are constant over keys and leave the softmax be
-    z = attend(attn, q, k, v, g if g is not None and g.dim() == 3 else None)
+    # per-position gates: keys carry log g (not in query mode: every key exists); shared gates are
+    # constant over keys and leave the softmax be
+    z = attend(attn, q, k, v, g if g is not None and g.dim() == 3 and not query else None)
     o = project(z, w_o)  # (h, B, T, d)
     if w is not None:
         o = o * w[..., None].to(o.dtype)
@@ -103,8 +111,8 @@ moves the function by at most about the floor, relatively: it touches only gates
 
 
 def gated_mean(per_head: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, 2), the total floored at GATE_FLOOR; the
-    plain mean when w is None. (B, T, 2)"""
+    """Σ_h w_h x_h / Σ_h w_h over dim 0 of x (h, B, T, k), the total floored at GATE_FLOOR; the
+    plain mean when w is None. (B, T, k)"""
     if w is None:
         return per_head.mean(0)
     w = w.float().expand(per_head.shape[:-1])[..., None]

@@ -37,6 +37,12 @@ def allowed_mask(n_layers: int, n_heads: int) -> torch.Tensor:
     return layer[:, None] < layer[None, :]
 
 
+def head_graph(gates: torch.Tensor, n_layers: int, n_heads: int) -> torch.Tensor:
+    """Every allowed edge out of an active head (each head reads the standard stream): gates (…, N)
+    → adjacency (…, N, N). The graph static pruning runs and ``predictor.gate: head`` predicts."""
+    return allowed_mask(n_layers, n_heads).to(gates.device, gates.dtype) * gates[..., :, None]
+
+
 def n_edges(n_layers: int, n_heads: int) -> int:
     """Number of allowed edges: H from the source to each head, plus H² for each pair of layers."""
     return n_layers * n_heads + n_heads**2 * n_layers * (n_layers - 1) // 2

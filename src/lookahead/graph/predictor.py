@@ -27,7 +27,12 @@ from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors
+from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bound_logits, gate_noise, head_gates,
+                                    logistic_noise, straight_through)
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
+
+INPUTS = ("cache", "lm", "embedding")
+EDGES = ("all", "learned")
 
 
 class PredictorError(LookaheadError, ValueError):
@@ -52,25 +57,45 @@ class PredictorConfig:
     """Added to U0 V0ᵀ in the static logits B: every edge starts at about σ(init_bias)."""
     hard: bool = False
     """Threshold edges and gates (straight-through gradients in training) instead of soft values."""
+    gate: str = "cascade"
+    """cascade: heads gated by their incoming edge weight (the seed's); head: one keep logit per head
+    and position, read from the router (``lookahead.graph.gating``)."""
+    edges: str = "all"
+    """Head gates: all = every allowed edge out of an active head (each head reads the standard
+    stream, the graph static pruning runs); learned = the low-rank edge logits as well."""
+    estimator: str = "st"
+    """Head gates: st (sigmoid straight-through at soft values) or hard_concrete (Louizos et al. 2018)."""
+    budget: str = "none"
+    """Head gates: none (a penalty sets the fraction), topk (exact per-token top-K of all heads) or
+    topk_layer (the top K/L of each layer's heads)."""
+    keep: float = 0.5
+    """Head gates under a budget: fraction of heads kept per token."""
+    noise: str = "logistic"
+    """Head gates' training noise on the keep scores: logistic, gumbel (top-K of z + Gumbel draws
+    samples heads without replacement) or none; phase 1 anneals its scale."""
+    logit_bound: float = 0.0
+    """Head gates: keep logits bounded to c·tanh(z/c), c = logit_bound (0 = unbounded)."""
+    input: str = "cache"
+    """Router input: cache (the context cache's encoder), lm (the frozen base LM's token embedding at
+    t and final hidden state at t−1) or embedding (the token embedding at t alone)."""
 
     def __post_init__(self) -> None:
+        require(self.gate in GATE_KINDS, "gate", f"must be one of {', '.join(GATE_KINDS)}; got {self.gate!r}")
+        require(self.edges in EDGES, "edges", f"must be one of {', '.join(EDGES)}; got {self.edges!r}")
+        require(self.estimator in ESTIMATORS, "estimator", f"must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
+        require(self.budget in BUDGETS, "budget", f"must be one of {', '.join(BUDGETS)}; got {self.budget!r}")
+        require(self.noise in NOISES, "noise", f"must be one of {', '.join(NOISES)}; got {self.noise!r}")
+        require(self.input in INPUTS, "input", f"must be one of {', '.join(INPUTS)}; got {self.input!r}")
+        require(0 < self.keep <= 1, "keep", f"must be in (0, 1]; got {self.keep}")
+        require(math.isfinite(self.logit_bound) and self.logit_bound >= 0, "logit_bound",
+                f"must be a finite number >= 0 (0 = unbounded); got {self.logit_bound}")
+        require(self.gate == "head" or self.budget == "none", "budget",
+                f"needs predictor.gate: head (the cascade gates heads by their edges); got {self.budget!r}")
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
         require(self.hidden >= 1, "hidden", f"must be >= 1; got {self.hidden}")
         require(self.tau > 0, "tau", f"must be > 0; got {self.tau}")
         require(self.gate_k > 0, "gate_k", f"must be > 0; got {self.gate_k}")
         require(math.isfinite(self.init_bias), "init_bias", f"must be finite; got {self.init_bias}")
-
-
-def logistic_noise(shape, device=None, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L = log u − log(1 − u), u ~ U(0, 1): σ(z + L) > 0.5 with probability σ(z)."""
-    eps = torch.finfo(dtype).eps
-    u = torch.rand(shape, device=device, dtype=dtype, generator=generator).clamp(eps, 1 - eps)
-    return torch.log(u) - torch.log1p(-u)
-
-
-def straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
-    """``hard`` in the forward pass, ``soft``'s gradient in the backward pass."""
-    return hard + (soft - soft.detach())
 
 
 def cascade(a_raw: torch.Tensor, n_layers: int, n_heads: int, k: float = 4.0,
@@ -149,6 +174,19 @@ class StructurePredictor(nn.Module):
                                      f"{tuple(u0.shape)}, {tuple(v0.shape)}: rerun the init stage with this rank")
             static = static + u0.float() @ v0.float().T
         self.static = nn.Parameter(static)  # B (N, N)
+        self.noise_scale = 1.0  # the head gates' training noise temperature (phase 1 anneals it)
+        if cfg.gate == "head":  # keep logits z = W h + b; b starts at init_bias (or static importance)
+            self.to_gate = nn.Linear(cfg.hidden, n_layers * n_heads)
+            nn.init.zeros_(self.to_gate.weight)
+            nn.init.zeros_(self.to_gate.bias)
+            self.head_bias = nn.Parameter(torch.full((n_layers * n_heads,), float(cfg.init_bias)))
+
+    def init_head_bias(self, importance: torch.Tensor) -> None:
+        """Start the keep logits at the probe's head importance (L, H), standardised and shifted by
+        init_bias: under a budget the untrained router runs exactly static importance pruning."""
+        flat = importance.flatten().float()
+        with torch.no_grad():
+            self.head_bias.copy_((flat - flat.mean()) / flat.std().clamp_min(1e-12) + self.cfg.init_bias)
 
     @classmethod
     def from_init(cls, cfg: PredictorConfig, init_file: str | Path, context_dim: int) -> StructurePredictor:
@@ -161,8 +199,8 @@ class StructurePredictor(nn.Module):
         geo_dim = tensors["geo_table"].shape[1] + 1 if cfg.geo_features else 0
         return cls(cfg, n_layers, (n - 1) // n_layers, context_dim, geo_dim, tensors["U0"], tensors["V0"])
 
-    def logits(self, context: torch.Tensor, geo: torch.Tensor | None = None) -> torch.Tensor:
-        """Z = U Vᵀ + B for context (…, C) and geometric features (…, G). (…, N, N)"""
+    def features(self, context: torch.Tensor, geo: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's hidden features h (…, hidden) of context (…, C) and geometric features (…, G)."""
         if context.shape[-1] != self.context_dim:
             raise PredictorError(f"context features must have {self.context_dim} dims; got {context.shape[-1]}")
         if self.geo_dim:
@@ -170,7 +208,11 @@ class StructurePredictor(nn.Module):
                 raise PredictorError(f"this predictor takes {self.geo_dim} geometric features per position "
                                      f"(predictor.geo_features); got {None if geo is None else geo.shape[-1]}")
             context = torch.cat([context, geo.to(context.dtype)], dim=-1)
-        h = self.mlp(context)
+        return self.mlp(context)
+
+    def logits(self, context: torch.Tensor, geo: torch.Tensor | None = None, h: torch.Tensor | None = None) -> torch.Tensor:
+        """Z = U Vᵀ + B for context (…, C) and geometric features (…, G). (…, N, N)"""
+        h = self.features(context, geo) if h is None else h
         n, r = self.static.shape[0], self.cfg.rank
         u = self.to_u(h).unflatten(-1, (n, r)) / math.sqrt(r)  # (…, N, r)
         v = self.to_v(h).unflatten(-1, (n, r))
@@ -184,13 +226,38 @@ class StructurePredictor(nn.Module):
             z = z + logistic_noise(z.shape, z.device, z.dtype, generator)
         return torch.sigmoid(z / tau) * self.mask
 
+    def head_logits(self, context: torch.Tensor, geo: torch.Tensor | None = None,
+                    h: torch.Tensor | None = None) -> torch.Tensor:
+        """Keep logits z (…, L·H) of the head gates, bounded by ``logit_bound``."""
+        h = self.features(context, geo) if h is None else h
+        return bound_logits(self.to_gate(h) + self.head_bias, self.cfg.logit_bound)
+
+    def route(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
+              hard: bool | None = None, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(A (…, N, N), g (…, N), keep logits (…, L·H) or None for the cascade)."""
+        hard = self.cfg.hard if hard is None else hard
+        tau = self.cfg.tau if tau is None else tau
+        if self.cfg.gate == "cascade":
+            a_raw = self.edges(self.logits(context, geo), tau, generator)
+            return (*cascade(a_raw, self.n_layers, self.n_heads, self.cfg.gate_k, hard), None)
+        h = self.features(context, geo)
+        z = self.head_logits(context, geo, h)
+        noise = (gate_noise(self.cfg.noise, z.shape, z.device, z.dtype, generator, self.noise_scale)
+                 if self.training else None)
+        g = head_gates(z, self.n_layers, self.cfg.estimator, self.cfg.budget, self.cfg.keep, tau, noise, hard)
+        g = torch.cat([torch.ones_like(g[..., :1]), g], dim=-1)  # (…, N): the source always runs
+        a = self.mask * g[..., :, None]  # every allowed edge out of an active head
+        if self.cfg.edges == "learned":
+            a_raw = self.edges(self.logits(context, geo, h), tau, generator)
+            a = a * (straight_through((a_raw > 0.5).to(a_raw.dtype), a_raw) if hard else a_raw)
+        return a, g, z
+
     def forward(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
                 hard: bool | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(A (…, N, N), g (…, N)) for every position of context (…, C); ``hard`` thresholds
         the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values."""
-        hard = self.cfg.hard if hard is None else hard
-        a_raw = self.edges(self.logits(context, geo), tau, generator)
-        return cascade(a_raw, self.n_layers, self.n_heads, self.cfg.gate_k, hard)
+        return self.route(context, geo, tau, hard, generator)[:2]
 
 
 def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -29,23 +29,54 @@ only they get q/k/v projections, QK-norm, RoPE and attention. The mixing that bu
 sum of earlier outputs) and the output projection of the D-wide attention outputs (0 for pairs that
 did not run) are still computed for every pair in the per-position case.
 
+Two semantics of a gate that is off (``runtime.skip``):
+
+- ``full`` (the above): head j off at t has no query, key or value at t;
+- ``query`` (MoH, MoA): head j off at t computes no query, attention row or output at t, but its key
+  and value at t are computed from x_j(t) and every later query of head j reads them. The k-norm's
+  mean square is then over every head's key (they all exist), the q-norm's over the running heads'
+  queries, weighted by their gates as above; keys carry no log g. Per-token variation costs much
+  less here: a head skipped at t does not blind the later positions that run it. Hard execution in
+  this mode computes every head and masks its output (exact, no work skipped yet).
+
 With adjacency = the allowed mask and gates = 1 the logits equal the stock Hugging Face forward
-(tests/test_runtime.py, max abs difference ≤ 1e-5 in fp32).
+(tests/test_runtime.py, max abs difference ≤ 1e-5 in fp32), in both modes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
-from lookahead.core.errors import LookaheadError
+from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
 
 
 class TopologyError(LookaheadError, ValueError):
     """An adjacency, gates or model that the runtime cannot execute."""
+
+
+SKIP_MODES = ("full", "query")
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    """How the head-graph runtime executes a head that is off at a position (DESIGN §4)."""
+
+    skip: str = "full"
+    """full: no query, key or value there; query: no query, attention row or output, keys and values kept."""
+
+    def __post_init__(self) -> None:
+        require(self.skip in SKIP_MODES, "skip", f"must be one of {', '.join(SKIP_MODES)}; got {self.skip!r}")
+
+
+def recorded_skip(meta: dict) -> str:
+    """The skip mode a saved predictor was trained under (its metadata's ``runtime``; ``full``
+    for predictors saved before the mode existed): every stage runs its topologies the same way."""
+    return meta.get("runtime", {}).get("skip", "full")
 
 
 def check_model(model) -> tuple[int, int]:
@@ -107,7 +138,7 @@ def _allowed(n_layers: int, n_heads: int, device: torch.device) -> torch.Tensor:
 
 
 def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
-                          gates: torch.Tensor | None = None, hard: bool = False) -> torch.Tensor:
+                          gates: torch.Tensor | None = None, hard: bool = False, skip: str = "full") -> torch.Tensor:
     """Logits (B, T, V) of an OLMo2 causal LM run over a head graph.
 
     Args:
@@ -119,7 +150,11 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         gates: head gates g, (N,) or (B, T, N) like the adjacency's leading dims; entry 0 (the
             source) is ignored. None: 1 for every head with incoming weight, 0 otherwise.
         hard: skip the work of (head, position) pairs whose gate is 0 (same function).
+        skip: what a gate of 0 removes, ``full`` or ``query`` (:class:`RuntimeConfig`).
     """
+    if skip not in SKIP_MODES:
+        raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
+    query = skip == "query"
     n_layers, n_heads = check_model(model)
     _validate(adjacency, gates, input_ids, n_layers, n_heads)
     if gates is None:
@@ -141,14 +176,14 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
     if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
-        run, layers = _shared_layers(gates, n_layers, n_heads, hard, gates_fixed)
+        run, layers = _shared_layers(gates, n_layers, n_heads, hard and not query, gates_fixed)
         all_on = all(heads is None and ones for _, heads, ones in layers)
         if run is not None:  # renumber the nodes that run 0, 1, …: every layer's are a slice
             a, gates = a[run][:, run], gates[run]
     else:
         all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
     packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
-               if hard and not shared and not all_on else None)
+               if hard and not query and not shared and not all_on else None)
     if packing is not None:
         cos_sin = torch.stack([cos, sin_signed], dim=1)  # (T, 2, D), read by position
     g_all = gates if shared else gates.permute(2, 0, 1)  # (N,) | (N, B, T)
@@ -165,14 +200,15 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if ones else g_all[cols]  # (h,) | (h, B, T)
         if shared and (heads is None or len(heads)):
-            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last)
+            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last,
+                                         query)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
             if packing is not None:
                 out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
-                o, total = attention.head_outputs(layer, heads, x, g, cos, sin_signed, not last)
+                o, total = attention.head_outputs(layer, heads, x, g, cos, sin_signed, not last, query)
                 out = None if o is None else o.view(-1, bsz * t, d), total
         if out is not None:
             if out[0] is not None:

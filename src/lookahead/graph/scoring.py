@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.nodes import head_graph
 from lookahead.graph.predictor import geo_features
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import token_nll
@@ -31,23 +31,23 @@ class GeoLookup:
         return GeoLookup(self.table.to(device), self.mask.to(device))
 
 
-def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tensor) -> list[dict]:
+def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tensor, skip: str = "full") -> list[dict]:
     """NLL of the LM with only its k most important heads (probe importance, (L, H)), for every
-    k = 0 … L·H: a shared topology, all edges among the heads kept. Rows of k, fraction, nll."""
+    k = 0 … L·H: a shared topology, all edges out of the heads kept (:func:`head_graph`). Rows of
+    k, fraction, nll."""
     n_layers, n_heads = importance.shape
-    mask = allowed_mask(n_layers, n_heads).float()
     order = torch.argsort(importance.flatten(), descending=True, stable=True)  # most important first
     rows = []
     for k in range(n_layers * n_heads + 1):
         gates = torch.zeros(1 + n_layers * n_heads)
         gates[0] = 1.0
         gates[1 + order[:k]] = 1.0
-        adjacency = mask * gates[:, None] * gates[None, :]
+        adjacency = head_graph(gates, n_layers, n_heads)
         total, count = 0.0, 0
         for windows in batches:
             ids = windows[:, :-1]
-            nll = token_nll(forward_with_topology(lm, ids, adjacency.to(ids.device), gates.to(ids.device), hard=True),
-                            windows[:, 1:])
+            nll = token_nll(forward_with_topology(lm, ids, adjacency.to(ids.device), gates.to(ids.device), hard=True,
+                                                  skip=skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         rows.append({"heads_kept": k, "active_head_fraction": k / (n_layers * n_heads), "nll": total / count})
     return rows
@@ -62,10 +62,9 @@ def interpolate_curve(curve: list[dict], fraction: float) -> float:
 
 
 def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers: int, n_heads: int,
-                     draws: int, seed: int) -> float:
+                     draws: int, seed: int, skip: str = "full") -> float:
     """Mean NLL over ``draws`` draws of random per-position heads, each head on with probability
-    ``fraction`` at each position (all edges among the heads that are on)."""
-    mask = allowed_mask(n_layers, n_heads).float()
+    ``fraction`` at each position (all edges out of the heads that are on)."""
     results = []
     for draw in range(draws):
         gen = torch.Generator().manual_seed(seed * 1000 + draw)
@@ -73,11 +72,11 @@ def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers:
         for windows in batches:
             ids = windows[:, :-1]
             b, t = ids.shape
-            gates = (torch.rand(b, t, mask.shape[0], generator=gen) < fraction).float()
+            gates = (torch.rand(b, t, 1 + n_layers * n_heads, generator=gen) < fraction).float()
             gates[..., 0] = 1.0
             gates = gates.to(ids.device)
-            adjacency = mask.to(ids.device) * gates[..., :, None] * gates[..., None, :]
-            nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), windows[:, 1:])
+            nll = token_nll(forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True,
+                                                  skip=skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         results.append(total / count)
     return float(np.mean(results))

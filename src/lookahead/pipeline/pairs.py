@@ -35,10 +35,11 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
-from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, to_dense, to_edges, unpack_bits
+from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
-from lookahead.graph.runtime import default_gates, forward_with_topology
-from lookahead.graph.sampling import sample_topologies
+from lookahead.graph.router_inputs import check_context_dim, router_context
+from lookahead.graph.runtime import forward_with_topology, recorded_skip
+from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 
@@ -102,12 +103,6 @@ def select_pairs(bits: np.ndarray, nll: np.ndarray, dense: np.ndarray, keep: int
     return chosen
 
 
-def _topology(edges: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hard (A, g) of allowed-edge bits (…, E): g_j = 1 for a head with an incoming edge."""
-    adjacency = to_dense(edges, mask)
-    return adjacency, default_gates(adjacency)
-
-
 # metrics/pairs.json (lookahead.core.report); throughput stays in the report
 # and their spread over the sampling seed (lookahead.core.seeds)
 SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
@@ -115,7 +110,7 @@ SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "p
 HEADLINE = seeded_headline(SEEDED, SEEDED)
 
 def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
-               device) -> tuple[dict[str, np.ndarray], list[int], list[int], float]:
+               device, skip: str = "full") -> tuple[dict[str, np.ndarray], list[int], list[int], float]:
     """Sample ``cfg.samples`` topologies per position of the first ``cfg.sequences`` train windows,
     score them with the LM and keep the pairs :func:`select_pairs` picks. Returns (the pairs file's
     arrays, distinct topologies sampled per position, pairs kept per position, seconds)."""
@@ -133,11 +128,13 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
             ids, targets = windows[:, :-1], windows[:, 1:]
             dense = token_nll(lm(input_ids=ids).logits, targets)  # (B, T)
             features = geo(ids)
+            router = router_context(predictor.cfg.input, lm, ids, contexts)
             sample_bits, sample_nll, sample_heads = [], [], []
             for _ in range(cfg.samples):
-                adjacency, gates = sample_topologies(predictor, contexts, features, cfg.flip_prob, gen)
-                sample_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets))
-                sample_bits.append(to_edges(adjacency, mask))  # (B, T, E)
+                adjacency, gates = sample_topologies(predictor, router, features, cfg.flip_prob, gen)
+                sample_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                                            targets))
+                sample_bits.append(stored_edges(adjacency, gates, mask))  # (B, T, E)
                 sample_heads.append(gates[..., 1:].mean(-1))  # (B, T)
             edges = torch.stack(sample_bits).flatten(1, 2)  # (S, P, E)
             packed = pack_bits(edges)  # (S, P, nbytes)
@@ -183,21 +180,20 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
     predictor, meta = load_predictor(predictor_file)
     predictor.to(device)
-    if meta["context_dim"] != cache.dim:
-        raise PairsError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache holds "
-                         f"{cache.dim}-dim ones: rerun `dvc repro phase1`")
+    check_context_dim(predictor, meta, cache.dim, lm, PairsError, predictor_file)
+    skip = recorded_skip(meta)
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
     mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
     n_e = n_edges(predictor.n_layers, predictor.n_heads)
     t_len = cache.context_length
-    arrays, distinct, kept_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device)
+    arrays, distinct, kept_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device, skip)
     positions = cfg.sequences * t_len
     pairs = len(arrays["rows"])
-    spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device)
+    spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device, skip)
     info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
             "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],
-            "config": to_dict(cfg)}
+            "gate": predictor.cfg.gate, "skip": skip, "config": to_dict(cfg)}
     with atomic_dir(out_dir) as tmp:
         save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
     gains = arrays["dense_nll"] - arrays["nll"]
@@ -222,7 +218,7 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
 
 @torch.no_grad()
 def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
-                  arrays: dict, n_e: int, device) -> tuple[float | None, int]:
+                  arrays: dict, n_e: int, device, skip: str = "full") -> tuple[float | None, int]:
     """Spearman correlation between each re-scored pair's gain (its topology at t, the predictor's
     deterministic topology elsewhere) and its gain in the one-forward sample. (rho, pairs used)"""
     from scipy import stats
@@ -239,14 +235,15 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
         rows = arrays["rows"][sel]
         windows, contexts = (x.to(device) for x in cache.batch("train", rows // t_len))
         ids, targets = windows[:, :-1], windows[:, 1:]
-        adjacency, gates = predictor(contexts, geo(ids), hard=True)  # deterministic everywhere
+        router = router_context(predictor.cfg.input, lm, ids, contexts)
+        adjacency, gates = predictor(router, geo(ids), hard=True)  # deterministic everywhere
         pos = torch.as_tensor(rows % t_len, device=device)
         b = torch.arange(len(sel), device=device)
         edges = torch.from_numpy(unpack_bits(arrays["bits"][sel], n_e)).to(device=device, dtype=adjacency.dtype)
-        a_t, g_t = _topology(edges, mask)
+        a_t, g_t = executed_topology(edges, mask, predictor.n_layers, predictor.n_heads, predictor.cfg.gate)
         adjacency, gates = adjacency.clone(), gates.clone()
         adjacency[b, pos], gates[b, pos] = a_t, g_t
-        nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets)[b, pos]
+        nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip), targets)[b, pos]
         isolated.append(nll.cpu().numpy())
     dense = arrays["dense_nll"][pick]
     gain_isolated = dense - np.concatenate(isolated)

@@ -28,6 +28,7 @@ SECTIONS: dict[str, str] = {
     "init": "lookahead.pipeline.init:InitConfig",
     "modulator": "lookahead.pipeline.modulator.config:ModulatorConfig",
     "predictor": "lookahead.graph.predictor:PredictorConfig",
+    "runtime": "lookahead.graph.runtime:RuntimeConfig",
     "contexts": "lookahead.pipeline.contexts:ContextsConfig",
     "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
     "pairs": "lookahead.pipeline.pairs:PairsConfig",

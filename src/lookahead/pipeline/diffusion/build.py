@@ -25,6 +25,7 @@ from lookahead.core.inputs import recorded
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.denoiser import Denoiser, DenoiserConfig, alpha_bar, q_probs, save_denoiser
 from lookahead.graph.predictor import load_init
+from lookahead.graph.router_inputs import lm_states
 from lookahead.graph.scoring import GeoLookup
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
@@ -96,6 +97,16 @@ class PairFeatures:
         contexts[order] = self.cache.contexts("train")[w[order], p[order]]
         ids = torch.from_numpy(self.cache.windows("train")[w, p].astype(np.int64))
         return torch.from_numpy(contexts), (self.geo(ids) if self.geo is not None else None)
+
+    def router(self, rows: np.ndarray, kind: str, lm) -> torch.Tensor:
+        """The predictor's own context features (``predictor.input`` ``lm`` or ``embedding``) at cache
+        rows: the LM's states over each row's train window, read at its position. (P, C')"""
+        w, p = rows // self.t_len, rows % self.t_len
+        windows, inverse = np.unique(w, return_inverse=True)
+        device = next(lm.parameters()).device
+        ids = torch.from_numpy(self.cache.windows("train")[windows][:, :-1].astype(np.int64)).to(device)
+        states = lm_states(lm, ids, kind)  # (W, T, C')
+        return states[torch.from_numpy(inverse).to(device), torch.from_numpy(p).to(device)].cpu()
 
 
 class DiffusionModule:
@@ -202,13 +213,15 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
 
     from lookahead.core.devices import resolve_device
     from lookahead.graph.predictor import load_predictor
+    from lookahead.graph.router_inputs import check_context_dim
+    from lookahead.graph.runtime import recorded_skip
     from lookahead.pipeline.diffusion.evaluation import lm_comparison, make_samplers, mode_recall
 
     predictor, meta = load_predictor(predictor_file)  # checked before training: a mismatch fails early
     cache = ContextCache(contexts_dir)
-    if meta["context_dim"] != cache.dim:
-        raise DiffusionDataError(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache "
-                                 f"holds {cache.dim}-dim ones: rerun `dvc repro phase1`")
+    device = torch.device(resolve_device(cfg.train.device, "diffusion.train.device"))
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False)
+    check_context_dim(predictor, meta, cache.dim, lm, DiffusionDataError, predictor_file)
     tensors, _ = load_init(init_file)  # the predictor may take geometric features even when the head does not
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     ckpt = checkpoint_dir(checkpoint_root, "diffusion", to_dict(cfg), [init_file, Path(pairs_dir) / PAIRS_FILE],
@@ -216,17 +229,19 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     module, result = train_diffusion(cfg, cache, geo, pairs_dir, ckpt, tracker)
     save(module, out_dir)
 
-    device = torch.device(resolve_device(cfg.train.device, "diffusion.train.device"))
-    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
+    lm.to(device)
     denoiser = module.model.to(device).eval()
     predictor.to(device).eval()
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     flip_prob = float(recorded(module.pairs.info, "config", "flip_prob", stage="pairs", source=pairs_dir))
     samplers = make_samplers(denoiser, predictor, cfg.sample_steps, cfg.sample_temperature, flip_prob, generator)
+    skip = recorded_skip(meta)
     lm_figures = lm_comparison(lm, predictor, samplers, cache, geo.to(device), cfg.eval_samples, cfg.eval_sequences,
-                               cfg.eval_batch_size, device, cfg.seed)
-    recall = mode_recall(samplers, predictor, module.pairs, PairFeatures(cache, geo), cfg.eval_samples,
-                         cfg.recall_radius, device)
+                               cfg.eval_batch_size, device, cfg.seed, skip)
+    pair_features = PairFeatures(cache, geo)
+    router = None if predictor.cfg.input == "cache" else (lambda rows: pair_features.router(rows, predictor.cfg.input, lm))
+    recall = mode_recall(samplers, predictor, module.pairs, pair_features, cfg.eval_samples,
+                         cfg.recall_radius, device, router_features=router)
     pairs = module.pairs
     diff, base = lm_figures["diffusion"], lm_figures["baseline"]
     report = {

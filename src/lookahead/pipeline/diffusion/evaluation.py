@@ -27,9 +27,10 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.denoiser import Denoiser
-from lookahead.graph.nodes import allowed_mask, n_edges, to_edges
+from lookahead.graph.nodes import allowed_mask, n_edges
+from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
-from lookahead.graph.sampling import sample_topologies
+from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 
@@ -37,16 +38,17 @@ from lookahead.lm.nll import token_nll
 @dataclasses.dataclass
 class Sampler:
     """A way to draw hard executed topologies for a batch of positions: ``draw(contexts (P, C),
-    geo (P, G)) -> (A (P, N, N), g (P, N))``."""
+    geo (P, G), router (P, C')) -> (A (P, N, N), g (P, N))``; ``router``: the predictor's own
+    context features (``predictor.input``), which the diffusion head does not read."""
 
     name: str
     draw: object
     seconds: float = 0.0
     graphs: int = 0
 
-    def __call__(self, contexts: torch.Tensor, geo: torch.Tensor | None):
+    def __call__(self, contexts: torch.Tensor, geo: torch.Tensor | None, router: torch.Tensor | None = None):
         tic = time.perf_counter()
-        adjacency, gates = self.draw(contexts, geo)
+        adjacency, gates = self.draw(contexts, geo, contexts if router is None else router)
         if adjacency.is_cuda:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - tic
@@ -58,15 +60,16 @@ def make_samplers(denoiser: Denoiser, predictor, sample_steps: int, temperature:
                   generator: torch.Generator) -> dict[str, Sampler]:
     """The diffusion head, the baseline (predictor noise) and the exploration sampler of the pairs stage.
     Each takes the geometric features only if its model was built with them."""
-    def diffusion(contexts, geo):
+    def diffusion(contexts, geo, router):
         geo = geo if denoiser.geo_dim else None
-        return denoiser.executed(denoiser.sample(contexts, geo, sample_steps, generator, temperature))
+        bits = denoiser.sample(contexts, geo, sample_steps, generator, temperature)
+        return executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, predictor.cfg.gate)
 
-    def baseline(contexts, geo):
-        return sample_topologies(predictor, contexts, geo if predictor.geo_dim else None, 0.0, generator)
+    def baseline(contexts, geo, router):
+        return sample_topologies(predictor, router, geo if predictor.geo_dim else None, 0.0, generator)
 
-    def explore(contexts, geo):
-        return sample_topologies(predictor, contexts, geo if predictor.geo_dim else None, flip_prob, generator)
+    def explore(contexts, geo, router):
+        return sample_topologies(predictor, router, geo if predictor.geo_dim else None, flip_prob, generator)
 
     return {"diffusion": Sampler("diffusion", diffusion), "baseline": Sampler("baseline", baseline),
             "explore": Sampler("explore", explore)}
@@ -117,7 +120,7 @@ class _Totals:
 
 @torch.no_grad()
 def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCache, geo: GeoLookup,
-                  k: int, eval_sequences: int, batch_size: int, device, seed: int) -> dict:
+                  k: int, eval_sequences: int, batch_size: int, device, seed: int, skip: str = "full") -> dict:
     """Figures 1–3 on the val windows for every sampler, with dense and deterministic NLL."""
     n_val = len(cache.windows("val"))
     rows = np.arange(n_val if eval_sequences == 0 else min(eval_sequences, n_val))
@@ -134,20 +137,23 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
         b, t = ids.shape
         features = geo(ids)  # (B, T, G): every sampler picks what its model takes
         dense_sum += token_nll(lm(input_ids=ids).logits, targets).sum().item()
-        adjacency, gates = predictor(contexts, features if predictor.geo_dim else None, hard=True)
-        det_sum += token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets).sum().item()
+        router = router_context(predictor.cfg.input, lm, ids, contexts)
+        adjacency, gates = predictor(router, features if predictor.geo_dim else None, hard=True)
+        det_sum += token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                             targets).sum().item()
         det_heads += gates[..., 1:].mean(-1).sum().item()
         count += b * t
-        flat_c = contexts.flatten(0, 1)
+        flat_c, flat_r = contexts.flatten(0, 1), router.flatten(0, 1)
         perm = torch.randperm(b * t, generator=perm_gen).to(device)
         flat_g = features.flatten(0, 1)
         for name, sampler in samplers.items():
             nlls, edges, heads = [], [], []
             for _ in range(k):
-                adjacency, gates = sampler(flat_c, flat_g)  # (P, N, N), (P, N)
+                adjacency, gates = sampler(flat_c, flat_g, flat_r)  # (P, N, N), (P, N)
                 adjacency, gates = adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)
-                nlls.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True), targets).flatten())
-                edges.append(to_edges(adjacency, mask).flatten(0, 1) > 0.5)
+                nlls.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                                      targets).flatten())
+                edges.append(stored_edges(adjacency, gates, mask).flatten(0, 1) > 0.5)
                 heads.append(gates[..., 1:].mean(-1).flatten())
             totals[name].add(torch.stack(nlls), torch.stack(edges), torch.stack(heads), n_e, perm)
     out = {name: tot.figures() for name, tot in totals.items()}
@@ -160,8 +166,9 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
 
 @torch.no_grad()
 def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int, radius: int,
-                device, chunk: int = 256) -> dict:
-    """Figure 4 on held-out positions with ≥ 2 distinct kept topologies, for every sampler."""
+                device, chunk: int = 256, router_features=None) -> dict:
+    """Figure 4 on held-out positions with ≥ 2 distinct kept topologies, for every sampler.
+    ``router_features(rows)``: the predictor's context features at cache rows (None: the cache's)."""
     held = pairs.heldout
     rows, inverse, counts = np.unique(pairs.rows[held], return_inverse=True, return_counts=True)
     multi = np.flatnonzero(counts >= 2)  # positions (indices into rows); pairs of one position are distinct
@@ -173,6 +180,7 @@ def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int
         sel = multi[start : start + chunk]
         contexts, geo = features(rows[sel])
         contexts, geo = contexts.to(device), (geo.to(device) if geo is not None else None)
+        router = None if router_features is None else router_features(rows[sel]).to(device)
         # kept topologies of these positions: (P, M, E) padded, with a validity mask (P, M)
         per_position = [held[np.flatnonzero(inverse == i)] for i in sel]
         width = max(len(x) for x in per_position)
@@ -183,7 +191,7 @@ def mode_recall(samplers: dict[str, Sampler], predictor, pairs, features, k: int
             valid[i, : len(idx)] = True
         topologies += int(valid.sum())
         for name, sampler in samplers.items():
-            draws = torch.stack([to_edges(sampler(contexts, geo)[0], mask) for _ in range(k)], dim=1)  # (P, K, E)
+            draws = torch.stack([stored_edges(*sampler(contexts, geo, router), mask) for _ in range(k)], dim=1)  # (P, K, E)
             dist = hamming(kept, draws).min(-1).values  # (P, M): nearest sample to each kept topology
             found[name] += int(((dist <= radius) & valid).sum())
             nearest[name] += float(dist[valid].sum())

@@ -34,6 +34,8 @@ from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.seeds import seed_summary, seeded_headline
+from lookahead.graph.router_inputs import check_context_dim, router_context
+from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
 from lookahead.pipeline.evaluate.causality import causality_check
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
@@ -102,6 +104,8 @@ class Decoders:
     decoder: str  # phase 2's: mlp or diffusion
     predictor2: object | None  # phase 2's predictor (decoder mlp)
     phase2_hard: Topologies
+    skip: str = "full"  # the runtime's skip mode phase 1 trained under
+    gate_kind: str = "cascade"  # how sampled bits execute (lookahead.graph.sampling)
 
 
 def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Tensor, base_dir, heads_file,
@@ -120,10 +124,11 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
                             "rerun `dvc repro`")
     predictor1, meta = load_predictor(predictor_file)
     denoiser, dmeta = load_denoiser(diffusion_dir)
-    for name, dim in (("phase-1 predictor", meta["context_dim"]), ("diffusion head", dmeta["context_dim"])):
-        if dim != cache.dim:
-            raise EvaluateError(f"the {name} takes {dim}-dim contexts but the cache holds {cache.dim}-dim ones: "
-                                "rerun `dvc repro`")
+    check_context_dim(predictor1, meta, cache.dim, base, EvaluateError, predictor_file)
+    if dmeta["context_dim"] != cache.dim:
+        raise EvaluateError(f"the diffusion head takes {dmeta['context_dim']}-dim contexts but the cache holds "
+                            f"{cache.dim}-dim ones: rerun `dvc repro`")
+    skip, gate_kind = recorded_skip(meta), predictor1.cfg.gate
     predictor1.to(device).eval()
     denoiser.to(device).eval()
     steps, temperature = sampling_settings(dmeta, diffusion_dir)
@@ -132,11 +137,11 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
     if phase2["decoder"] == "mlp":
         predictor2, _ = load_predictor(Path(phase2_dir) / PREDICTOR_FILE)
         predictor2.to(device).eval()
-        phase2_hard = predictor_topologies(predictor2, hard=True)
+        phase2_hard = predictor_topologies(predictor2, hard=True, lm=lm2)
     else:
-        phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device)
+        phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
     return Decoders(base, lm2, control, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
-                    phase2_hard)
+                    phase2_hard, skip, gate_kind)
 
 
 def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: GeoLookup, tokenizer, base_dir,
@@ -147,15 +152,15 @@ def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: 
 
     window, trust_remote_code = cache.encoder_settings()
     encoder = load_context_encoder(cache.meta["encoder"], base_dir, tokenizer, window, trust_remote_code, device=device)
-    decoders = {"phase1 predictor": (d.base, predictor_topologies(d.predictor1, hard=True)),
+    decoders = {"phase1 predictor": (d.base, predictor_topologies(d.predictor1, hard=True, lm=d.base)),
                 "diffusion head": (d.base, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed, device,
-                                                                reseed=True))}
+                                                                reseed=True, gate_kind=d.gate_kind))}
     if d.predictor2 is not None:
-        decoders["phase-2 predictor"] = (d.lm2, predictor_topologies(d.predictor2, hard=True))
+        decoders["phase-2 predictor"] = (d.lm2, predictor_topologies(d.predictor2, hard=True, lm=d.lm2))
     else:
         decoders["phase-2 diffusion"] = (d.lm2, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed + 1,
-                                                                     device, reseed=True))
-    causality = causality_check(decoders, encoder, cache, geo, cfg, d.base.config.vocab_size, device)
+                                                                     device, reseed=True, gate_kind=d.gate_kind))
+    causality = causality_check(decoders, encoder, cache, geo, cfg, d.base.config.vocab_size, device, d.skip)
     if not causality["passed"]:
         worst = max(causality["per_decoder"], key=causality["per_decoder"].get)
         raise EvaluateError(f"causality check failed (DESIGN §4.5): changing tokens after t changed the {worst}'s "
@@ -168,16 +173,18 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, device) -> list[RowSpec]:
     """The table's rows before the baselines, in the table's order (adding a row: README)."""
     specs = [
         RowSpec("dense_base", d.base, None),
-        RowSpec("phase1_soft", d.base, predictor_topologies(d.predictor1, hard=False), hard=False),
-        RowSpec("phase1_hard", d.base, predictor_topologies(d.predictor1, hard=True)),
+        RowSpec("phase1_soft", d.base, predictor_topologies(d.predictor1, hard=False, lm=d.base), hard=False,
+                skip=d.skip),
+        RowSpec("phase1_hard", d.base, predictor_topologies(d.predictor1, hard=True, lm=d.base), skip=d.skip),
         RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
-                                                                  d.temperature, cfg.seed, device),
-                best_of="diffusion_best_of_k"),
-        RowSpec("phase2_hard", d.lm2, d.phase2_hard),
+                                                                  d.temperature, cfg.seed, device, gate_kind=d.gate_kind),
+                best_of="diffusion_best_of_k", skip=d.skip),
+        RowSpec("phase2_hard", d.lm2, d.phase2_hard, skip=d.skip),
         RowSpec("dense_control", d.control, None),
     ]
     if d.predictor2 is not None:
-        specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False), hard=False))
+        specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False, lm=d.lm2),
+                                hard=False, skip=d.skip))
     return specs
 
 
@@ -186,9 +193,11 @@ def baseline_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, f
     """Static pruning and random per-position heads at ``fraction``, on the control and on the phase-2 LM."""
     s, baselines = d.shapes, []
     for suffix, lm in (("", d.control), ("_phase2", d.lm2)):
-        baselines += [RowSpec(f"static_pruning{suffix}", lm, static_topologies(importance, fraction, device)),
+        baselines += [RowSpec(f"static_pruning{suffix}", lm, static_topologies(importance, fraction, device, d.skip),
+                              skip=d.skip),
                       RowSpec(f"random_heads{suffix}", lm, random_topologies(s.n_layers, s.n_heads, fraction,
-                                                                              cfg.random_draws, seed, device))]
+                                                                              cfg.random_draws, seed, device, d.skip),
+                              skip=d.skip)]
     return baselines
 
 
@@ -196,10 +205,10 @@ def seeded_rows(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int, de
     """The rows the stage's own randomness draws (diffusion samples, random heads), on ``seed``;
     every other row is a deterministic function of its inputs (lookahead.core.seeds)."""
     return [RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
-                                                                     d.temperature, seed, device),
-                    best_of="diffusion_best_of_k"),
+                                                                     d.temperature, seed, device, gate_kind=d.gate_kind),
+                    best_of="diffusion_best_of_k", skip=d.skip),
             RowSpec("random_heads", d.control, random_topologies(d.shapes.n_layers, d.shapes.n_heads, fraction,
-                                                                 cfg.random_draws, seed, device))]
+                                                                 cfg.random_draws, seed, device, d.skip), skip=d.skip)]
 
 
 def seeded_figures(scored: dict) -> dict[str, float]:
@@ -257,7 +266,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
                                                   rows, cfg.eval_batch_size, device)))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
-    static_curve = static_pruning_curve(d.control, windows, importance)
+    static_curve = static_pruning_curve(d.control, windows, importance, d.skip)
     add_timings(cfg, [spec for spec in specs + baselines if spec.topologies is not None], results, cache, geo, rows,
                 device)
 
@@ -316,7 +325,8 @@ def explainer_data(cfg: EvaluateConfig, cache: ContextCache, geo: GeoLookup, tok
     fractions = hard_gates[:, 1:].mean(-1)
     token = int((fractions - fractions.median()).abs().argmin())
     if predictor is not None:  # the soft graph: edge widths from A
-        soft_a, soft_g = predictor(contexts, features if predictor.geo_dim else None, hard=False)
+        router = router_context(predictor.cfg.input, lm, ids, contexts)
+        soft_a, soft_g = predictor(router, features if predictor.geo_dim else None, hard=False)
         graph_a, graph_g = soft_a[0, token].cpu(), soft_g[0, token].cpu()
     else:
         graph_a, graph_g = adjacency[0, token].cpu(), gates[0, token].cpu()

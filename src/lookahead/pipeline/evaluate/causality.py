@@ -15,7 +15,7 @@ from lookahead.pipeline.evaluate.rows import Topologies
 
 @torch.no_grad()
 def causality_check(decoders: dict[str, tuple[object, Topologies]], encoder, cache: ContextCache, geo: GeoLookup,
-                    cfg: EvaluateConfig, vocab_size: int, device) -> dict:
+                    cfg: EvaluateConfig, vocab_size: int, device, skip: str = "full") -> dict:
     """§4.5 on real val text with the real encoder: for each of ``causality_windows`` val windows and
     ``causality_cuts`` cut points t, the tokens after t are replaced by random ones, the contexts are
     encoded again, and every decoder's topology (A, g) and its LM's logits at positions <= t are
@@ -47,7 +47,7 @@ def causality_check(decoders: dict[str, tuple[object, Topologies]], encoder, cac
         outs = []
         for i in range(len(ids)):  # one call per window: the same generator state for each
             (adjacency, gates), = topologies(ids[i : i + 1], contexts[i : i + 1], features[i : i + 1])
-            logits = forward_with_topology(lm, ids[i : i + 1], adjacency, gates, hard=True)
+            logits = forward_with_topology(lm, ids[i : i + 1], adjacency, gates, hard=True, skip=skip)
             outs.append((adjacency[0], gates[0], logits[0]))
         worst = 0.0
         for i, cut in enumerate(cut_of):

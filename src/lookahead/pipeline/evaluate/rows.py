@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.nodes import allowed_mask, head_graph
+from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 
@@ -115,9 +117,18 @@ class RowSpec:
     topologies: Topologies | None
     hard: bool = True
     best_of: str | None = None  # also a row of this name: per position, the sample with the lowest NLL
+    skip: str = "full"  # the runtime's skip mode (the phase-1 predictor's)
 
 
-def shared_topology(importance: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
+    """All edges among the heads that are on; under ``query`` also the edges into the heads that are
+    off (their key and value inputs: the standard stream, :func:`lookahead.graph.nodes.head_graph`)."""
+    if skip == "query":
+        return head_graph(gates, n_layers, n_heads)
+    return allowed_mask(n_layers, n_heads).to(gates.device).float() * gates[..., :, None] * gates[..., None, :]
+
+
+def shared_topology(importance: torch.Tensor, fraction: float, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
     """Static pruning's topology: the round(fraction · L·H) most important heads, all edges among them."""
     n_layers, n_heads = importance.shape
     k = round(fraction * n_layers * n_heads)
@@ -125,15 +136,15 @@ def shared_topology(importance: torch.Tensor, fraction: float) -> tuple[torch.Te
     gates = torch.zeros(1 + n_layers * n_heads)
     gates[0] = 1.0
     gates[1 + order[:k]] = 1.0
-    return allowed_mask(n_layers, n_heads).float() * gates[:, None] * gates[None, :], gates
+    return _graph(gates, n_layers, n_heads, skip), gates
 
 
 def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, int],
-                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                    generator: torch.Generator, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
     """Random per-position heads (each on with probability ``fraction``), all edges among them."""
     gates = (torch.rand(*shape, 1 + n_layers * n_heads, generator=generator) < fraction).float()
     gates[..., 0] = 1.0
-    return allowed_mask(n_layers, n_heads).float() * gates[..., :, None] * gates[..., None, :], gates
+    return _graph(gates, n_layers, n_heads, skip), gates
 
 
 @torch.no_grad()
@@ -158,7 +169,8 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
                 continue
             nlls, figures = [], []
             for adjacency, gates in samples:
-                nlls.append(token_nll(forward_with_topology(spec.lm, ids, adjacency, gates, hard=spec.hard), targets))
+                nlls.append(token_nll(forward_with_topology(spec.lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip),
+                                      targets))
                 if adjacency.dim() == 2:  # shared: the same figures at every position
                     adjacency, gates = adjacency.expand(b, t, *adjacency.shape), gates.expand(b, t, -1)
                 figures.append(position_figures(adjacency, gates, s))
@@ -195,26 +207,29 @@ def time_rows(specs: list[RowSpec], ids: torch.Tensor, topologies: dict[str, tup
         lm = spec.lm.to(device)
         adjacency, gates = (x.to(device) for x in topologies[spec.name])
         lm(input_ids=ids)  # warm-up
-        forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard)
+        forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip)
         dense, graph = [], []
         for _ in range(rounds):
             dense.append(_seconds(lambda: lm(input_ids=ids), device))
-            graph.append(_seconds(lambda: forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard), device))
+            graph.append(_seconds(lambda: forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip),
+                                  device))
         out[spec.name] = statistics.median(dense) / statistics.median(graph)  # (tokens/s) / (dense tokens/s)
         spec.lm.to(home)
     return out
 
 
-def predictor_topologies(predictor, hard: bool) -> Topologies:
-    """The predictor's deterministic topology (eval mode: no noise), soft or hard."""
+def predictor_topologies(predictor, hard: bool, lm=None) -> Topologies:
+    """The predictor's deterministic topology (eval mode: no noise), soft or hard; it reads the
+    cache's contexts or ``lm``'s states (``predictor.input``)."""
     def draw(ids, contexts, geo):
-        return [predictor(contexts, geo if predictor.geo_dim else None, hard=hard)]
+        router = router_context(predictor.cfg.input, lm, ids, contexts)
+        return [predictor(router, geo if predictor.geo_dim else None, hard=hard)]
 
     return draw
 
 
 def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed: int, device,
-                         reseed: bool = False) -> Topologies:
+                         reseed: bool = False, gate_kind: str = "cascade") -> Topologies:
     """K diffusion samples per position, executed by the hard cascade. ``reseed``: the generator
     starts again from ``seed`` at every call (the causality check needs the same draws per call)."""
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -226,24 +241,25 @@ def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed:
         flat_geo = geo.flatten(0, 1) if denoiser.geo_dim else None
         out = []
         for _ in range(k):
-            adjacency, gates = denoiser.executed(denoiser.sample(contexts.flatten(0, 1), flat_geo, steps, generator,
-                                                                 temperature))
+            bits = denoiser.sample(contexts.flatten(0, 1), flat_geo, steps, generator, temperature)
+            adjacency, gates = executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, gate_kind)
             out.append((adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)))
         return out
 
     return draw
 
 
-def static_topologies(importance: torch.Tensor, fraction: float, device) -> Topologies:
-    adjacency, gates = shared_topology(importance, fraction)
+def static_topologies(importance: torch.Tensor, fraction: float, device, skip: str = "full") -> Topologies:
+    adjacency, gates = shared_topology(importance, fraction, skip)
     return lambda ids, contexts, geo: [(adjacency.to(device), gates.to(device))]
 
 
-def random_topologies(n_layers: int, n_heads: int, fraction: float, draws: int, seed: int, device) -> Topologies:
+def random_topologies(n_layers: int, n_heads: int, fraction: float, draws: int, seed: int, device,
+                      skip: str = "full") -> Topologies:
     generator = torch.Generator().manual_seed(seed)  # batches come in a fixed order: a fixed draw per batch
 
     def draw(ids, contexts, geo):
-        return [tuple(x.to(device) for x in random_topology(n_layers, n_heads, fraction, tuple(ids.shape), generator))
-                for _ in range(draws)]
+        return [tuple(x.to(device) for x in random_topology(n_layers, n_heads, fraction, tuple(ids.shape), generator,
+                                                            skip)) for _ in range(draws)]
 
     return draw

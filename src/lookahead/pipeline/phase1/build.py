@@ -9,25 +9,36 @@ the forward pass with straight-through gradients evaluated at the soft values
 (:func:`lookahead.graph.predictor.cascade`). Evaluation runs the deterministic hard graph with the work of
 off heads skipped (``forward_with_topology(hard=True)``), next to two baselines at the same
 active-head fraction: static pruning of the least important heads (probe importance, Michel et al.
-2019) and random per-position heads.
+2019) and random per-position heads, and the label-free oracle (:mod:`lookahead.graph.oracle`).
+
+Head gates (``predictor.gate: head``) add the router's regularisers: z-loss, load balance, the
+closed-form L0 penalty of hard-concrete gates, and a noise temperature annealed like τ. Whether the
+router routes per token is measured, not assumed: ``dynamic_fraction`` and ``gate_entropy_bits``
+of its hard gates, ``context_shuffle_dnll`` (its router inputs permuted across val positions) and
+``static_twin_gap`` (the same router trained on zeroed inputs, ``phase1.static_twin``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import require
-from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import final_evaluation_only, other_seeds, seeded_headline, with_spread
+from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
 from lookahead.graph.nodes import n_edges
+from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.router_inputs import input_dim, router_context
+from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.train.checkpoints import checkpoint_dir
@@ -58,6 +69,24 @@ class Phase1Config:
     """Windows per forward pass when evaluating."""
     random_draws: int = 3
     """Draws of the random per-position heads baseline (its NLL is their mean)."""
+    z_loss: float = 0.0
+    """Head gates: weight of the router z-loss, mean z² of the keep logits (MoA uses 1e-3)."""
+    balance: float = 0.0
+    """Head gates: weight of the load-balance loss on the heads' shares of tokens."""
+    noise_start: float = 1.0
+    """Head gates: scale of the training noise on the keep scores at step 0."""
+    noise_end: float = 1.0
+    """Its scale at the last step (geometric in between; 0 < noise_end <= noise_start)."""
+    oracle: str = "loo"
+    """The label-free oracle in the report: loo (leave-one-out KL), greedy (also the greedy one,
+    (L·H − K)·L·H forwards) or none."""
+    distill: float = 0.0
+    """Head gates: weight of the oracle distillation, BCE of the keep logits (centred on the
+    router's own top-K threshold) against the leave-one-out-KL oracle's top-K heads at each training
+    position (the oracle reads the dense model at t, a training target only; the router's inputs
+    stay causal)."""
+    static_twin: bool = False
+    """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=100, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
@@ -68,28 +97,54 @@ class Phase1Config:
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
+        for name in ("z_loss", "balance", "distill"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
+        require(math.isfinite(self.noise_start) and self.noise_start > 0, "noise_start",
+                f"must be > 0; got {self.noise_start}")
+        require(math.isfinite(self.noise_end) and 0 < self.noise_end <= self.noise_start, "noise_end",
+                f"must be in (0, noise_start = {self.noise_start}]; got {self.noise_end}")
+        require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
 
     def tau(self, step: int) -> float:
         """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
         return tau_at(self.tau_start, self.tau_end, step, self.train.steps)
 
+    def noise(self, step: int) -> float:
+        """The head gates' noise scale at ``step``, annealed like τ."""
+        return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
+
+
+ORACLES = ("loo", "greedy", "none")
+BELOW_MARGIN = 1e-4
+"""A position counts as below dense when its hard NLL is lower by more than this (nats): at step 0
+hard and dense agree to ~1e-7, and float ties are not improvements."""
+
 
 class Phase1Module:
-    """The phase's step object for :func:`lookahead.train.loop.train`: the predictor trains, the LM is frozen."""
+    """The phase's step object for :func:`lookahead.train.loop.train`: the predictor trains, the LM is frozen.
+
+    ``zero_inputs``: the router sees zeros instead of its context and geometric features (the
+    static twin: whatever it learns is one mask for every position)."""
 
     def __init__(self, predictor: StructurePredictor, lm, cache: ContextCache, geo: GeoLookup,
-                 importance: torch.Tensor, cfg: Phase1Config):
+                 importance: torch.Tensor, cfg: Phase1Config, skip: str = "full", zero_inputs: bool = False):
         self.model = predictor
         self.lm = lm.eval().requires_grad_(False)
         self.cache, self.geo, self.cfg = cache, geo, cfg
         self.importance = importance
+        self.skip, self.zero_inputs = skip, zero_inputs
         self.n_layers, self.n_heads = predictor.n_layers, predictor.n_heads
         self.n_edges = n_edges(self.n_layers, self.n_heads)
         self.device = torch.device("cpu")
         n_val = len(cache.windows("val"))
         self.val_rows = np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
         self.tau_now = cfg.tau(0)
+        self._val: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # windows, inputs, geo
         self._dense: list[torch.Tensor] | None = None  # per-batch dense NLL (B, T): the LM is frozen
+        self._loo: list[torch.Tensor] | None = None  # per-batch leave-one-out KL (B, T, L·H)
+        self._oracle: dict[int, float] = {}  # heads kept per position -> the oracle's NLL
+        self._train_loo: dict[int, torch.Tensor] = {}  # train window -> its leave-one-out KL (T, L·H)
         self.static_curve: list[dict] | None = None
         self.last_eval: dict = {}
 
@@ -98,96 +153,225 @@ class Phase1Module:
         self.lm.to(self.device)
         self.geo = self.geo.to(self.device)
 
+    def inputs(self, ids: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The router's context and geometric features of windows ``ids`` (zeros for the twin)."""
+        context = router_context(self.model.cfg.input, self.lm, ids, contexts)
+        geo = self.geo(ids) if self.model.geo_dim else None
+        if self.zero_inputs:
+            context = torch.zeros_like(context)
+            geo = None if geo is None else torch.zeros_like(geo)
+        return context, geo
+
     def batch(self, step: int) -> dict:
         t = self.cfg.train
         rows = np.random.default_rng([t.seed, step, 0, 50]).integers(0, len(self.cache.windows("train")), t.batch_size)
         windows, contexts = self.cache.batch("train", rows)
         self.tau_now = self.cfg.tau(step)
         hard = 0 <= self.cfg.hard_from_step <= step
-        return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard}
+        return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard,
+                "noise": self.cfg.noise(step), "rows": rows}
+
+    def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
+        """The leave-one-out KL (B, T, L·H) of training windows, computed once per window."""
+        missing = sorted({int(r) for r in rows} - set(self._train_loo))
+        if missing:
+            first = {r: i for i, r in reversed(list(enumerate(int(x) for x in rows)))}
+            ids = windows[[first[r] for r in missing], :-1].to(self.device)
+            for r, kl in zip(missing, leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)):
+                self._train_loo[r] = kl.cpu()
+        return torch.stack([self._train_loo[int(r)] for r in rows]).to(self.device)
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         windows = batch["windows"]
         ids = windows[:, :-1]
-        adjacency, gates = model(batch["contexts"], self.geo(ids), tau=batch["tau"], hard=batch["hard"])
-        logits = forward_with_topology(self.lm, ids, adjacency, gates)  # soft execution: every head's output exists
+        context, geo = self.inputs(ids, batch["contexts"])
+        model.noise_scale = batch["noise"]
+        adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
+        # soft execution: every head's output exists
+        logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
         nll = token_nll(logits, windows[:, 1:]).mean()
         head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
-        loss = nll + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge
-        return loss, {"nll": nll.item(), "head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
+        pcfg = model.cfg
+        penalty = l0_penalty(z).mean() if z is not None and pcfg.estimator == "hard_concrete" else head
+        loss = nll + self.cfg.lambda_head * penalty
+        if pcfg.gate == "cascade" or pcfg.edges == "learned":  # head gates with every edge: nothing to prune
+            loss = loss + self.cfg.lambda_edge * edge
+        figures = {"nll": nll.item(), "head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
+        if z is not None:
+            if self.cfg.z_loss:
+                loss = loss + self.cfg.z_loss * z_loss(z)
+            if self.cfg.balance:
+                loss = loss + self.cfg.balance * balance_loss(gates[..., 1:], pcfg.keep)
+            if self.cfg.distill:
+                distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers)
+                loss = loss + self.cfg.distill * distill
+                figures["distill"] = distill.item()
+            figures["logit_abs"] = z.detach().abs().mean().item()
+        return loss, figures
 
     def tokens(self, batch: dict) -> int:
         return batch["windows"][:, 1:].numel()
 
-    def _val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        size = self.cfg.eval_batch_size
-        out = []
-        for i in range(0, len(self.val_rows), size):
-            windows, contexts = self.cache.batch("val", self.val_rows[i : i + size])
-            out.append((windows.to(self.device), contexts.to(self.device)))
-        return out
+    def _val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """(windows, router context, geometric features) per val batch, made once: the LM is frozen."""
+        if self._val is None:
+            size = self.cfg.eval_batch_size
+            self._val = []
+            for i in range(0, len(self.val_rows), size):
+                windows, contexts = self.cache.batch("val", self.val_rows[i : i + size])
+                windows = windows.to(self.device)
+                self._val.append((windows, *self.inputs(windows[:, :-1], contexts.to(self.device))))
+        return self._val
+
+    def oracle_nll(self, keep: int) -> float:
+        """NLL of the leave-one-out KL oracle keeping ``keep`` heads at every position."""
+        batches = self._val_batches()
+        if self._loo is None:
+            self._loo = [leave_one_out_kl(self.lm, w[:, :-1], self.n_layers, self.n_heads, self.skip)
+                         for w, _, _ in batches]
+        if keep not in self._oracle:
+            total, count = 0.0, 0
+            for (windows, _, _), kl in zip(batches, self._loo):
+                nll = gates_nll(self.lm, windows, top_k_gates(kl, keep), self.n_layers, self.n_heads, self.skip)
+                total, count = total + nll.sum().item(), count + nll.numel()
+            self._oracle[keep] = total / count
+        return self._oracle[keep]
+
+    @torch.no_grad()
+    def greedy_oracle_nll(self, keep: int) -> float:
+        """NLL of the greedy label-free oracle keeping ``keep`` heads at every position."""
+        total, count = 0.0, 0
+        for windows, _, _ in self._val_batches():
+            gates = greedy_gates(self.lm, windows[:, :-1], self.n_layers, self.n_heads, keep, self.skip)
+            nll = gates_nll(self.lm, windows, gates, self.n_layers, self.n_heads, self.skip)
+            total, count = total + nll.sum().item(), count + nll.numel()
+        return total / count
+
+    def _hard_nll(self, model, batches) -> tuple[PositionTotals, torch.Tensor]:
+        """Soft and hard NLL, below-dense share and active edges of the router's topologies, and its
+        hard gates (positions, L·H)."""
+        totals, on = PositionTotals(), []
+        for (windows, context, geo), dense in zip(batches, self._dense):
+            ids, targets = windows[:, :-1], windows[:, 1:]
+            adjacency, gates = model(context, geo, tau=self.tau_now, hard=False)
+            soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), targets)
+            adjacency, gates = model(context, geo, tau=self.tau_now, hard=True)
+            hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True, skip=self.skip), targets)
+            totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
+                       below=(hard < dense - BELOW_MARGIN).sum().item(),
+                       edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
+            on.append(gates[..., 1:].reshape(-1, self.n_layers * self.n_heads) > 0)
+        return totals, torch.cat(on)
+
+    def _shuffled_nll(self, model, batches) -> float:
+        """Hard NLL with the router's inputs permuted across all val positions (a fixed draw)."""
+        context = torch.cat([c.reshape(-1, c.shape[-1]) for _, c, _ in batches])
+        perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(self.cfg.train.seed)).to(self.device)
+        context = context[perm]
+        geo = None if batches[0][2] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, _, g in batches])[perm]
+        total, count, start = 0.0, 0, 0
+        for windows, c, _ in batches:
+            size = c.shape[0] * c.shape[1]
+            rows = slice(start, start + size)
+            start += size
+            g_b = None if geo is None else geo[rows].view(*c.shape[:2], -1)
+            adjacency, gates = model(context[rows].view(c.shape), g_b, tau=self.tau_now, hard=True)
+            ids = windows[:, :-1]
+            nll = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True, skip=self.skip), windows[:, 1:])
+            total, count = total + nll.sum().item(), count + nll.numel()
+        return total / count
 
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
-        """Dense, soft and hard NLL on the val contexts, active fractions, and the baselines."""
+        """Dense, soft and hard NLL on the val contexts, active fractions, routing statistics, the
+        baselines at the same fraction and the label-free oracle."""
         with eval_mode(model):
             batches = self._val_batches()
             if self._dense is None:
-                self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _ in batches]
-            totals = PositionTotals()
-            layer_on = torch.zeros(self.n_layers, device=self.device)
-            for (windows, contexts), dense in zip(batches, self._dense):
-                ids, targets = windows[:, :-1], windows[:, 1:]
-                geo = self.geo(ids)
-                adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=False)
-                soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates), targets)
-                adjacency, gates = model(contexts, geo, tau=self.tau_now, hard=True)
-                hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True), targets)
-                totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
-                           below=(hard < dense).sum().item(),
-                           edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
-                layer_on += gates[..., 1:].reshape(-1, self.n_layers, self.n_heads).sum((0, 2))
-        per_layer = (layer_on / (totals.positions * self.n_heads)).tolist()
+                self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _, _ in batches]
+            totals, on = self._hard_nll(model, batches)
+            shuffled = self._shuffled_nll(model, batches)
+        per_layer = on.float().view(-1, self.n_layers, self.n_heads).mean((0, 2)).tolist()
         fraction = float(np.mean(per_layer))
+        windows = [w for w, _, _ in batches]
         if self.static_curve is None:
-            self.static_curve = static_pruning_curve(self.lm, [w for w, _ in batches], self.importance)
-        random_nll = random_heads_nll(self.lm, [w for w, _ in batches], fraction, self.n_layers, self.n_heads,
-                                      self.cfg.random_draws, self.cfg.train.seed)
+            self.static_curve = static_pruning_curve(self.lm, windows, self.importance, self.skip)
+        random_nll = random_heads_nll(self.lm, windows, fraction, self.n_layers, self.n_heads,
+                                      self.cfg.random_draws, self.cfg.train.seed, self.skip)
+        static = interpolate_curve(self.static_curve, fraction)
+        hard = totals.mean("hard")
+        keep = round(fraction * self.n_layers * self.n_heads)
+        oracle = self.oracle_nll(keep) if self.cfg.oracle != "none" else None
         metrics = {
             "dense_nll": totals.mean("dense"),
             "soft_nll": totals.mean("soft"),
-            "hard_nll": totals.mean("hard"),
+            "hard_nll": hard,
             "active_head_fraction": fraction,
             "active_edge_fraction": totals.mean("edges"),
             "below_dense_fraction": totals.mean("below"),
-            "static_pruning_nll": interpolate_curve(self.static_curve, fraction),
+            "static_pruning_nll": static,
             "random_heads_nll": random_nll,
+            "oracle_nll": oracle,
+            "oracle_capture": capture(static, hard, oracle),
+            "context_shuffle_dnll": shuffled - hard,
+            **routing_stats(on, self.n_layers),
             "tau": self.tau_now,
         }
-        self.last_eval = {**metrics, "active_head_fraction_per_layer": per_layer}
+        self.last_eval = {**metrics, "active_head_fraction_per_layer": per_layer, "oracle_heads_kept": keep}
         return metrics
+
+
+def distill_loss(z: torch.Tensor, kl: torch.Tensor, keep: float, n_layers: int) -> torch.Tensor:
+    """BCE of keep logits z (…, L·H), centred on their own top-K threshold, against the oracle's
+    top-K heads by leave-one-out KL (…, L·H), K = round(keep · L·H)."""
+    k = keep_count(z.shape[-1], n_layers, keep, per_layer=False)
+    _, theta = topk_mask(z, k, n_layers, per_layer=False)
+    target = top_k_gates(kl, k)[..., 1:]
+    return F.binary_cross_entropy_with_logits(z - theta, target)
+
+
+def capture(static: float, router: float, oracle: float | None) -> float | None:
+    """(NLL_static − NLL_router) / (NLL_static − NLL_oracle): the share of the oracle's gain over
+    static pruning the router gets (None without an oracle or when the oracle gains nothing)."""
+    if oracle is None or static - oracle <= 0:
+        return None
+    return (static - router) / (static - oracle)
 
 
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
-SEEDED = ("hard_nll", "active_head_fraction", "random_heads_nll", "hard_nll_increase", "static_pruning_nll_increase",
-          "increase_over_static_increase")
+SEEDED = ("hard_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase", "oracle_capture",
+          "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
 HEADLINE = seeded_headline(("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
-                            "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "hard_nll_increase",
-                            "static_pruning_nll_increase", "increase_over_static_increase"), SEEDED)
+                            "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "oracle_nll",
+                            "hard_nll_increase", "static_pruning_nll_increase", "increase_over_static_increase",
+                            "oracle_capture", "dynamic_fraction", "gate_entropy_bits", "context_shuffle_dnll",
+                            "static_twin_gap"), SEEDED)
+
+
+def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, lm, importance) -> StructurePredictor:
+    """A fresh predictor for this cache and base LM (head gates start at static importance)."""
+    predictor = StructurePredictor.from_init(predictor_cfg, init_file,
+                                             input_dim(predictor_cfg.input, cache.dim, lm.config.hidden_size))
+    if predictor_cfg.gate == "head":
+        predictor.init_head_bias(importance)
+    return predictor
+
 
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
-                 out_file, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, Phase1Module]:
+                 out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None
+                 ) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    runtime_cfg = runtime_cfg or RuntimeConfig()
     cache = ContextCache(contexts_dir)
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)
     importance = load_file(str(heads_file))["importance"].float()
     torch.manual_seed(cfg.train.seed)
-    predictor = StructurePredictor.from_init(predictor_cfg, init_file, cache.dim)
+    predictor = _predictor(predictor_cfg, init_file, cache, lm, importance)
     if (predictor.n_layers, predictor.n_heads) != (lm.config.num_hidden_layers, lm.config.num_attention_heads) \
             or tuple(importance.shape) != (predictor.n_layers, predictor.n_heads):
         raise ValueError(f"init file {init_file} ({predictor.n_layers} x {predictor.n_heads}), head statistics "
@@ -195,20 +379,23 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                          f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads}) disagree: "
                          "rerun `dvc repro` from the probe stage")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    module = Phase1Module(predictor, lm, cache, geo, importance, cfg)
+    module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip)
 
     module.place(resolve_device(cfg.train.device, "phase1.train.device"))  # before the first evaluation
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
-    ckpt = checkpoint_dir(checkpoint_root, "phase1", {"phase1": to_dict(cfg), "predictor": to_dict(predictor_cfg)},
-                          [init_file, Path(base_dir) / "model.safetensors"], [cache.fingerprint()])
+    config = {"phase1": to_dict(cfg), "predictor": to_dict(predictor_cfg), "runtime": to_dict(runtime_cfg)}
+    files = [init_file, Path(base_dir) / "model.safetensors"]
+    ckpt = checkpoint_dir(checkpoint_root, "phase1", config, files, [cache.fingerprint()])
     result = train(module, cfg.train, stage="phase1", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **initial})
     predictor = module.model.cpu()
-    save_predictor(predictor, out_file, extra={"phase1": to_dict(cfg), "encoder": cache.meta["encoder"]})
+    save_predictor(predictor, out_file, extra={"phase1": to_dict(cfg), "encoder": cache.meta["encoder"],
+                                               "runtime": to_dict(runtime_cfg)})
     final = module.last_eval
     metrics = {k: final[k] for k in ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction",
                                      "active_edge_fraction", "below_dense_fraction", "static_pruning_nll",
-                                     "random_heads_nll")}
+                                     "random_heads_nll", "oracle_nll", "oracle_capture", "dynamic_fraction",
+                                     "gate_entropy_bits", "context_shuffle_dnll")}
     increase = final["hard_nll"] - final["dense_nll"]
     static_increase = final["static_pruning_nll"] - final["dense_nll"]
     metrics.update({
@@ -216,19 +403,50 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "static_pruning_nll_increase": static_increase,
         "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
         "init_soft_nll_minus_dense": initial["soft_nll"] - initial["dense_nll"],
+        "oracle_heads_kept": final["oracle_heads_kept"],
+        "static_twin_gap": None,
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
+    if cfg.oracle == "greedy":
+        greedy = module.greedy_oracle_nll(final["oracle_heads_kept"])
+        metrics.update({"greedy_oracle_nll": greedy,
+                        "greedy_oracle_capture": capture(final["static_pruning_nll"], final["hard_nll"], greedy)})
+    if cfg.static_twin:
+        metrics.update(_static_twin(cfg, predictor_cfg, module, init_file, files, checkpoint_root, final))
     return metrics, result, module
 
 
+def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phase1Module, init_file, files,
+                 checkpoint_root, final: dict) -> dict:
+    """Train the same router, same seed, on zeroed inputs; its hard NLL minus the router's."""
+    torch.manual_seed(cfg.train.seed)
+    twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
+    twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
+                               zero_inputs=True)
+    twin_module.static_curve = module.static_curve
+    twin_module._loo, twin_module._dense = module._loo, module._dense
+    twin_module.place(module.device)
+    twin_cfg = final_evaluation_only(cfg)
+    ckpt = checkpoint_dir(checkpoint_root, "phase1_twin", {"phase1": to_dict(twin_cfg),
+                                                           "predictor": to_dict(predictor_cfg), "skip": module.skip},
+                          files, [module.cache.fingerprint()])
+    train(twin_module, twin_cfg.train, stage="phase1 twin", checkpoint_dir=ckpt)
+    twin_eval = twin_module.last_eval
+    return {"static_twin_gap": twin_eval["hard_nll"] - final["hard_nll"],
+            "static_twin_hard_nll": twin_eval["hard_nll"],
+            "static_twin_active_head_fraction": twin_eval["active_head_fraction"],
+            "static_twin_dynamic_fraction": twin_eval["dynamic_fraction"]}
+
+
 def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
-                       out_file, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, Phase1Module]:
+                       out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None
+                       ) -> tuple[dict, TrainResult, Phase1Module]:
     """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
     metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker)
+                                           checkpoint_root, tracker, runtime_cfg)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
         c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root)[0], "phase1")
+        checkpoint_root, runtime_cfg=runtime_cfg)[0], "phase1")
     return with_spread(metrics, others, SEEDED), result, module

@@ -37,7 +37,9 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.predictor import budget_terms
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.router_inputs import check_context_dim, router_context
+from lookahead.graph.runtime import forward_with_topology, recorded_skip
+from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, save_lm
@@ -82,20 +84,28 @@ def plain_parameters(module: nn.Module) -> None:
 class Phase2Model(nn.Module):
     """The LM and (decoder mlp) the predictor, as one module so DDP sees every trained parameter."""
 
-    def __init__(self, lm, predictor: nn.Module | None = None):
+    def __init__(self, lm, predictor: nn.Module | None = None, skip: str = "full"):
         super().__init__()
         self.lm = lm
         self.predictor = predictor
+        self.skip = skip  # the runtime's skip mode phase 1 trained under (its predictor's metadata)
+
+    def route(self, ids: torch.Tensor, contexts: torch.Tensor, geo: torch.Tensor | None, tau: float | None = None,
+              hard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The predictor's topology for windows ``ids``: it reads the cache's contexts or, per
+        ``predictor.input``, this LM's own states (no gradient through them)."""
+        router = router_context(self.predictor.cfg.input, self.lm, ids, contexts)
+        return self.predictor(router, geo, tau=tau, hard=hard)
 
     def forward(self, ids: torch.Tensor, contexts: torch.Tensor | None = None, geo: torch.Tensor | None = None,
                 tau: float | None = None, hard: bool = False, topology: tuple | None = None):
         """Logits (B, T, V) and the executed topology (A, g); without contexts or a topology the dense forward and None."""
         if self.predictor is not None and contexts is not None:
-            topology = self.predictor(contexts, geo, tau=tau, hard=hard)
+            topology = self.route(ids, contexts, geo, tau, hard)
         if topology is None:
             return self.lm(input_ids=ids).logits, None
         adjacency, gates = topology
-        return forward_with_topology(self.lm, ids, adjacency, gates), (adjacency, gates)
+        return forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), (adjacency, gates)
 
 
 class Phase2Module:
@@ -103,8 +113,9 @@ class Phase2Module:
     training with it (``mlp``), or a sample of the frozen denoiser per position (``diffusion``)."""
 
     def __init__(self, model: Phase2Model, cache: ContextCache, geo: GeoLookup, cfg: Phase2Config,
-                 denoiser=None, stream: np.ndarray | None = None):
+                 denoiser=None, stream: np.ndarray | None = None, gate_kind: str = "cascade"):
         self.model = model
+        self.gate_kind = gate_kind  # how a diffusion sample's bits execute (lookahead.graph.sampling)
         self.stream = stream if cfg.replay else None  # the train token stream (replay windows)
         self.cache, self.geo, self.cfg = cache, geo, cfg
         self.denoiser = denoiser  # decoder diffusion: frozen, samples a topology per position
@@ -128,6 +139,10 @@ class Phase2Module:
         bits = d.sample(contexts.to(self.device).flatten(0, 1), geo, self._steps, generator, self._temperature)
         return bits.view(b, t, -1).to(torch.uint8).cpu()
 
+    def _executed(self, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.denoiser
+        return executed_topology(bits.to(self.device), d.mask, d.n_layers, d.n_heads, self.gate_kind)
+
     def set_sampling(self, steps: int, temperature: float) -> None:
         self._steps, self._temperature = steps, temperature
 
@@ -145,7 +160,7 @@ class Phase2Module:
         ids, targets = windows[:, :-1], windows[:, 1:]
         parts = {}
         if self.denoiser is not None:
-            topology = self.denoiser.executed(batch["bits"])
+            topology = self._executed(batch["bits"])
             logits, _ = model(ids, topology=topology)
             parts["head_gate"] = topology[1][..., 1:].mean().item()
         else:
@@ -171,13 +186,14 @@ class Phase2Module:
                 ids, targets = windows[:, :-1], windows[:, 1:]
                 totals.add(targets.numel(), dense=token_nll(model.lm(input_ids=ids).logits, targets).sum().item())
                 if self.denoiser is not None:
-                    adjacency, gates = self.denoiser.executed(self._sample(contexts, ids, generator).to(self.device))
+                    adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
                 else:
                     geo = self.geo(ids) if self.geo_used else None
-                    adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=False)
-                    totals.add(soft=token_nll(forward_with_topology(model.lm, ids, adjacency, gates), targets).sum().item())
-                    adjacency, gates = model.predictor(contexts, geo, tau=self.cfg.tau_end, hard=True)
-                hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True)
+                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=False)
+                    soft = forward_with_topology(model.lm, ids, adjacency, gates, skip=model.skip)
+                    totals.add(soft=token_nll(soft, targets).sum().item())
+                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
+                hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True, skip=model.skip)
                 totals.add(hard=token_nll(hard, targets).sum().item(), heads=gates[..., 1:].mean(-1).sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}
@@ -206,22 +222,23 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     predictor, meta = load_predictor(predictor_file)
-    if meta["context_dim"] != cache.dim:
-        raise Phase2Error(f"predictor {predictor_file} takes {meta['context_dim']}-dim contexts but the cache "
-                          f"holds {cache.dim}-dim ones: rerun `dvc repro phase1`")
+    gate_kind = predictor.cfg.gate
     denoiser, diffusion_meta = None, {}
     if cfg.decoder == "diffusion":
         denoiser, diffusion_meta = load_denoiser(diffusion_dir)
         denoiser.requires_grad_(False)
-        predictor = None
 
     torch.manual_seed(cfg.train.seed)
     lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
+    check_context_dim(predictor, meta, cache.dim, lm, Phase2Error, predictor_file)
+    if denoiser is not None:
+        predictor = None
     if predictor is not None:
         predictor.train()
         scale_learning_rate(predictor, cfg.predictor_lr_scale)
     stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
-    module = Phase2Module(Phase2Model(lm, predictor), cache, geo, cfg, denoiser, stream=stream)
+    module = Phase2Module(Phase2Model(lm, predictor, recorded_skip(meta)), cache, geo, cfg, denoiser, stream=stream,
+                          gate_kind=gate_kind)
     if denoiser is not None:
         module.set_sampling(*sampling_settings(diffusion_meta, diffusion_dir))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
@@ -240,7 +257,8 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         if predictor is not None:
             trained = module.model.predictor.cpu()
             plain_parameters(trained)
-            save_predictor(trained, tmp / PREDICTOR_FILE, extra={"phase2": to_dict(cfg), "encoder": cache.meta["encoder"]})
+            save_predictor(trained, tmp / PREDICTOR_FILE, extra={"phase2": to_dict(cfg), "encoder": cache.meta["encoder"],
+                                                                 "runtime": {"skip": recorded_skip(meta)}})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     report = {
         "decoder": cfg.decoder,

@@ -1,0 +1,133 @@
+"""Per-token head gates (``predictor.gate: head``): from one keep logit per head and position to
+gates in [0, 1], with a budget, and the regularisers of a router (DESIGN §4).
+
+Estimators, each a gate whose forward value is what runs and whose backward pass is a soft
+surrogate's:
+
+- ``st``: g = 1[z + n > θ] forward, σ((z + n − θ)/τ) backward (straight-through at the soft values);
+  θ = 0 without a budget, the midpoint between the K-th and (K+1)-th largest score with one;
+- ``hard_concrete`` (Louizos et al. 2018, as Voita et al. 2019 prune heads): a stretched, clamped
+  concrete sample in training, whose probability of being non-zero has the closed form
+  :func:`l0_penalty`; at evaluation the gate is 1[z > 0] (or the top-K of z).
+
+Budgets (exact per token, so the comparison with static pruning is at exactly the same fraction):
+``topk`` keeps the K largest scores of all L·H heads, ``topk_layer`` the K/L largest of each layer.
+Noise n: logistic (the seed's), or Gumbel (``gumbel``: top-K of z + Gumbel draws samples heads
+without replacement in proportion to softmax(z)); both scaled by a temperature annealed by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+GATE_KINDS = ("cascade", "head")
+ESTIMATORS = ("st", "hard_concrete")
+BUDGETS = ("none", "topk", "topk_layer")
+NOISES = ("logistic", "gumbel", "none")
+
+
+def logistic_noise(shape, device=None, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+    """L = log u − log(1 − u), u ~ U(0, 1): σ(z + L) > 0.5 with probability σ(z)."""
+    eps = torch.finfo(dtype).eps
+    u = torch.rand(shape, device=device, dtype=dtype, generator=generator).clamp(eps, 1 - eps)
+    return torch.log(u) - torch.log1p(-u)
+
+
+def straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """``hard`` in the forward pass, ``soft``'s gradient in the backward pass."""
+    return hard + (soft - soft.detach())
+
+
+# hard-concrete's stretch (Louizos et al. 2018): s̄ = s (ζ − γ) + γ, clamped to [0, 1]
+HC_GAMMA, HC_ZETA, HC_BETA = -0.1, 1.1, 2.0 / 3.0
+
+
+def gumbel_noise(shape, device=None, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+    """−log(−log u), u ~ U(0, 1)."""
+    eps = torch.finfo(dtype).eps
+    u = torch.rand(shape, device=device, dtype=dtype, generator=generator).clamp(eps, 1 - eps)
+    return -torch.log(-torch.log(u))
+
+
+def keep_count(n_heads_total: int, n_layers: int, keep: float, per_layer: bool) -> int:
+    """Heads kept per token (all layers: K of L·H) or per layer (K/L of H) for a kept fraction."""
+    if per_layer:
+        per = n_heads_total // n_layers
+        return max(1, min(per, round(keep * per)))
+    return max(1, min(n_heads_total, round(keep * n_heads_total)))
+
+
+def topk_mask(scores: torch.Tensor, k: int, n_layers: int, per_layer: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top-k of scores (…, L·H) per token — of each layer's H when ``per_layer`` — as a
+    0/1 mask, and the threshold θ (…, 1) or (…, L, 1): the midpoint between the k-th and (k+1)-th
+    largest (ties broken by head index, lowest first, so the mask always holds exactly k)."""
+    shape = scores.shape
+    s = scores.unflatten(-1, (n_layers, -1)) if per_layer else scores
+    width = s.shape[-1]
+    # a stable descending sort: equal scores keep head order
+    order = torch.sort(s.detach(), dim=-1, descending=True, stable=True).indices
+    mask = torch.zeros_like(s).scatter_(-1, order[..., :k], 1.0)
+    top = torch.gather(s.detach(), -1, order[..., k - 1 : k])
+    below = torch.gather(s.detach(), -1, order[..., k : k + 1]) if k < width else top - 2.0
+    theta = (top + below) / 2
+    return mask.reshape(shape), theta
+
+
+def head_gates(z: torch.Tensor, n_layers: int, estimator: str, budget: str, keep: float, tau: float,
+               noise: torch.Tensor | None, hard: bool) -> torch.Tensor:
+    """Gates (…, L·H) from keep logits z (…, L·H): see the module docstring. ``noise`` (…, L·H)
+    or None (evaluation: deterministic). A budget always runs its exact top-K (straight-through);
+    without one, ``hard`` thresholds at 0 (straight-through) and soft gates are σ(z/τ), or the
+    hard-concrete gate (a sample in training, its deterministic value at evaluation)."""
+    scores = z if noise is None else z + noise
+    if budget != "none":
+        per_layer = budget == "topk_layer"
+        k = keep_count(z.shape[-1], n_layers, keep, per_layer)
+        mask, theta = topk_mask(scores, k, n_layers, per_layer)
+        centred = (scores.unflatten(-1, (n_layers, -1)) - theta).flatten(-2) if per_layer else scores - theta
+    else:
+        centred = scores
+        mask = (centred > 0).to(z.dtype)
+    if estimator == "hard_concrete":
+        # a concrete sample in training (the logistic noise is its randomness), σ(z) at evaluation
+        soft = (torch.sigmoid(centred / (HC_BETA if noise is not None else 1.0)) * (HC_ZETA - HC_GAMMA) + HC_GAMMA
+                ).clamp(0.0, 1.0)
+    else:
+        soft = torch.sigmoid(centred / tau)
+    if budget == "none" and not hard:
+        return soft
+    return straight_through(mask, soft)
+
+
+def l0_penalty(z: torch.Tensor) -> torch.Tensor:
+    """P(hard-concrete gate ≠ 0) = σ(z − β log(−γ/ζ)), the closed-form expected L0 norm. (…)"""
+    return torch.sigmoid(z - HC_BETA * math.log(-HC_GAMMA / HC_ZETA))
+
+
+def z_loss(z: torch.Tensor) -> torch.Tensor:
+    """The router z-loss of MoA / ST-MoE, here for independent keep logits: mean z² (keeps logits
+    from saturating, where no gradient reaches the gate any more)."""
+    return z.float().pow(2).mean()
+
+
+def balance_loss(gates: torch.Tensor, keep: float) -> torch.Tensor:
+    """Load balance over routed heads: the squared deviation of each head's share of tokens from
+    the mean share, normalised by keep (1 − keep). 0 when every head runs equally often; high when
+    a few heads run everywhere and others nowhere (a static mask). gates (…, L·H)."""
+    share = gates.reshape(-1, gates.shape[-1]).mean(0)
+    return (share - share.mean()).pow(2).mean() / max(keep * (1 - keep), 1e-6)
+
+
+def bound_logits(z: torch.Tensor, bound: float) -> torch.Tensor:
+    """c · tanh(z / c) (c = bound); z itself when bound is 0."""
+    return z if bound == 0 else bound * torch.tanh(z / bound)
+
+
+def gate_noise(kind: str, shape, device, dtype, generator: torch.Generator | None, scale: float) -> torch.Tensor | None:
+    """Training noise for the keep scores, times ``scale`` (the annealed noise temperature)."""
+    if kind == "none" or scale == 0:
+        return None
+    draw = gumbel_noise if kind == "gumbel" else logistic_noise
+    return scale * draw(shape, device, dtype, generator)

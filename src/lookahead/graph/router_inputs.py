@@ -1,0 +1,51 @@
+"""What the structure predictor reads at position t (``predictor.input``, DESIGN §3–4).
+
+- ``cache``: the context cache's encoding of the window up to t (MiniLM, the base LM or an HF
+  encoder: :mod:`lookahead.pipeline.contexts`);
+- ``lm``: the LM's own states available before position t's forward under the lookahead contract
+  — the token embedding at t and the final (normed) hidden state at t−1 of the dense forward,
+  zeros at t = 0 — the input the per-token routers that work read (MoH, MoD, Router-Tuning);
+- ``embedding``: the token embedding at t alone.
+
+Every kind is causal by construction (the hidden state at t−1 of a causal LM reads tokens ≤ t−1);
+the evaluate stage's causality check runs each through the predictor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def input_dim(kind: str, cache_dim: int, hidden: int) -> int:
+    """Width of the router's context features for an input kind."""
+    return {"cache": cache_dim, "lm": 2 * hidden, "embedding": hidden}[kind]
+
+
+@torch.no_grad()
+def lm_states(lm, ids: torch.Tensor, kind: str) -> torch.Tensor:
+    """(B, T, F) features of ``kind`` ``lm`` or ``embedding`` from an HF causal LM (no gradient)."""
+    core = lm.model
+    emb = core.embed_tokens(ids).float()
+    if kind == "embedding":
+        return emb
+    last = core(input_ids=ids).last_hidden_state.float()  # after the final norm
+    prev = torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1)
+    return torch.cat([emb, prev], dim=-1)
+
+
+def router_context(kind: str, lm, ids: torch.Tensor, cached: torch.Tensor | None) -> torch.Tensor:
+    """The router's context features for windows ``ids`` (B, T): the cached ones for ``cache``,
+    else computed from ``lm``."""
+    if kind == "cache":
+        if cached is None:
+            raise ValueError("predictor.input: cache needs the context cache's features")
+        return cached
+    return lm_states(lm, ids, kind)
+
+
+def check_context_dim(predictor, meta: dict, cache_dim: int, lm, error: type[Exception], source) -> None:
+    """Refuse a predictor whose context width does not fit this cache and LM."""
+    expected = input_dim(predictor.cfg.input, cache_dim, lm.config.hidden_size)
+    if meta["context_dim"] != expected:
+        raise error(f"predictor {source} takes {meta['context_dim']}-dim contexts but its input "
+                    f"({predictor.cfg.input}) gives {expected}-dim ones here: rerun `dvc repro phase1`")

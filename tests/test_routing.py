@@ -1,0 +1,168 @@
+"""Per-token head gates, budgets, router inputs and the label-free oracle (issue: phase 1 that
+routes per token), against closed forms, brute force and the plain reference of DESIGN §4."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lookahead.core.errors import ConfigError
+from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, keep_count, l0_penalty,
+                                    logistic_noise, topk_mask)
+from lookahead.graph.nodes import head_graph, n_nodes
+from lookahead.graph.oracle import greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor
+from lookahead.graph.router_inputs import lm_states
+from lookahead.graph.runtime import RuntimeConfig
+from lookahead.pipeline.phase1.build import Phase1Config, capture, distill_loss
+from tests.reference_head_graph import reference_forward
+from tests.test_runtime import tiny_olmo2
+
+
+def test_topk_keeps_exactly_k_per_token_and_ties_go_to_the_lower_head():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(5, 7, 12, generator=gen)
+    mask, theta = topk_mask(scores, 5, 3, per_layer=False)
+    assert mask.sum(-1).eq(5).all()
+    # brute force: a head is kept iff fewer than 5 heads score above it
+    above = (scores[..., None, :] > scores[..., :, None]).sum(-1)
+    assert torch.equal(mask.bool(), above < 5)
+    assert ((scores > theta) == mask.bool()).all()  # θ separates kept from dropped
+    per_layer, _ = topk_mask(scores, 2, 3, per_layer=True)
+    assert per_layer.view(5, 7, 3, 4).sum(-1).eq(2).all()
+    ties = torch.zeros(1, 6)
+    assert topk_mask(ties, 2, 1, per_layer=False)[0].tolist() == [[1, 1, 0, 0, 0, 0]]
+    assert keep_count(16, 4, 0.5, False) == 8 and keep_count(16, 4, 0.5, True) == 2
+    assert keep_count(16, 4, 0.01, False) == 1  # at least one head
+
+
+def test_budgeted_gates_run_the_top_k_and_carry_the_sigmoid_gradient():
+    z = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    g = head_gates(z, 2, "st", "topk", 0.5, 0.7, None, hard=False)
+    assert torch.equal(g.detach(), topk_mask(z.detach(), 4, 2, False)[0])
+    weights = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    (g * weights).sum().backward()
+    _, theta = topk_mask(z.detach(), 4, 2, False)
+    s = torch.sigmoid((z.detach() - theta) / 0.7)
+    assert torch.allclose(z.grad, weights * s * (1 - s) / 0.7, atol=1e-6)
+
+
+def test_hard_concrete_l0_penalty_is_the_probability_of_a_nonzero_gate():
+    """The closed form against Monte Carlo over the concrete's own logistic draws."""
+    z = torch.tensor([-3.0, -1.0, 0.0, 1.5, 4.0])
+    draws = 200_000
+    noise = logistic_noise((draws, 5), generator=torch.Generator().manual_seed(3))
+    stretched = torch.sigmoid((z + noise) / HC_BETA) * (HC_ZETA - HC_GAMMA) + HC_GAMMA
+    empirical = (stretched > 0).float().mean(0)
+    assert torch.allclose(l0_penalty(z), empirical, atol=4e-3)
+    # and head_gates draws exactly that gate in training without a budget
+    g = head_gates(z.expand(draws, 5), 1, "hard_concrete", "none", 0.5, 1.0, noise, hard=False)
+    assert torch.allclose((g > 0).float().mean(0), empirical) and g.min() >= 0 and g.max() <= 1
+
+
+def test_balance_loss_is_zero_for_even_use_and_large_for_a_static_mask():
+    even = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.float)
+    static = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]], dtype=torch.float)
+    assert balance_loss(even, 0.5).item() == 0
+    assert balance_loss(static, 0.5).item() == pytest.approx(1.0)
+
+
+def test_routing_stats_closed_forms():
+    static = torch.tensor([[1, 0, 1, 1]] * 10, dtype=torch.bool)
+    assert routing_stats(static, 2) == {"dynamic_fraction": 0.0, "gate_entropy_bits": 0.0}
+    # layer 0 (heads 0, 1) alternates between two patterns, layer 1 is fixed: 1 bit and 0 bits
+    half = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1]] * 5, dtype=torch.bool)
+    stats = routing_stats(half, 2)
+    assert stats["gate_entropy_bits"] == pytest.approx(0.5)
+    assert stats["dynamic_fraction"] == pytest.approx((0.5 + 0.5 + 0 + 0) / 4)
+
+
+def test_capture_is_the_share_of_the_oracle_gain():
+    assert capture(5.0, 4.5, 4.0) == pytest.approx(0.5)
+    assert capture(5.0, 5.2, 4.0) == pytest.approx(-0.2)
+    assert capture(5.0, 4.5, 5.0) is None and capture(5.0, 4.5, None) is None
+
+
+def test_leave_one_out_kl_against_the_plain_reference():
+    """KL(dense ‖ without head h) at each position, the model without h written out by the
+    reference (tests/reference_head_graph.py), in both skip modes."""
+    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(4))
+    dense_logp = F.log_softmax(model(ids).logits, -1)
+    for skip in ("full", "query"):
+        kl = leave_one_out_kl(model, ids, 2, 2, skip)
+        for h in range(4):
+            gates = torch.ones(n_nodes(2, 2))
+            gates[1 + h] = 0
+            logq = F.log_softmax(reference_forward(model, ids, head_graph(gates, 2, 2), gates, skip), -1)
+            ref = (dense_logp.exp() * (dense_logp - logq)).sum(-1)
+            assert torch.allclose(kl[..., h], ref, atol=1e-5)
+        assert kl.min() >= -1e-6 and kl.max() > 1e-3
+
+
+def test_oracle_gates_and_the_greedy_oracle_agree_on_the_first_removal():
+    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(5))
+    kl = leave_one_out_kl(model, ids, 2, 2, "query")
+    gates = top_k_gates(kl, 3)
+    assert gates[..., 0].eq(1).all() and gates[..., 1:].sum(-1).eq(3).all()
+    dropped = gates[..., 1:].argmin(-1)
+    assert torch.equal(dropped, kl.argmin(-1))  # the head whose removal costs least
+    # greedy with one removal: the same head at every position (its first step is leave-one-out)
+    assert torch.equal(greedy_gates(model, ids, 2, 2, 3, "query"), gates)
+    two = greedy_gates(model, ids, 2, 2, 2, "query")
+    assert two[..., 1:].sum(-1).eq(2).all() and two[..., 0].eq(1).all()
+
+
+def test_lm_router_inputs_are_the_stock_states_shifted_and_causal():
+    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(6))
+    feats = lm_states(model, ids, "lm")
+    out = model(ids, output_hidden_states=True)
+    last = out.hidden_states[-1]  # after the final norm in transformers' OLMo2
+    assert torch.allclose(feats[..., :32], model.model.embed_tokens(ids))
+    assert torch.allclose(feats[:, 1:, 32:], last[:, :-1], atol=1e-6) and feats[:, 0, 32:].eq(0).all()
+    assert torch.equal(lm_states(model, ids, "embedding"), feats[..., :32])
+    later = ids.clone()
+    later[:, 5:] = (later[:, 5:] + 1) % 61
+    moved = lm_states(model, later, "lm")
+    assert torch.equal(moved[:, :5], feats[:, :5])  # position t reads tokens <= t only
+    assert (moved[:, 5:] - feats[:, 5:]).abs().max() > 1e-3
+
+
+def test_an_untrained_head_router_under_a_budget_is_static_importance_pruning():
+    cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5)
+    predictor = StructurePredictor(cfg, 2, 4, context_dim=5).eval()
+    importance = torch.tensor([[0.3, 0.1, 0.9, 0.2], [0.5, 0.05, 0.4, 0.8]])
+    predictor.init_head_bias(importance)
+    context = torch.randn(3, 7, 5, generator=torch.Generator().manual_seed(7))
+    adjacency, gates = predictor(context, hard=True)
+    top = torch.zeros(8)
+    top[torch.argsort(importance.flatten(), descending=True)[:4]] = 1
+    assert torch.equal(gates[..., 1:], top.expand(3, 7, 8))
+    assert torch.equal(adjacency, head_graph(gates, 2, 4))
+
+
+def test_routing_configs_are_refused_clearly():
+    for bad, key in (({"gate": "heads"}, "gate"), ({"budget": "topk"}, "budget"), ({"keep": 0.0}, "keep"),
+                     ({"input": "minilm"}, "input"), ({"noise": "gauss"}, "noise"),
+                     ({"logit_bound": -1.0}, "logit_bound"), ({"estimator": "gumbel"}, "estimator")):
+        with pytest.raises(ConfigError, match=key):
+            PredictorConfig(**bad)
+    with pytest.raises(ConfigError, match="skip"):
+        RuntimeConfig(skip="keys")
+    for bad, key in (({"z_loss": math.inf}, "z_loss"), ({"noise_end": 2.0}, "noise_end"),
+                     ({"oracle": "label"}, "oracle"), ({"distill": -1.0}, "distill")):
+        with pytest.raises(ConfigError, match=key):
+            Phase1Config(**bad)
+
+
+def test_distillation_pulls_the_router_toward_the_oracle_heads():
+    """BCE against the oracle's top-K: zero-ish when the router ranks like the oracle, large when reversed."""
+    kl = torch.tensor([[0.5, 0.1, 0.3, 0.05]])
+    agree = distill_loss(torch.tensor([[5.0, -5.0, 3.0, -7.0]]), kl, 0.5, 1)
+    reverse = distill_loss(torch.tensor([[-5.0, 5.0, -3.0, 7.0]]), kl, 0.5, 1)
+    assert agree < 0.02 and reverse > 2.0
