@@ -243,7 +243,7 @@ def downstream_inputs(phase_inputs, tmp_path_factory):
     d = tmp_path_factory.mktemp("downstream")
     cache = ContextCache(phase_inputs["contexts"])
     torch.manual_seed(0)
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
                                              cache.dim)
     torch.nn.init.normal_(predictor.to_v.weight, std=0.5)  # as if trained: the topology depends on the context
     save_predictor(predictor, d / "predictor.safetensors")

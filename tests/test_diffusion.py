@@ -209,7 +209,7 @@ def stage_run(phase_inputs, tmp_path_factory):
     d = tmp_path_factory.mktemp("diffusion")
     cache = ContextCache(phase_inputs["contexts"])
     torch.manual_seed(0)
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
                                              cache.dim)
     save_predictor(predictor, d / "predictor.safetensors")
     build_pairs(PairsConfig(sequences=8, samples=6, keep=3, batch_size=4, approx_positions=0, device="cpu"),

@@ -28,7 +28,7 @@ from lookahead.pipeline.evaluate.rows import Shapes, position_figures, predictor
 # the table's rows, in order (README "Adding an evaluate row"): written out here, not read from the code
 ROW_ORDER = ("dense_base", "phase1_soft", "phase1_hard", "diffusion_sample", "diffusion_best_of_k", "phase2_soft",
              "phase2_hard", "dense_control", "static_pruning", "random_heads", "static_pruning_phase2",
-             "random_heads_phase2")
+             "random_heads_phase2", "random_sample", "random_best_of_k")
 from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
 
@@ -53,6 +53,13 @@ def test_position_figures_match_a_hand_count():
         assert fig["heads"][0, t].tolist() == [gates[0, t, 1:3].sum().item(), gates[0, t, 3:5].sum().item()]
         into_l1 = adjacency[0, t, :, 3:5].sum().item()
         assert fig["edges"][0, t, 1].item() == into_l1
+    # query skip: every head projects its key and value at every position; a head that runs adds its
+    # query and output projections and attends to all t + 1 keys
+    fig = position_figures(adjacency, gates, s, "query")
+    for t in range(3):
+        running = int(gates[0, t, 1:].sum())
+        flops = 4 * (4 * d * D) + running * (4 * d * D + 4 * D * (t + 1))
+        assert fig["attn_flops"][0, t].item() == flops
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def sampled(phase_inputs, tmp_path_factory):
     d = tmp_path_factory.mktemp("pairs")
     cache = ContextCache(phase_inputs["contexts"])
     torch.manual_seed(0)
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=1.5), phase_inputs["init"],
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=1.5), phase_inputs["init"],
                                              cache.dim)
     save_predictor(predictor, d / "predictor.safetensors")
     cfg = PairsConfig(sequences=6, samples=6, keep=3, batch_size=4, approx_positions=40, device="cpu")
@@ -114,7 +114,7 @@ def test_sampler_without_flips_is_the_predictors_own_noise(phase_inputs):
 
     cache = ContextCache(phase_inputs["contexts"])
     torch.manual_seed(0)
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=0.5), phase_inputs["init"],
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=0.5), phase_inputs["init"],
                                              cache.dim).train()
     windows, contexts = cache.batch("train", [0, 1])
     from lookahead.graph.predictor import load_init
@@ -134,9 +134,40 @@ def test_flips_turn_edges_of_a_saturated_predictor_off_at_their_rate():
     the share of heads on after flipping is 1 − flip_prob (binomial tolerance)."""
     from lookahead.graph.sampling import sample_topologies
 
-    predictor = StructurePredictor(PredictorConfig(rank=1, hidden=4, init_bias=100.0, geo_features=False), 1, 8, 3)
+    predictor = StructurePredictor(PredictorConfig.cascade(rank=1, hidden=4, init_bias=100.0, geo_features=False), 1, 8, 3)
     with torch.no_grad():
         _, gates = sample_topologies(predictor, torch.zeros(4000, 3), None, 0.1, torch.Generator().manual_seed(0))
         _, none = sample_topologies(predictor, torch.zeros(10, 3), None, 0.0, torch.Generator().manual_seed(0))
     assert gates[:, 1:].mean().item() == pytest.approx(0.9, abs=0.005)  # sd of the mean ≈ 0.0017
     assert (none == 1).all()
+
+
+def test_pairs_of_a_head_gate_router_store_its_heads_and_beside_them_a_null(phase_inputs, tmp_path):
+    """A head-gate router reading the LM (query skip): the stored bits are every edge among the
+    active heads, so the gates read back from them are the sampled ones (exactly K per position
+    before the exploration flips); the null statistics sit beside the pairs'."""
+    from lookahead.graph.router_inputs import input_dim
+    from lookahead.graph.sampling import executed_topology
+
+    cache = ContextCache(phase_inputs["contexts"])
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    torch.manual_seed(0)
+    cfg_p = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
+    predictor = StructurePredictor.from_init(cfg_p, phase_inputs["init"], input_dim("lm", cache.dim, lm.config.hidden_size))
+    save_predictor(predictor, tmp_path / "predictor.safetensors", extra={"runtime": {"skip": "query"}})
+    cfg = PairsConfig(sequences=4, samples=4, keep=2, batch_size=4, approx_positions=20, flip_prob=0.0, device="cpu")
+    metrics = build_pairs(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                          tmp_path / "predictor.safetensors", tmp_path / "out")
+    arrays = load_file(str(tmp_path / "out" / PAIRS_FILE))
+    n_e = n_edges(2, 2)
+    edges = torch.from_numpy(unpack_bits(arrays["bits"], n_e)).float()
+    mask = allowed_mask(2, 2)
+    adjacency, gates = executed_topology(edges, mask, 2, 2, "head")
+    assert gates[:, 1:].sum(-1).eq(2).all()  # top-2 of 4 heads, no flips
+    assert np.allclose(arrays["head_fraction"], 0.5)
+    assert torch.equal(to_dense(edges, mask), mask.float() * gates[:, :, None] * gates[:, None, :])
+    assert torch.equal(adjacency, mask.float() * gates[:, :, None])  # executed: every edge out of an active head
+    for key in ("multi_topology_share", "positions_with_pair_share"):
+        assert 0.0 <= metrics[f"{key}_null"] <= 1.0
+    assert metrics["multi_topology_share_null"] <= metrics["positions_with_pair_share_null"]
+    assert metrics["positions_with_pair_share"] > 0

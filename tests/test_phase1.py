@@ -63,12 +63,12 @@ def test_an_off_head_comes_back_when_the_loss_wants_it(hard_from_step):
     windows = greedy_windows(lm, 16, 10, seed=1)
     contexts = torch.randn(16, 9, 4, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
-    predictor = StructurePredictor(PredictorConfig(rank=2, hidden=8, init_bias=4.0, gate_k=4.0), 2, 2, context_dim=4)
+    predictor = StructurePredictor(PredictorConfig.cascade(rank=2, hidden=8, init_bias=4.0, gate_k=4.0), 2, 2, context_dim=4)
     head = 3
     with torch.no_grad():
         predictor.static[:, head] = -6.0
     # no sparsity terms at all: only the NLL acts on the head
-    cfg = Phase1Config(lambda_head=0.0, lambda_edge=0.0, tau_end=0.3, hard_from_step=hard_from_step,
+    cfg = Phase1Config(nll_weight=1.0, distill=0.0, lambda_head=0.0, lambda_edge=0.0, tau_end=0.3, hard_from_step=hard_from_step,
                        train=TrainConfig(steps=60, batch_size=8))
     module = Phase1Module(predictor, lm, MemoryCache(windows, contexts),
                           GeoLookup(torch.zeros(61, 0), torch.zeros(61)), torch.ones(2, 2), cfg)
@@ -131,7 +131,7 @@ def phase1_module(phase_inputs, init_bias: float, **cfg):
 
     init = load_file(str(phase_inputs["init"]))
     torch.manual_seed(0)
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, init_bias=init_bias),
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=init_bias),
                                              phase_inputs["init"], cache.dim)
     return Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
                         load_file(str(phase_inputs["heads"]))["importance"], Phase1Config(**cfg))
@@ -158,10 +158,10 @@ def test_evaluation_at_the_extremes_matches_its_baselines(phase_inputs):
 
 
 def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, monkeypatch):
-    cfg = Phase1Config(lambda_head=0.1, hard_from_step=4, eval_batch_size=2,
+    cfg = Phase1Config(nll_weight=1.0, distill=0.0, static_twin=False, lambda_head=0.1, hard_from_step=4, eval_batch_size=2,
                        train=TrainConfig(steps=7, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, log_every=1,
                                          checkpoint_every=2, device="cpu"))
-    pcfg = PredictorConfig(rank=2, hidden=8)
+    pcfg = PredictorConfig.cascade(rank=2, hidden=8)
     args = (phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], phase_inputs["heads"])
     metrics, straight, _ = build_phase1(cfg, pcfg, *args, tmp_path / "a.safetensors", tmp_path / "ckpt_a")
 

@@ -89,7 +89,7 @@ def test_control_is_plain_adamw_on_the_same_windows_as_the_joint_run(phase2_run,
 
 def test_predictor_learning_rate_scale_is_c_times_the_lm_step(phase_inputs, seed):
     cache = ContextCache(phase_inputs["contexts"])
-    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8), phase_inputs["init"], cache.dim)
+    predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8), phase_inputs["init"], cache.dim)
     torch.nn.init.normal_(predictor.to_v.weight, std=0.5)  # every parameter gets a gradient
     contexts = torch.randn(3, cache.dim)
     geo = torch.randn(3, predictor.geo_dim)

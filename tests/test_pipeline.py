@@ -123,7 +123,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert evaluate["dense_control_nll"] == pytest.approx(first["control"]["val_nll"], rel=1e-5)
     assert report["evaluate"]["causality"]["passed"] and evaluate["causality_max_change"] <= 1e-5
     table = (path / "metrics" / "evaluate_table.md").read_text()
-    assert table.count("\n| `") == 12 and "passed" in table
+    assert table.count("\n| `") == 14 and "passed" in table
     assert (path / "metrics" / "evaluate_explainer.png").stat().st_size > 20_000
     assert "<svg" in (path / "metrics" / "evaluate_explainer.html").read_text()
     phase2_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "phase2" for r in stage_runs(path))  # noqa: E731

@@ -89,7 +89,7 @@ def test_cascade_batches_over_positions():
 
 def _predictor(**kw) -> StructurePredictor:
     torch.manual_seed(0)
-    cfg = PredictorConfig(rank=3, hidden=16, **kw)
+    cfg = PredictorConfig.cascade(rank=3, hidden=16, **kw)
     return StructurePredictor(cfg, n_layers=2, n_heads=2, context_dim=6, geo_dim=0)
 
 
@@ -97,7 +97,7 @@ def test_predictor_starts_near_dense_from_u0_v0():
     torch.manual_seed(0)
     n = n_nodes(2, 2)
     u0, v0 = torch.randn(n, 3) * 0.3, torch.randn(n, 3) * 0.3
-    p = StructurePredictor(PredictorConfig(rank=3, hidden=16, init_bias=4.0, gate_k=4.0), 2, 2, 6, u0=u0, v0=v0).eval()
+    p = StructurePredictor(PredictorConfig.cascade(rank=3, hidden=16, init_bias=4.0, gate_k=4.0), 2, 2, 6, u0=u0, v0=v0).eval()
     ctx = torch.randn(4, 5, 6)
     z = p.logits(ctx)
     assert torch.allclose(z, (u0 @ v0.T + 4.0).expand(4, 5, n, n), atol=1e-6)  # Z = B at initialisation
@@ -106,7 +106,7 @@ def test_predictor_starts_near_dense_from_u0_v0():
     assert adj[..., ~mask].abs().max() == 0
     assert adj[..., mask].min() > 0.8 and (g > 0.97).all()
     with pytest.raises(PredictorError, match="rerun the init stage"):
-        StructurePredictor(PredictorConfig(rank=2), 2, 2, 6, u0=u0, v0=v0)
+        StructurePredictor(PredictorConfig.cascade(rank=2), 2, 2, 6, u0=u0, v0=v0)
 
 
 def test_noise_only_in_training_and_logistic():
@@ -154,13 +154,13 @@ def test_from_init_reads_the_init_stage_file(tmp_path):
     path = tmp_path / "init.safetensors"
     save_file({"U0": u0, "V0": v0, "geo_table": torch.randn(50, 4), "geo_mask": torch.ones(50)}, str(path),
               metadata={"config": json.dumps({"n_layers": 2})})
-    p = StructurePredictor.from_init(PredictorConfig(rank=3, init_bias=1.0), path, context_dim=6)
+    p = StructurePredictor.from_init(PredictorConfig.cascade(rank=3, init_bias=1.0), path, context_dim=6)
     assert (p.n_layers, p.n_heads, p.geo_dim) == (2, 2, 5)
     assert torch.allclose(p.static, u0 @ v0.T + 1.0)
     with pytest.raises(PredictorError, match="geometric features"):
         p.logits(torch.randn(2, 6))
     with pytest.raises(PredictorError, match="run `dvc repro init`"):
-        StructurePredictor.from_init(PredictorConfig(rank=3), tmp_path / "missing.safetensors", 6)
+        StructurePredictor.from_init(PredictorConfig.cascade(rank=3), tmp_path / "missing.safetensors", 6)
 
 
 def test_config_is_validated():
@@ -183,7 +183,7 @@ def test_topology_and_logits_at_t_ignore_later_tokens(hard):
     encoder = tiny_olmo2(n_layers=1, n_heads=2, hidden=16, ffn=16, seed=1)
     geo_table, geo_mask = torch.randn(61, 4), (torch.rand(61) > 0.5).float()
     torch.manual_seed(0)
-    cfg = PredictorConfig(rank=2, hidden=16, hard=hard, init_bias=0.0)
+    cfg = PredictorConfig.cascade(rank=2, hidden=16, hard=hard, init_bias=0.0)
     predictor = StructurePredictor(cfg, 2, 2, context_dim=16, geo_dim=5).eval()
     with torch.no_grad():  # move V off zero so the graph depends on the context
         predictor.to_v.weight.normal_(0, 1.0)

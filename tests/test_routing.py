@@ -147,7 +147,7 @@ def test_an_untrained_head_router_under_a_budget_is_static_importance_pruning():
 
 
 def test_routing_configs_are_refused_clearly():
-    for bad, key in (({"gate": "heads"}, "gate"), ({"budget": "topk"}, "budget"), ({"keep": 0.0}, "keep"),
+    for bad, key in (({"gate": "heads"}, "gate"), ({"gate": "cascade", "budget": "topk"}, "budget"), ({"keep": 0.0}, "keep"),
                      ({"input": "minilm"}, "input"), ({"noise": "gauss"}, "noise"),
                      ({"logit_bound": -1.0}, "logit_bound"), ({"estimator": "gumbel"}, "estimator")):
         with pytest.raises(ConfigError, match=key):
@@ -155,7 +155,8 @@ def test_routing_configs_are_refused_clearly():
     with pytest.raises(ConfigError, match="skip"):
         RuntimeConfig(skip="keys")
     for bad, key in (({"z_loss": math.inf}, "z_loss"), ({"noise_end": 2.0}, "noise_end"),
-                     ({"oracle": "label"}, "oracle"), ({"distill": -1.0}, "distill")):
+                     ({"oracle": "label"}, "oracle"), ({"distill": -1.0}, "distill"),
+                     ({"distill": 0.0, "nll_weight": 0.0}, "nll_weight")):
         with pytest.raises(ConfigError, match=key):
             Phase1Config(**bad)
 

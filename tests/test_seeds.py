@@ -63,12 +63,12 @@ def test_a_seed_evaluated_only_at_its_end_trains_exactly_as_with_its_curve(phase
     evaluations draw from generators of their own) nor the final figures."""
     from safetensors.torch import load_file
 
-    cfg = Phase1Config(lambda_head=0.1, eval_batch_size=2,
+    cfg = Phase1Config(nll_weight=1.0, distill=0.0, static_twin=False, lambda_head=0.1, eval_batch_size=2,
                        train=TrainConfig(steps=6, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=2, log_every=1,
                                          checkpoint_every=0, device="cpu"))
     final = final_evaluation_only(cfg)
     assert final.train.eval_every == 6 and dataclasses.replace(final, train=cfg.train) == cfg
-    args = (PredictorConfig(rank=2, hidden=8), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+    args = (PredictorConfig.cascade(rank=2, hidden=8), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
             phase_inputs["heads"])
     curve, with_curve, _ = build_phase1(cfg, *args, tmp_path / "a.safetensors")
     end, at_end, _ = build_phase1(final, *args, tmp_path / "b.safetensors")

@@ -43,6 +43,15 @@ def head_graph(gates: torch.Tensor, n_layers: int, n_heads: int) -> torch.Tensor
     return allowed_mask(n_layers, n_heads).to(gates.device, gates.dtype) * gates[..., :, None]
 
 
+def baseline_graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
+    """The graph a baseline (static pruning, random heads) runs for gates (…, N): every allowed edge
+    among the heads that are on; under ``runtime.skip: query`` also the edges into the heads that
+    are off, which there are their key and value inputs (the standard stream: :func:`head_graph`)."""
+    if skip == "query":
+        return head_graph(gates, n_layers, n_heads)
+    return allowed_mask(n_layers, n_heads).to(gates.device, gates.dtype) * gates[..., :, None] * gates[..., None, :]
+
+
 def n_edges(n_layers: int, n_heads: int) -> int:
     """Number of allowed edges: H from the source to each head, plus H² for each pair of layers."""
     return n_layers * n_heads + n_heads**2 * n_layers * (n_layers - 1) // 2

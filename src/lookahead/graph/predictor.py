@@ -13,6 +13,14 @@ token at t, so the predictor — a per-position function — never sees tokens a
 
 The V half of the MLP's output layer starts at zero, so Z_t = B at initialisation (near the dense
 graph: σ(init_bias) on every allowed edge) while U and V still receive gradients.
+
+``gate: head`` replaces the cascade with one keep logit per head and position, z_t = W h_t + b
+(b starts at the probe's head importance, so under a budget the untrained router is static
+importance pruning; W starts at zero), turned into gates by :mod:`lookahead.graph.gating` (an
+exact per-token top-K or a threshold, straight-through or hard-concrete), and every allowed edge
+out of an active head (each head reads the standard stream). ``input`` chooses what f_t holds:
+the context cache's encoding, or the LM's own states before t (:mod:`lookahead.graph.router_inputs`),
+each block brought to unit RMS.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
@@ -57,7 +66,7 @@ class PredictorConfig:
     """Added to U0 V0ᵀ in the static logits B: every edge starts at about σ(init_bias)."""
     hard: bool = False
     """Threshold edges and gates (straight-through gradients in training) instead of soft values."""
-    gate: str = "cascade"
+    gate: str = "head"
     """cascade: heads gated by their incoming edge weight (the seed's); head: one keep logit per head
     and position, read from the router (``lookahead.graph.gating``)."""
     edges: str = "all"
@@ -65,19 +74,24 @@ class PredictorConfig:
     stream, the graph static pruning runs); learned = the low-rank edge logits as well."""
     estimator: str = "st"
     """Head gates: st (sigmoid straight-through at soft values) or hard_concrete (Louizos et al. 2018)."""
-    budget: str = "none"
+    budget: str = "topk"
     """Head gates: none (a penalty sets the fraction), topk (exact per-token top-K of all heads) or
     topk_layer (the top K/L of each layer's heads)."""
     keep: float = 0.5
     """Head gates under a budget: fraction of heads kept per token."""
-    noise: str = "logistic"
+    noise: str = "none"
     """Head gates' training noise on the keep scores: logistic, gumbel (top-K of z + Gumbel draws
     samples heads without replacement) or none; phase 1 anneals its scale."""
     logit_bound: float = 0.0
     """Head gates: keep logits bounded to c·tanh(z/c), c = logit_bound (0 = unbounded)."""
-    input: str = "cache"
+    input: str = "lm"
     """Router input: cache (the context cache's encoder), lm (the frozen base LM's token embedding at
     t and final hidden state at t−1) or embedding (the token embedding at t alone)."""
+
+    @classmethod
+    def cascade(cls, **changes) -> PredictorConfig:
+        """The seed's predictor: cascade gates over the context cache's contexts, logistic noise."""
+        return cls(**{"gate": "cascade", "budget": "none", "noise": "logistic", "input": "cache", **changes})
 
     def __post_init__(self) -> None:
         require(self.gate in GATE_KINDS, "gate", f"must be one of {', '.join(GATE_KINDS)}; got {self.gate!r}")
@@ -203,6 +217,10 @@ class StructurePredictor(nn.Module):
         """The MLP's hidden features h (…, hidden) of context (…, C) and geometric features (…, G)."""
         if context.shape[-1] != self.context_dim:
             raise PredictorError(f"context features must have {self.context_dim} dims; got {context.shape[-1]}")
+        if self.cfg.input == "lm":  # the embedding and the hidden state differ in scale by ~100x: each to unit RMS
+            context = torch.cat([F.rms_norm(x, (x.shape[-1],), eps=1e-6) for x in context.chunk(2, dim=-1)], dim=-1)
+        elif self.cfg.input == "embedding":
+            context = F.rms_norm(context, (context.shape[-1],), eps=1e-6)
         if self.geo_dim:
             if geo is None or geo.shape[-1] != self.geo_dim:
                 raise PredictorError(f"this predictor takes {self.geo_dim} geometric features per position "

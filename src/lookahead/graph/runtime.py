@@ -66,7 +66,7 @@ SKIP_MODES = ("full", "query")
 class RuntimeConfig:
     """How the head-graph runtime executes a head that is off at a position (DESIGN §4)."""
 
-    skip: str = "full"
+    skip: str = "query"
     """full: no query, key or value there; query: no query, attention row or output, keys and values kept."""
 
     def __post_init__(self) -> None:

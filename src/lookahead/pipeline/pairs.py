@@ -5,6 +5,9 @@ topologies are drawn per position from the trained predictor (its logistic noise
 allowed edge flipped with probability ``pairs.flip_prob``: see :func:`sample_topologies`), each sample
 scored by the frozen LM in one hard forward pass of the whole window, and up to ``pairs.keep``
 distinct topologies per position that beat that position's dense NLL are kept (lowest NLL first).
+"Beats dense" is a minimum over noisy draws chosen with the target, so the same statistics are
+reported for a null: as many random head sets per position at the samples' active-head fraction
+(``*_null``).
 
 One forward scores every position of a sample although a position's NLL also depends on the
 topologies of the positions before it (through their keys and values). That approximation is
@@ -35,7 +38,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
-from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, unpack_bits
+from lookahead.graph.nodes import allowed_mask, baseline_graph, n_edges, pack_bits, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import forward_with_topology, recorded_skip
@@ -105,8 +108,9 @@ def select_pairs(bits: np.ndarray, nll: np.ndarray, dense: np.ndarray, keep: int
 
 # metrics/pairs.json (lookahead.core.report); throughput stays in the report
 # and their spread over the sampling seed (lookahead.core.seeds)
-SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "positions_with_pair_share",
-          "distinct_sampled_per_position", "kept_active_head_fraction", "approximation_spearman")
+SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "multi_topology_share_null",
+          "positions_with_pair_share", "positions_with_pair_share_null", "distinct_sampled_per_position",
+          "kept_active_head_fraction", "approximation_spearman")
 HEADLINE = seeded_headline(SEEDED, SEEDED)
 
 def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
@@ -119,7 +123,9 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
 
     rows, bits_out, nll_out, dense_out, heads_out, edges_out = [], [], [], [], [], []
-    distinct, kept_counts = [], []
+    distinct, kept_counts, null_counts = [], [], []
+    null_gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + 7)  # apart from the samples' stream
+    n_nodes = 1 + predictor.n_layers * predictor.n_heads
     tic = time.perf_counter()
     with torch.no_grad():
         for start in tqdm(range(0, cfg.sequences, cfg.batch_size), desc="pairs", unit="batch", mininterval=2.0):
@@ -143,6 +149,18 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
             edge_share = (edges.sum(-1) / n_e).cpu().numpy()
             dense_flat = dense.flatten().cpu().numpy()
             chosen = select_pairs(packed, nll, dense_flat, cfg.keep)
+            # the null: as many random topologies at the samples' active-head fraction, kept the same way
+            fraction = float(heads.mean())
+            null_bits, null_nll = [], []
+            for _ in range(cfg.samples):
+                gates = (torch.rand(*ids.shape, n_nodes, generator=null_gen, device=device) < fraction).float()
+                gates[..., 0] = 1.0
+                adjacency = baseline_graph(gates, predictor.n_layers, predictor.n_heads, skip)
+                null_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                                          targets).flatten())
+                null_bits.append(stored_edges(adjacency, gates, mask).flatten(0, 1))
+            null_counts += [len(c) for c in select_pairs(pack_bits(torch.stack(null_bits)),
+                                                         torch.stack(null_nll).cpu().numpy(), dense_flat, cfg.keep)]
             distinct += [len({packed[s, p].tobytes() for s in range(cfg.samples)}) for p in range(packed.shape[1])]
             for p, picked in enumerate(chosen):
                 kept_counts.append(len(picked))
@@ -161,7 +179,7 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
         "nll": np.asarray(nll_out, dtype=np.float32), "dense_nll": np.asarray(dense_out, dtype=np.float32),
         "head_fraction": np.asarray(heads_out, dtype=np.float32), "edge_fraction": np.asarray(edges_out, dtype=np.float32),
     }
-    return arrays, distinct, kept_counts, seconds
+    return arrays, distinct, kept_counts, null_counts, seconds
 
 
 def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
@@ -187,7 +205,7 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
     n_e = n_edges(predictor.n_layers, predictor.n_heads)
     t_len = cache.context_length
-    arrays, distinct, kept_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device, skip)
+    arrays, distinct, kept_counts, null_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device, skip)
     positions = cfg.sequences * t_len
     pairs = len(arrays["rows"])
     spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device, skip)
@@ -205,6 +223,8 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
         "mean_gain": float(gains.mean()) if pairs else 0.0,
         "multi_topology_share": float((counts >= 2).mean()),
         "positions_with_pair_share": float((counts >= 1).mean()),
+        "multi_topology_share_null": float((np.asarray(null_counts) >= 2).mean()),
+        "positions_with_pair_share_null": float((np.asarray(null_counts) >= 1).mean()),
         "distinct_sampled_per_position": float(np.mean(distinct)),
         "kept_active_head_fraction": float(arrays["head_fraction"].mean()) if pairs else None,
         "approximation_spearman": spearman,

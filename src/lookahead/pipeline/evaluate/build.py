@@ -14,6 +14,8 @@ Rows, all on the context cache's val windows (the positions phase 1, diffusion a
                           phase-2 hard row's active-head fraction (linear between whole head counts)
     random_heads          the control LM with random per-position heads at that fraction
     static_pruning_phase2, random_heads_phase2   the same two baselines on the phase-2 LM
+    random_sample/_best_of_k   the null of diffusion_best_of_k: base + K random head sets per position
+                          at the diffusion samples' active-head fraction, their mean and their best
 
 Each row: NLL and perplexity; active-head and active-edge fraction, mean and per layer (soft rows:
 the mean gate value and edge weight — every head is computed there); estimated attention FLOPs per
@@ -63,11 +65,11 @@ from lookahead.pipeline.evaluate.rows import (
 # metrics/evaluate.json (lookahead.core.report): the issue's headline keys
 # Rows drawn at random, scored over `seeds` seeds: their NLLs are the mean over seeds (`<row>_nll`,
 # with `<row>_nll_sd`); the table keeps the first seed's rows
-SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads")
+SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads", "random_best_of_k")
 HEADLINE = seeded_headline(("dense_base_nll", "dense_control_nll", "phase1_hard_nll", "phase2_soft_nll",
                             "phase2_hard_nll", "phase2_active_head_fraction", "phase2_active_edge_fraction",
                             "static_pruning_nll", "random_heads_nll", "diffusion_sample_nll", "diffusion_best_of_k_nll",
-                            "attention_flops_over_dense", "causality_max_change"),
+                            "random_best_of_k_nll", "attention_flops_over_dense", "causality_max_change"),
                            [f"{name}_nll" for name in SEEDED_ROWS])
 
 @dataclasses.dataclass
@@ -106,6 +108,8 @@ class Decoders:
     phase2_hard: Topologies
     skip: str = "full"  # the runtime's skip mode phase 1 trained under
     gate_kind: str = "cascade"  # how sampled bits execute (lookahead.graph.sampling)
+    tau1: float | None = None  # the soft rows' edge temperatures: those phase 1 and phase 2 evaluated at
+    tau2: float | None = None
 
 
 def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Tensor, base_dir, heads_file,
@@ -133,15 +137,16 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
     denoiser.to(device).eval()
     steps, temperature = sampling_settings(dmeta, diffusion_dir)
 
-    predictor2 = None
+    predictor2, tau2 = None, None
     if phase2["decoder"] == "mlp":
-        predictor2, _ = load_predictor(Path(phase2_dir) / PREDICTOR_FILE)
+        predictor2, meta2 = load_predictor(Path(phase2_dir) / PREDICTOR_FILE)
+        tau2 = meta2.get("phase2", {}).get("tau_end")
         predictor2.to(device).eval()
         phase2_hard = predictor_topologies(predictor2, hard=True, lm=lm2)
     else:
         phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
     return Decoders(base, lm2, control, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
-                    phase2_hard, skip, gate_kind)
+                    phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2)
 
 
 def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: GeoLookup, tokenizer, base_dir,
@@ -173,7 +178,7 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, device) -> list[RowSpec]:
     """The table's rows before the baselines, in the table's order (adding a row: README)."""
     specs = [
         RowSpec("dense_base", d.base, None),
-        RowSpec("phase1_soft", d.base, predictor_topologies(d.predictor1, hard=False, lm=d.base), hard=False,
+        RowSpec("phase1_soft", d.base, predictor_topologies(d.predictor1, hard=False, lm=d.base, tau=d.tau1), hard=False,
                 skip=d.skip),
         RowSpec("phase1_hard", d.base, predictor_topologies(d.predictor1, hard=True, lm=d.base), skip=d.skip),
         RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
@@ -183,9 +188,18 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, device) -> list[RowSpec]:
         RowSpec("dense_control", d.control, None),
     ]
     if d.predictor2 is not None:
-        specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False, lm=d.lm2),
+        specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False, lm=d.lm2, tau=d.tau2),
                                 hard=False, skip=d.skip))
     return specs
+
+
+def null_best_of_k(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int, device) -> RowSpec:
+    """The null of the diffusion best-of-K: K random head sets per position at ``fraction`` (the
+    diffusion samples'), on the base LM; its best-of row is chosen with the target the same way."""
+    s = d.shapes
+    return RowSpec("random_sample", d.base, random_topologies(s.n_layers, s.n_heads, fraction, cfg.diffusion_samples,
+                                                              seed + 7, device, d.skip),
+                   best_of="random_best_of_k", skip=d.skip)
 
 
 def baseline_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, fraction: float, seed: int,
@@ -201,14 +215,16 @@ def baseline_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, f
     return baselines
 
 
-def seeded_rows(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int, device) -> list[RowSpec]:
+def seeded_rows(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int, device,
+                diffusion_fraction: float) -> list[RowSpec]:
     """The rows the stage's own randomness draws (diffusion samples, random heads), on ``seed``;
     every other row is a deterministic function of its inputs (lookahead.core.seeds)."""
     return [RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
                                                                      d.temperature, seed, device, gate_kind=d.gate_kind),
                     best_of="diffusion_best_of_k", skip=d.skip),
             RowSpec("random_heads", d.control, random_topologies(d.shapes.n_layers, d.shapes.n_heads, fraction,
-                                                                 cfg.random_draws, seed, device, d.skip), skip=d.skip)]
+                                                                 cfg.random_draws, seed, device, d.skip), skip=d.skip),
+            null_best_of_k(cfg, d, diffusion_fraction, seed, device)]
 
 
 def seeded_figures(scored: dict) -> dict[str, float]:
@@ -258,11 +274,14 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     specs = row_specs(cfg, d, device)
     results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device)
     fraction = results["phase2_hard"]["active_head_fraction"]
+    diffusion_fraction = results["diffusion_sample"]["active_head_fraction"]
     baselines = baseline_specs(cfg, d, importance, fraction, cfg.seed, device)
+    baselines.append(null_best_of_k(cfg, d, diffusion_fraction, cfg.seed, device))
     results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device))
     per_seed = [seeded_figures(results)]
     for offset in tqdm(range(1, cfg.seeds), desc="evaluate seeds", unit="seed", disable=cfg.seeds <= 1):
-        per_seed.append(seeded_figures(score_rows(seeded_rows(cfg, d, fraction, cfg.seed + offset, device), cache, geo,
+        per_seed.append(seeded_figures(score_rows(seeded_rows(cfg, d, fraction, cfg.seed + offset, device,
+                                                              diffusion_fraction), cache, geo,
                                                   rows, cfg.eval_batch_size, device)))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]

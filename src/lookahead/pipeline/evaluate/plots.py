@@ -27,6 +27,8 @@ LABELS = {
     "random_heads": ("control", "random per-token heads"),
     "static_pruning_phase2": ("phase 2", "static pruning (importance)"),
     "random_heads_phase2": ("phase 2", "random per-token heads"),
+    "random_sample": ("base", "random heads at the diffusion fraction, one of K (null)"),
+    "random_best_of_k": ("base", "random heads, best of K (null of the oracle choice)"),
 }
 
 

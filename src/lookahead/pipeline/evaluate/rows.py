@@ -3,7 +3,9 @@
 
 Attention FLOPs of a (head, position) pair that runs: 2·d·D per projection for q, k, v and the
 output (8·d·D) plus 4·D·n_keys for scores and the weighted sum, where n_keys counts the positions
-≤ t at which that head runs (off positions have no key). Dense: every pair, n_keys = t + 1. The
+≤ t at which that head runs (off positions have no key). Dense: every pair, n_keys = t + 1. Under
+``runtime.skip: query`` every pair computes its key and value (4·d·D), and only a pair that runs its
+query, output and attention over all t + 1 keys (4·d·D + 4·D·(t + 1)). The
 head-graph mixing (2·d per edge into a head that runs: building that head's input stream) is not
 in the stock model; it is reported beside, as ``mixing_flops_over_dense``.
 """
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.graph.nodes import allowed_mask, head_graph
+from lookahead.graph.nodes import baseline_graph
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.sampling import executed_topology
@@ -43,7 +45,7 @@ class Shapes:
         return cls(c.num_hidden_layers, c.num_attention_heads, c.hidden_size, c.hidden_size // c.num_attention_heads)
 
 
-def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes) -> dict[str, torch.Tensor]:
+def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, skip: str = "full") -> dict[str, torch.Tensor]:
     """Per-position figures of per-position topologies A (B, T, N, N), g (B, T, N):
 
     heads (B, T, L): summed gates of each layer's heads; edges (B, T, L): summed edge weights into
@@ -54,9 +56,12 @@ def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes) ->
     g = gates[..., 1:].reshape(b, t, L, H)
     into = adjacency[..., 1:].reshape(b, t, -1, L, H).sum(2)  # (B, T, L, H): weight into each head
     on = (g > 0).to(adjacency.dtype)  # a pair that runs (soft gates: every pair with any weight)
-    keys = on.cumsum(1)  # (B, T, L, H): positions <= t at which the head runs
-    attn = (on * (8 * d * D + 4 * D * keys)).sum((-2, -1))
     positions = torch.arange(1, t + 1, device=gates.device, dtype=adjacency.dtype)
+    if skip == "query":  # keys and values everywhere; queries, outputs and attention rows where on
+        attn = (4 * d * D + on * (4 * d * D + 4 * D * positions[None, :, None, None])).sum((-2, -1))
+    else:
+        keys = on.cumsum(1)  # (B, T, L, H): positions <= t at which the head runs
+        attn = (on * (8 * d * D + 4 * D * keys)).sum((-2, -1))
     dense = L * H * (8 * d * D + 4 * D * positions).expand(b, t)
     edges_into_running = ((adjacency[..., 1:] > 0).to(adjacency.dtype).reshape(b, t, -1, L, H) * on[:, :, None]).sum((2, 3, 4))
     return {"heads": g.sum(-1), "edges": into.sum(-1), "attn_flops": attn, "dense_flops": dense,
@@ -120,14 +125,6 @@ class RowSpec:
     skip: str = "full"  # the runtime's skip mode (the phase-1 predictor's)
 
 
-def _graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
-    """All edges among the heads that are on; under ``query`` also the edges into the heads that are
-    off (their key and value inputs: the standard stream, :func:`lookahead.graph.nodes.head_graph`)."""
-    if skip == "query":
-        return head_graph(gates, n_layers, n_heads)
-    return allowed_mask(n_layers, n_heads).to(gates.device).float() * gates[..., :, None] * gates[..., None, :]
-
-
 def shared_topology(importance: torch.Tensor, fraction: float, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
     """Static pruning's topology: the round(fraction · L·H) most important heads, all edges among them."""
     n_layers, n_heads = importance.shape
@@ -136,7 +133,7 @@ def shared_topology(importance: torch.Tensor, fraction: float, skip: str = "full
     gates = torch.zeros(1 + n_layers * n_heads)
     gates[0] = 1.0
     gates[1 + order[:k]] = 1.0
-    return _graph(gates, n_layers, n_heads, skip), gates
+    return baseline_graph(gates, n_layers, n_heads, skip), gates
 
 
 def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, int],
@@ -144,7 +141,7 @@ def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[i
     """Random per-position heads (each on with probability ``fraction``), all edges among them."""
     gates = (torch.rand(*shape, 1 + n_layers * n_heads, generator=generator) < fraction).float()
     gates[..., 0] = 1.0
-    return _graph(gates, n_layers, n_heads, skip), gates
+    return baseline_graph(gates, n_layers, n_heads, skip), gates
 
 
 @torch.no_grad()
@@ -173,7 +170,7 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
                                       targets))
                 if adjacency.dim() == 2:  # shared: the same figures at every position
                     adjacency, gates = adjacency.expand(b, t, *adjacency.shape), gates.expand(b, t, -1)
-                figures.append(position_figures(adjacency, gates, s))
+                figures.append(position_figures(adjacency, gates, s, spec.skip))
             for nll, fig in zip(nlls, figures):
                 totals[spec.name].add(nll, fig)
             if spec.best_of:  # per position, the sample with the lowest NLL (and its figures)
@@ -218,12 +215,13 @@ def time_rows(specs: list[RowSpec], ids: torch.Tensor, topologies: dict[str, tup
     return out
 
 
-def predictor_topologies(predictor, hard: bool, lm=None) -> Topologies:
+def predictor_topologies(predictor, hard: bool, lm=None, tau: float | None = None) -> Topologies:
     """The predictor's deterministic topology (eval mode: no noise), soft or hard; it reads the
-    cache's contexts or ``lm``'s states (``predictor.input``)."""
+    cache's contexts or ``lm``'s states (``predictor.input``). ``tau``: the edge temperature of the
+    soft graph (the one its training evaluated at; None: ``predictor.tau``)."""
     def draw(ids, contexts, geo):
         router = router_context(predictor.cfg.input, lm, ids, contexts)
-        return [predictor(router, geo if predictor.geo_dim else None, hard=hard)]
+        return [predictor(router, geo if predictor.geo_dim else None, tau=tau, hard=hard)]
 
     return draw
 

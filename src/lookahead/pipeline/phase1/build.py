@@ -53,7 +53,7 @@ class Phase1Config:
     seeds: int = 3
     """Runs over seeds of training (batches, noise), for each headline figure's mean and `_sd`
     (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
-    lambda_head: float = 0.5
+    lambda_head: float = 0.0
     """Weight of the mean head gate (pushes heads off)."""
     lambda_edge: float = 1.0
     """Weight of the mean active edge weight (pushes edges off)."""
@@ -80,12 +80,16 @@ class Phase1Config:
     oracle: str = "loo"
     """The label-free oracle in the report: loo (leave-one-out KL), greedy (also the greedy one,
     (L·H − K)·L·H forwards) or none."""
-    distill: float = 0.0
+    nll_weight: float = 0.0
+    """Weight of the NLL of the soft-executed graph in the loss (its straight-through gradient); 0 =
+    the LM runs without gradient (the NLL is still logged) and the router learns from the other
+    terms alone, e.g. pure oracle distillation (needs ``distill`` > 0)."""
+    distill: float = 1.0
     """Head gates: weight of the oracle distillation, BCE of the keep logits (centred on the
     router's own top-K threshold) against the leave-one-out-KL oracle's top-K heads at each training
     position (the oracle reads the dense model at t, a training target only; the router's inputs
     stay causal)."""
-    static_twin: bool = False
+    static_twin: bool = True
     """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=100, checkpoint_every=100))
@@ -97,7 +101,7 @@ class Phase1Config:
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
-        for name in ("z_loss", "balance", "distill"):
+        for name in ("z_loss", "balance", "distill", "nll_weight"):
             value = getattr(self, name)
             require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
         require(math.isfinite(self.noise_start) and self.noise_start > 0, "noise_start",
@@ -105,6 +109,8 @@ class Phase1Config:
         require(math.isfinite(self.noise_end) and 0 < self.noise_end <= self.noise_start, "noise_end",
                 f"must be in (0, noise_start = {self.noise_start}]; got {self.noise_end}")
         require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
+        require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
+                "is 0 and so is distill: nothing would train the router (set one of them > 0)")
 
     def tau(self, step: int) -> float:
         """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
@@ -155,12 +161,12 @@ class Phase1Module:
 
     def inputs(self, ids: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The router's context and geometric features of windows ``ids`` (zeros for the twin)."""
+        if self.zero_inputs:  # nothing to compute: zeros of the router's input widths
+            geo_dim = self.model.geo_dim
+            zeros = ids.new_zeros(*ids.shape, self.model.context_dim + geo_dim, dtype=torch.float32)
+            return zeros[..., : self.model.context_dim], (zeros[..., self.model.context_dim:] if geo_dim else None)
         context = router_context(self.model.cfg.input, self.lm, ids, contexts)
-        geo = self.geo(ids) if self.model.geo_dim else None
-        if self.zero_inputs:
-            context = torch.zeros_like(context)
-            geo = None if geo is None else torch.zeros_like(geo)
-        return context, geo
+        return context, (self.geo(ids) if self.model.geo_dim else None)
 
     def batch(self, step: int) -> dict:
         t = self.cfg.train
@@ -187,13 +193,14 @@ class Phase1Module:
         context, geo = self.inputs(ids, batch["contexts"])
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
-        # soft execution: every head's output exists
-        logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
-        nll = token_nll(logits, windows[:, 1:]).mean()
+        # soft execution: every head's output exists; without an NLL term, no gradient through the LM
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.nll_weight > 0):
+            logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
+            nll = token_nll(logits, windows[:, 1:]).mean()
         head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
         pcfg = model.cfg
         penalty = l0_penalty(z).mean() if z is not None and pcfg.estimator == "hard_concrete" else head
-        loss = nll + self.cfg.lambda_head * penalty
+        loss = self.cfg.nll_weight * nll + self.cfg.lambda_head * penalty
         if pcfg.gate == "cascade" or pcfg.edges == "learned":  # head gates with every edge: nothing to prune
             loss = loss + self.cfg.lambda_edge * edge
         figures = {"nll": nll.item(), "head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
@@ -366,6 +373,10 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
+    if predictor_cfg.gate != "head":
+        for name in ("distill", "z_loss", "balance"):
+            require(getattr(cfg, name) == 0, name, f"acts on head gates' keep logits: set it to 0 for "
+                    f"predictor.gate: {predictor_cfg.gate} (or use predictor.gate: head)")
     cache = ContextCache(contexts_dir)
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)

@@ -9,7 +9,8 @@ from lookahead.core.atomic import write_csv
 from lookahead.train.figures import fraction_twin, pyplot, save_png
 
 EVAL_COLUMNS = ["step", "dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
-                "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "tau"]
+                "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "oracle_nll", "dynamic_fraction",
+                "gate_entropy_bits", "context_shuffle_dnll", "tau"]
 
 
 def pareto_rows(eval_curve: list[dict], static_curve: list[dict]) -> list[dict]:
@@ -23,6 +24,9 @@ def pareto_rows(eval_curve: list[dict], static_curve: list[dict]) -> list[dict]:
               "nll": r["hard_nll"]} for r in eval_curve]
     rows.append({"kind": "random heads", "step": final["step"], "active_head_fraction": final["active_head_fraction"],
                  "nll": final["random_heads_nll"]})
+    if final.get("oracle_nll") is not None:
+        rows.append({"kind": "oracle (label-free)", "step": final["step"],
+                     "active_head_fraction": final["active_head_fraction"], "nll": final["oracle_nll"]})
     return rows
 
 
@@ -41,8 +45,9 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     gx.set(ylabel="mean gate", ylim=(0, 1.05))
     steps = [r["step"] for r in eval_curve]
     for key, style in (("dense_nll", "k--"), ("soft_nll", "o-"), ("hard_nll", "s-"),
-                       ("static_pruning_nll", "v:"), ("random_heads_nll", "x:")):
-        bx.plot(steps, [r[key] for r in eval_curve], style, lw=1.2, ms=4, label=key.replace("_", " "))
+                       ("static_pruning_nll", "v:"), ("random_heads_nll", "x:"), ("oracle_nll", "d:")):
+        if all(r.get(key) is not None for r in eval_curve):
+            bx.plot(steps, [r[key] for r in eval_curve], style, lw=1.2, ms=4, label=key.replace("_", " "))
     bx.set(xlabel="step", ylabel="val nats / token", title="phase 1 - validation (baselines at the same fraction)")
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8, loc="upper left")
@@ -62,7 +67,8 @@ def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | N
     ax.plot([r["active_head_fraction"] for r in pred], [r["nll"] for r in pred], ".-", color="tab:blue", alpha=0.4,
             lw=0.8, label="predictor during training")
     ax.plot(pred[-1]["active_head_fraction"], pred[-1]["nll"], "*", color="tab:blue", ms=14, label="predictor (hard, final)")
-    for kind, marker, color in (("random heads", "X", "tab:orange"), ("dense", "o", "black")):
+    for kind, marker, color in (("random heads", "X", "tab:orange"), ("dense", "o", "black"),
+                                ("oracle (label-free)", "D", "tab:green")):
         for r in (r for r in rows if r["kind"] == kind):
             ax.plot(r["active_head_fraction"], r["nll"], marker, color=color, ms=9, label=kind)
     for i, p in enumerate(extra_points or []):
