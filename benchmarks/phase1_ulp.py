@@ -1,7 +1,9 @@
-"""Phase 1's sensitivity to one-ulp noise in its input (DESIGN §12): copy the context cache, move a
-seeded 0.01 % of its fp16 values by one ulp (the size of the differences a CPU with other kernels
-produces), train phase 1 on the copy with the committed params and the first seed, and compare the
-research headline with the run on the unchanged cache (phase 1's report: its first seed) and with
+"""Phase 1's sensitivity to one-ulp noise in its input (DESIGN §12): copy what the router reads — the
+context cache (``predictor.input: cache``: a seeded 0.01 % of its fp16 values moved by one ulp) or,
+for a router that reads the LM's own states, the base LM (0.01 % of its fp32 weights moved by one
+ulp, so every state, target and baseline it computes moves by about what a CPU with other kernels
+produces) —, train phase 1 on the copy with the committed params and the first seed, and compare the
+research headline with the run on the unchanged inputs (phase 1's report: its first seed) and with
 its spread over seeds. The engineering bar: the ratio moves by less than its seed sd.
 
 With ``--all-seeds``, every seed is trained as the stage does and the headline (their mean) is
@@ -26,6 +28,7 @@ import numpy as np
 from lookahead.core.cli import first_vector_math_call
 from lookahead.core.config import load_section
 from lookahead.graph.predictor import PredictorConfig
+from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.build import Phase1Config, build_phase1, build_phase1_seeds
 
 
@@ -46,6 +49,26 @@ def perturb(cache_dir: Path, out_dir: Path, fraction: float, seed: int) -> int:
     return moved
 
 
+def perturb_weights(base_dir: Path, out_dir: Path, fraction: float, seed: int) -> int:
+    """A copy of the base LM with ``fraction`` of its float weights moved one fp32 ulp; returns how many."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base_dir, out_dir)
+    rng = np.random.default_rng(seed)
+    tensors = load_file(str(out_dir / "model.safetensors"))
+    moved = 0
+    for name in sorted(tensors):
+        flat = tensors[name].reshape(-1).clone()
+        pick = torch.from_numpy(rng.choice(flat.numel(), max(1, int(round(fraction * flat.numel()))), replace=False))
+        up = torch.from_numpy(rng.random(len(pick)) < 0.5)
+        flat[pick] = torch.nextafter(flat[pick], torch.where(up, torch.inf, -torch.inf).to(flat.dtype))
+        tensors[name] = flat.view_as(tensors[name])
+        moved += len(pick)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return moved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -60,20 +83,25 @@ def main() -> None:
     first_vector_math_call()  # as every stage does (lookahead.core.cli.cli): phase 1 trained here must match the stage's
     cfg = load_section(args.params, "phase1", Phase1Config)
     predictor_cfg = load_section(args.params, "predictor", PredictorConfig)
+    runtime_cfg = load_section(args.params, "runtime", RuntimeConfig)
     committed = json.loads(Path("metrics/phase1_report.json").read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory(prefix="phase1-ulp-") as tmp:
         tmp = Path(tmp)
-        moved = perturb(Path("data/contexts"), tmp / "contexts", args.fraction, args.seed)
+        contexts, base = Path("data/contexts"), Path("models/base")
+        if predictor_cfg.input == "cache":
+            moved, contexts, what = perturb(contexts, tmp / "contexts", args.fraction, args.seed), tmp / "contexts", "contexts"
+        else:
+            moved, base, what = perturb_weights(base, tmp / "base", args.fraction, args.seed), tmp / "base", "base weights"
         build = build_phase1_seeds if args.all_seeds else build_phase1
-        metrics, _, _ = build(cfg, predictor_cfg, "models/base", tmp / "contexts", "models/init/init.safetensors",
-                              "data/probe/heads.safetensors", tmp / "predictor.safetensors")
+        metrics, _, _ = build(cfg, predictor_cfg, base, contexts, "models/init/init.safetensors",
+                              "data/probe/heads.safetensors", tmp / "predictor.safetensors", runtime_cfg=runtime_cfg)
     reference = committed if args.all_seeds else committed["primary"]
-    figures = {"moved_values": moved, "fraction": args.fraction, "seeds": cfg.seeds if args.all_seeds else 1}
+    figures = {"perturbed": what, "moved_values": moved, "fraction": args.fraction, "seeds": cfg.seeds if args.all_seeds else 1}
     if args.all_seeds:
         key = "increase_over_static_increase"
         figures["per_seed_ratio_unperturbed"] = [run[key] for run in committed["per_seed"]]
         figures["per_seed_ratio_perturbed"] = [run[key] for run in metrics["per_seed"]]
-    for key in ("increase_over_static_increase", "active_head_fraction", "hard_nll_increase"):
+    for key in ("increase_over_static_increase", "oracle_capture", "hard_nll_increase"):
         before, after, sd = reference[key], metrics[key], committed[f"{key}_sd"]
         figures.update({f"{key}_unperturbed": before, f"{key}_perturbed": after,
                         f"{key}_change": None if None in (before, after) else after - before, f"{key}_seed_sd": sd})

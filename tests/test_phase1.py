@@ -157,11 +157,20 @@ def test_evaluation_at_the_extremes_matches_its_baselines(phase_inputs):
     assert len(off.last_eval["active_head_fraction_per_layer"]) == 2
 
 
-def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, monkeypatch):
-    cfg = Phase1Config(nll_weight=1.0, distill=0.0, static_twin=False, lambda_head=0.1, hard_from_step=4, eval_batch_size=2,
-                       train=TrainConfig(steps=7, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, log_every=1,
-                                         checkpoint_every=2, device="cpu"))
-    pcfg = PredictorConfig.cascade(rank=2, hidden=8)
+@pytest.mark.parametrize("kind", ["cascade", "router"])
+def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, monkeypatch, kind):
+    """Killed and resumed, phase 1 ends bit for bit where a straight run does: the seed's cascade
+    trained on the NLL, and the default router distilled from the oracle (whose targets the resumed
+    run computes again)."""
+    train = TrainConfig(steps=7, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, log_every=1, checkpoint_every=2,
+                        device="cpu")
+    if kind == "cascade":
+        cfg = Phase1Config(nll_weight=1.0, distill=0.0, static_twin=False, lambda_head=0.1, hard_from_step=4,
+                           eval_batch_size=2, train=train)
+        pcfg = PredictorConfig.cascade(rank=2, hidden=8)
+    else:
+        cfg = Phase1Config(static_twin=False, eval_batch_size=2, train=train)
+        pcfg = PredictorConfig(rank=2, hidden=8)
     args = (phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], phase_inputs["heads"])
     metrics, straight, _ = build_phase1(cfg, pcfg, *args, tmp_path / "a.safetensors", tmp_path / "ckpt_a")
 
@@ -185,7 +194,8 @@ def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, mon
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
     assert [r["loss"] for r in resumed.train_curve] == [r["loss"] for r in straight.train_curve]
     predictor, meta = load_predictor(tmp_path / "a.safetensors")
-    assert meta["phase1"]["lambda_head"] == 0.1 and meta["context_dim"] == 32 and meta["geo_dim"] == 5
+    assert meta["phase1"]["lambda_head"] == cfg.lambda_head and meta["geo_dim"] == 5
+    assert meta["context_dim"] == (32 if kind == "cascade" else 2 * 32)  # the cache's, or the LM's: 2 x hidden
     assert {"dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
             "below_dense_fraction", "static_pruning_nll", "random_heads_nll"} <= set(metrics)
     assert straight.eval_curve[0]["step"] == 0 and straight.eval_curve[-1]["step"] == 7
@@ -238,3 +248,58 @@ def test_sweep_script_reads_experiment_rows(repo_root):
     assert [p["experiment"] for p in points] == ["big-lambda", "workspace"]  # sorted by active-head fraction
     assert points[0]["phase1.lambda_head"] == 2.0 and points[0]["active_head_fraction"] == 0.25
     assert points[1]["increase"] == pytest.approx(0.2) and points[1]["static_increase"] == pytest.approx(0.4)
+
+
+def test_without_the_nll_term_the_router_learns_from_the_oracle_alone(phase_inputs):
+    """nll_weight 0: the loss's gradient is exactly the distillation's (the LM forward carries none),
+    and the distillation target is the oracle's top-K by leave-one-out KL of the training window."""
+    from lookahead.graph.oracle import leave_one_out_kl
+    from lookahead.pipeline.phase1.build import distill_loss
+
+    cache = ContextCache(phase_inputs["contexts"])
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    from safetensors.torch import load_file
+
+    init = load_file(str(phase_inputs["init"]))
+    torch.manual_seed(0)
+    pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm", noise="none")
+    predictor = StructurePredictor.from_init(pcfg, phase_inputs["init"], 2 * lm.config.hidden_size)
+    torch.nn.init.normal_(predictor.to_gate.weight, std=0.5)
+    module = Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
+                          load_file(str(phase_inputs["heads"]))["importance"],
+                          Phase1Config(nll_weight=0.0, distill=1.0, train=TrainConfig(steps=3, batch_size=2)), "query")
+    batch = module.batch(0)
+    loss, figures = module.loss(predictor, batch)
+    grads = torch.autograd.grad(loss, [p for p in predictor.parameters() if p.requires_grad], allow_unused=True)
+    ids = batch["windows"][:, :-1]
+    context, geo = module.inputs(ids, batch["contexts"])
+    z = predictor.head_logits(context, geo)
+    kl = leave_one_out_kl(lm, ids, 2, 2, "query")
+    expected = distill_loss(z, kl, 0.5, 2)
+    want = torch.autograd.grad(expected, [p for p in predictor.parameters() if p.requires_grad], allow_unused=True)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6) and figures["distill"] == pytest.approx(expected.item())
+    for g, w in zip(grads, want):
+        assert (g is None and w is None) or torch.allclose(g, w, atol=1e-7)
+    assert figures["nll"] > 0  # still measured
+
+
+def test_greedy_distillation_targets_are_the_greedy_oracles_heads(phase_inputs):
+    from safetensors.torch import load_file
+
+    from lookahead.graph.oracle import greedy_gates
+
+    cache = ContextCache(phase_inputs["contexts"])
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    init = load_file(str(phase_inputs["init"]))
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, keep=0.5), phase_inputs["init"],
+                                             2 * lm.config.hidden_size)
+    shared: dict = {}
+    module = Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
+                          load_file(str(phase_inputs["heads"]))["importance"],
+                          Phase1Config(distill_target="greedy", train=TrainConfig(steps=2, batch_size=2)), "query",
+                          oracle_targets=shared)
+    batch = module.batch(0)
+    targets = module._oracle_targets(batch["windows"], batch["rows"])
+    want = greedy_gates(lm, batch["windows"][:1, :-1], 2, 2, 2, "query")[0, :, 1:]
+    assert torch.equal(targets[0], want) and targets.sum(-1).eq(2).all()
+    assert set(shared) == {int(r) for r in batch["rows"]}  # filled for the stage's other seeds to reuse

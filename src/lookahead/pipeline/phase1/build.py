@@ -89,6 +89,10 @@ class Phase1Config:
     router's own top-K threshold) against the leave-one-out-KL oracle's top-K heads at each training
     position (the oracle reads the dense model at t, a training target only; the router's inputs
     stay causal)."""
+    distill_target: str = "loo"
+    """The oracle distilled from: loo (each position's top-K by leave-one-out KL) or greedy (the
+    greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window, computed
+    once per stage run and shared by its seeds)."""
     static_twin: bool = True
     """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
@@ -109,6 +113,8 @@ class Phase1Config:
         require(math.isfinite(self.noise_end) and 0 < self.noise_end <= self.noise_start, "noise_end",
                 f"must be in (0, noise_start = {self.noise_start}]; got {self.noise_end}")
         require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
+        require(self.distill_target in ("loo", "greedy"), "distill_target",
+                f"must be loo or greedy; got {self.distill_target!r}")
         require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
                 "is 0 and so is distill: nothing would train the router (set one of them > 0)")
 
@@ -134,7 +140,8 @@ class Phase1Module:
     static twin: whatever it learns is one mask for every position)."""
 
     def __init__(self, predictor: StructurePredictor, lm, cache: ContextCache, geo: GeoLookup,
-                 importance: torch.Tensor, cfg: Phase1Config, skip: str = "full", zero_inputs: bool = False):
+                 importance: torch.Tensor, cfg: Phase1Config, skip: str = "full", zero_inputs: bool = False,
+                 oracle_targets: dict | None = None):
         self.model = predictor
         self.lm = lm.eval().requires_grad_(False)
         self.cache, self.geo, self.cfg = cache, geo, cfg
@@ -150,7 +157,8 @@ class Phase1Module:
         self._dense: list[torch.Tensor] | None = None  # per-batch dense NLL (B, T): the LM is frozen
         self._loo: list[torch.Tensor] | None = None  # per-batch leave-one-out KL (B, T, L·H)
         self._oracle: dict[int, float] = {}  # heads kept per position -> the oracle's NLL
-        self._train_loo: dict[int, torch.Tensor] = {}  # train window -> its leave-one-out KL (T, L·H)
+        # train window -> its oracle scores (T, L·H): leave-one-out KL, or the greedy oracle's 0/1 heads
+        self._train_loo: dict[int, torch.Tensor] = {} if oracle_targets is None else oracle_targets
         self.static_curve: list[dict] | None = None
         self.last_eval: dict = {}
 
@@ -178,13 +186,18 @@ class Phase1Module:
                 "noise": self.cfg.noise(step), "rows": rows}
 
     def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
-        """The leave-one-out KL (B, T, L·H) of training windows, computed once per window."""
-        missing = sorted({int(r) for r in rows} - set(self._train_loo))
-        if missing:
-            first = {r: i for i, r in reversed(list(enumerate(int(x) for x in rows)))}
-            ids = windows[[first[r] for r in missing], :-1].to(self.device)
-            for r, kl in zip(missing, leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)):
-                self._train_loo[r] = kl.cpu()
+        """The oracle's scores (B, T, L·H) of training windows — leave-one-out KL, or 1 for the greedy
+        oracle's heads —, computed once per window and one window at a time (the same numbers
+        whichever batch first needs a window: a resumed run trains on the same targets)."""
+        for i, r in enumerate(int(x) for x in rows):
+            if r not in self._train_loo:
+                ids = windows[i : i + 1, :-1].to(self.device)
+                if self.cfg.distill_target == "greedy":
+                    k = keep_count(self.n_layers * self.n_heads, self.n_layers, self.model.cfg.keep, per_layer=False)
+                    scores = greedy_gates(self.lm, ids, self.n_layers, self.n_heads, k, self.skip)[..., 1:]
+                else:
+                    scores = leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)
+                self._train_loo[r] = scores[0].cpu()
         return torch.stack([self._train_loo[int(r)] for r in rows]).to(self.device)
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
@@ -366,9 +379,11 @@ def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, l
 
 
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
-                 out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None
-                 ) -> tuple[dict, TrainResult, Phase1Module]:
-    """Train the predictor; write it to ``out_file``; return (metrics, training result, module)."""
+                 out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
+                 oracle_targets: dict | None = None) -> tuple[dict, TrainResult, Phase1Module]:
+    """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
+    ``oracle_targets``: the distillation targets by train window, shared between runs of the same
+    inputs (the stage's seeds); filled as they are computed."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -390,7 +405,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                          f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads}) disagree: "
                          "rerun `dvc repro` from the probe stage")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip)
+    oracle_targets = {} if oracle_targets is None else oracle_targets
+    module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip, oracle_targets=oracle_targets)
 
     module.place(resolve_device(cfg.train.device, "phase1.train.device"))  # before the first evaluation
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
@@ -434,7 +450,7 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
     torch.manual_seed(cfg.train.seed)
     twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
     twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
-                               zero_inputs=True)
+                               zero_inputs=True, oracle_targets=module._train_loo)
     twin_module.static_curve = module.static_curve
     twin_module._loo, twin_module._dense = module._loo, module._dense
     twin_module.place(module.device)
@@ -455,9 +471,10 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
                        ) -> tuple[dict, TrainResult, Phase1Module]:
     """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
+    targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
     metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker, runtime_cfg)
+                                           checkpoint_root, tracker, runtime_cfg, targets)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
         c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root, runtime_cfg=runtime_cfg)[0], "phase1")
+        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets)[0], "phase1")
     return with_spread(metrics, others, SEEDED), result, module

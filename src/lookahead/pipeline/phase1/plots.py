@@ -35,8 +35,10 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
     steps = [r["step"] for r in train_curve]
-    ax.plot(steps, [r["loss"] for r in train_curve], lw=1, label="loss (NLL + penalties)")
-    ax.plot(steps, [r["nll"] for r in train_curve], lw=1, label="train NLL (soft, noisy)")
+    ax.plot(steps, [r["loss"] for r in train_curve], lw=1, label="loss (the objective: weighted NLL, distillation, penalties)")
+    ax.plot(steps, [r["nll"] for r in train_curve], lw=1, label="train NLL (soft execution)")
+    if all("distill" in r for r in train_curve):
+        ax.plot(steps, [r["distill"] for r in train_curve], lw=1, label="oracle distillation (BCE)")
     ax.set(xlabel="step", ylabel="nats / token", title="phase 1 - training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
