@@ -173,10 +173,10 @@ def test_sparse_topologies_match_the_plain_reference(shared, binary, skip):
         assert (other - ref).abs().max() > 1e-3
 
 
-def test_query_skip_keeps_the_off_heads_keys_and_values():
-    """runtime.skip = query: head j off at t has no output at t, yet its input stream at t still
-    reaches position t and later through its key there (the k-norm spans every head's key, as
-    in the stock model) and its value (under ``full`` it reaches nothing: the test above)."""
+def off_head_at_position_4():
+    """A 2 x 2 model on 9 tokens, every head on except head 1 of layer 0 at position 4 (its outgoing
+    edges there cut: A[i, j] = g_i A_raw[i, j]), and the same graph with a different input stream
+    for that head at position 4. Returns (model, ids, A, g, A', the head's node)."""
     model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(8))
     n = n_nodes(2, 2)
@@ -186,7 +186,16 @@ def test_query_skip_keeps_the_off_heads_keys_and_values():
     g[0, 4, head] = 0
     a[0, 4, head, :] = 0
     a2 = a.clone()
-    a2[0, 4, 0, head] = 3.0  # a different input stream for the off head at position 4
+    a2[0, 4, 0, head] = 3.0
+    return model, ids, a, g, a2, head
+
+
+def test_query_skip_keeps_the_off_heads_keys_and_values():
+    """runtime.skip = query: head j off at t has no output at t, yet its input stream at t still
+    reaches position t and later through its key there (the k-norm spans every head's key, as
+    in the stock model) and its value (under ``full`` it reaches nothing: the test above)."""
+    model, ids, a, g, a2, head = off_head_at_position_4()
+    n = g.shape[-1]
     with torch.no_grad():
         for hard in (False, True):
             base = forward_with_topology(model, ids, a, g, hard=hard, skip="query")
@@ -276,18 +285,9 @@ def test_hard_execution_skips_the_work_of_off_pairs(monkeypatch):
 
 def test_off_head_has_no_query_key_or_value():
     """g_j(t) = 0: head j's input at t influences nothing; the soft limit g → 0 approaches it."""
-    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
-    ids = torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(8))
-    n = n_nodes(2, 2)
-    head = node_index(0, 1, 2)
-    a = dense(model).expand(1, 9, n, n).clone()
-    g = torch.ones(1, 9, n)
-    g[0, 4, head] = 0
-    a[0, 4, head, :] = 0  # A[i, j] = g_i A_raw[i, j]
+    model, ids, a, g, a2, head = off_head_at_position_4()
     with torch.no_grad():
         base = forward_with_topology(model, ids, a, g)
-        a2 = a.clone()
-        a2[0, 4, 0, head] = 3.0  # a different input stream for the off head at position 4
         moved = forward_with_topology(model, ids, a2, g)
         g_on = g.clone()
         g_on[0, 4, head] = 1
