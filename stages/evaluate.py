@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         "diffusion": "diffusion head directory (input)",
         "phase2": "phase-2 directory (input)",
         "control": "dense control LM directory (input)",
+        "static-control": "static control LM directory (input)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "table": "the table as markdown (output)",
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
-                                    args.diffusion, args.phase2, args.control)
+                                    args.diffusion, args.phase2, args.control, args.static_control)
         write_evaluate_outputs(evaluation, args.outputs)
         write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

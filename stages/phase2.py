@@ -1,6 +1,7 @@
 """DVC stage `phase2`: continued pretraining of the base LM with per-token topologies (the phase-1
 predictor trained jointly, or diffusion samples); its dense control is the `control` stage."""
 
+from lookahead.artifacts.phase2 import write_pruning
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
+        "pruning": "the final active-head fraction and skip mode the static control matches, json (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
                                             args.diffusion, args.out, args.checkpoints, tracker=run)
         write_phase2_reports(result, args.outputs)
+        write_pruning(args.out, args.pruning)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)
 

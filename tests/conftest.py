@@ -262,24 +262,29 @@ def downstream_inputs(phase_inputs, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def phase2_run(downstream_inputs, tmp_path_factory):
-    """The phase-2 stage (decoder mlp) and its dense control on the tiny inputs: (config, phase-2
-    report, its training result, its output directory, the control's report, its LM directory, root)."""
+    """The phase-2 stage (decoder mlp, the cascade router on the cache's windows with replay) and its
+    two controls on the tiny inputs: (config, phase-2 report, its training result, its output
+    directory, each control's report and LM directory, root)."""
+    from lookahead.artifacts.phase2 import write_pruning
     from lookahead.core.config import from_dict
     from lookahead.pipeline.phase2.build import build_phase2
     from lookahead.pipeline.phase2.config import Phase2Config
-    from lookahead.pipeline.phase2.control import build_control
+    from lookahead.pipeline.phase2.control import build_control, static_mask
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {
-        "hard_from_step": 1, "eval_batch_size": 2,
+        "hard_from_step": 1, "eval_batch_size": 2, "windows": "cache", "replay": True,
         "train": {"steps": 3, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 2, "device": "cpu"}})
     i = downstream_inputs
     report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"],
                                   d / "out", d / "ckpt")
     control, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "control", d / "ckpt")
+    write_pruning(d / "out", d / "pruning.json")
+    static, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "static", d / "ckpt",
+                              mask=static_mask(i["heads"], d / "pruning.json"))
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "control": control,
-            "control_dir": d / "control", "root": d}
+            "control_dir": d / "control", "static_control": static, "static_control_dir": d / "static", "root": d}
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from lookahead.pipeline.evaluate.rows import Shapes, position_figures, predictor
 
 # the table's rows, in order (README "Adding an evaluate row"): written out here, not read from the code
 ROW_ORDER = ("dense_base", "phase1_soft", "phase1_hard", "diffusion_sample", "diffusion_best_of_k", "phase2_soft",
-             "phase2_hard", "dense_control", "static_pruning", "random_heads", "static_pruning_phase2",
+             "phase2_hard", "dense_control", "static_control", "static_pruning", "random_heads", "static_pruning_phase2",
              "random_heads_phase2", "random_sample", "random_best_of_k")
 from lookahead.pipeline.evaluate.plots import write_evaluate_outputs
 
@@ -121,7 +121,7 @@ def evaluation(downstream_inputs, phase2_run):
     cfg = from_dict(EvaluateConfig, {"eval_batch_size": 2, "diffusion_samples": 3, "random_draws": 2, "timing_rounds": 1,
                                      "causality_windows": 1, "causality_cuts": 2, "explainer_tokens": 6})
     return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
-                               phase2_run["out"], phase2_run["control_dir"])
+                               phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"])
 
 
 def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phase2_run):
@@ -148,6 +148,14 @@ def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phas
     curve = static_pruning_curve(control, [windows], load_file_importance(downstream_inputs["heads"]))
     assert table["static_pruning"]["nll"] == pytest.approx(curve[k]["nll"], rel=1e-5)
     assert table["static_pruning"]["active_head_fraction"] == pytest.approx(k / 4)
+    # the static control: its LM under the same k heads, which is what its stage measured
+    static = AutoModelForCausalLM.from_pretrained(phase2_run["static_control_dir"], dtype=torch.float32).eval()
+    curve = static_pruning_curve(static, [windows], load_file_importance(downstream_inputs["heads"]))
+    assert table["static_control"]["nll"] == pytest.approx(curve[k]["nll"], rel=1e-5)
+    assert table["static_control"]["nll"] == pytest.approx(phase2_run["static_control"]["val_nll"], rel=1e-5)
+    assert table["static_control"]["active_head_fraction"] == pytest.approx(k / 4)
+    assert report["phase2_minus_static_control"] == pytest.approx(table["phase2_hard"]["nll"] - table["static_control"]["nll"])
+    assert report["phase2_minus_control"] == pytest.approx(table["phase2_hard"]["nll"] - report["dense_control_nll"])
     for name, row in table.items():
         assert 0.0 <= row["active_head_fraction"] <= 1.0 and len(row["active_head_fraction_per_layer"]) == 2, name
         assert row["ppl"] == pytest.approx(np.exp(row["nll"]))
@@ -184,7 +192,7 @@ def test_a_decoder_that_peeks_fails_the_stage(downstream_inputs, phase2_run, mon
                          causality_cuts=1)
     with pytest.raises(EvaluateError, match="causality check failed"):
         build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
-                       phase2_run["out"], phase2_run["control_dir"])
+                       phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"])
 
 
 def test_config_is_validated_with_the_key_named():

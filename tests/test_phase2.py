@@ -1,5 +1,7 @@
 """Phase 2: the dense control is plain AdamW on the phase's own windows; the predictor's learning-rate
-scale is what it claims; the stage's figures are those of the models it saves."""
+scale is what it claims; the stage's figures are those of the models it saves; stream windows are
+fresh slices of the train stream shared by all three runs; distillation is the mixed KL; the static
+control trains under the most important heads at phase 2's fraction (checked by the plain reference)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, Phase2OutputError
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.core.seeds import one_run
-from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor, save_predictor
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
@@ -28,9 +30,11 @@ from lookahead.pipeline.phase2.build import (
     plain_parameters,
     scale_learning_rate,
 )
+from lookahead.pipeline.phase2.common import Phase2Error
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, ControlModule
+from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, STATIC_HEADLINE, ControlModule, StaticMask, static_mask
 from lookahead.train.data import load_stream
+from tests.reference_head_graph import reference_forward
 
 
 def val_nll(lm, cache: ContextCache, topology=None) -> float:
@@ -159,8 +163,173 @@ def test_config_and_inputs_are_checked_with_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="decoder"):
         from_dict(Phase2Config, {"decoder": "transformer"})
     with pytest.raises(ConfigError, match="predictor_lr_scale"):
-        from_dict(Phase2Config, {"predictor_lr_scale": 0})
+        from_dict(Phase2Config, {"predictor_lr_scale": -1})
     with pytest.raises(ConfigError, match="hard_from_step"):
         from_dict(Phase2Config, {"hard_from_step": 5, "train": {"steps": 5}})
     with pytest.raises(Phase2OutputError, match="dvc repro phase2"):
         load_phase2(tmp_path)
+
+
+# ------------------------------------------------------------------ stream windows and the controls
+
+def lm_router(phase_inputs, path):
+    """A head-gate router reading the LM's own states (``predictor.input: lm``, top-K at half the heads),
+    its weights random enough that the heads it keeps change from token to token; saved under ``query``."""
+    from lookahead.graph.router_inputs import input_dim
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32)
+    cache = ContextCache(phase_inputs["contexts"])
+    torch.manual_seed(5)
+    cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm", geo_features=False)
+    predictor = StructurePredictor(cfg, lm.config.num_hidden_layers, lm.config.num_attention_heads,
+                                   input_dim("lm", cache.dim, lm.config.hidden_size))
+    torch.nn.init.normal_(predictor.to_gate.weight, std=3.0)
+    save_predictor(predictor, path, extra={"runtime": {"skip": "query"}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def stream_run(downstream_inputs, tmp_path_factory):
+    """Phase 2 on fresh windows of the train stream with a frozen ``lm`` router, distilling from the base."""
+    d = tmp_path_factory.mktemp("stream")
+    i = downstream_inputs
+    router = lm_router(i, d / "router.safetensors")
+    cfg = from_dict(Phase2Config, {
+        "windows": "stream", "predictor_lr_scale": 0, "distill": 0.5, "eval_batch_size": 2,
+        "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "device": "cpu"}})
+    report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out")
+    return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "router": router}
+
+
+def test_stream_windows_are_fresh_slices_of_the_train_stream_in_all_three_runs(stream_run, downstream_inputs):
+    cfg = stream_run["cfg"]
+    cache = ContextCache(downstream_inputs["contexts"])
+    geo = GeoLookup(torch.zeros(1, 1), torch.zeros(1))
+    stream = load_stream(downstream_inputs["tokens"], "train")
+    mask = StaticMask(torch.tensor([[0.3, 0.1], [0.05, 0.2]]), 0.5, "query")
+    runs = [Phase2Module(Phase2Model(None, None), cache, geo, cfg, stream=stream), ControlModule(None, cache, cfg, stream),
+            ControlModule(None, cache, cfg, stream, mask)]
+    text = np.asarray(stream)
+    seen = set()
+    for step in range(6):
+        batches = [run.batch(step) for run in runs]
+        assert "contexts" not in batches[0] and "replay" not in batches[0]
+        windows = batches[0]["windows"]
+        for other in batches[1:]:
+            assert torch.equal(other["windows"], windows)  # equal tokens, same order
+        assert windows.shape == (cfg.train.batch_size, cache.context_length + 1)
+        for row in windows.numpy():  # a contiguous slice of the stream (found by a plain scan)
+            starts = np.flatnonzero(text[: len(text) - len(row) + 1] == row[0])
+            assert any(np.array_equal(text[s : s + len(row)], row) for s in starts)
+            seen.add(row.tobytes())
+    assert len(seen) == 6 * cfg.train.batch_size  # fresh windows every step
+
+
+def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the_saved_models(stream_run,
+                                                                                             downstream_inputs):
+    from lookahead.graph.router_inputs import router_context
+
+    report, out = stream_run["report"], stream_run["out"]
+    before, _ = load_predictor(stream_run["router"])
+    after, meta = load_predictor(out / PREDICTOR_FILE)
+    for key, value in before.state_dict().items():
+        assert torch.equal(after.state_dict()[key], value), key  # predictor_lr_scale 0: frozen
+    assert meta["runtime"]["skip"] == "query"
+    stream = load_stream(downstream_inputs["tokens"], "train")
+    cache = ContextCache(downstream_inputs["contexts"])
+    assert report["train_tokens"] == 2 * 2 * cache.context_length and report["passes_over_cache"] is None
+    assert report["passes_over_stream"] == pytest.approx(report["train_tokens"] / len(stream))
+    assert {"nll", "kl"} <= set(stream_run["result"].train_curve[0])  # distill 0.5: the KL is trained on
+    lm = AutoModelForCausalLM.from_pretrained(out / LM_DIR, dtype=torch.float32).eval()
+    windows = torch.from_numpy(cache.windows("val").astype(np.int64))
+    ids = windows[:, :-1]
+    with torch.no_grad():
+        adjacency, gates = after.eval()(router_context("lm", lm, ids, None), None, hard=True)
+        logits = reference_forward(lm, ids, adjacency, gates, skip="query")  # the plain reference
+    assert report["hard_nll"] == pytest.approx(token_nll(logits, windows[:, 1:]).mean().item(), rel=1e-5)
+    assert report["active_head_fraction"] == pytest.approx(0.5)
+    assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"
+
+
+def test_distillation_mixes_the_nll_with_the_kl_from_the_frozen_base(seed):
+    from lookahead.pipeline.phase2.common import routed_loss
+
+    class Teacher(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.out = logits
+
+        def forward(self, input_ids):
+            return type("Out", (), {"logits": self.out})()
+
+    logits, ref = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    targets = torch.randint(0, 7, (2, 5))
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    kl = torch.nn.functional.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1).mean()
+    parts: dict = {}
+    got = routed_loss(logits, targets, Teacher(ref), targets, 0.25, parts)
+    torch.testing.assert_close(got, 0.75 * nll + 0.25 * kl)
+    assert parts["kl"] == pytest.approx(kl.item(), rel=1e-5)
+    assert routed_loss(logits, targets, None, targets, 0.25, {}) == pytest.approx(nll.item())  # no teacher: NLL
+    assert routed_loss(logits, targets, Teacher(logits), targets, 1.0, {}).abs() < 1e-6  # KL to itself
+
+
+def test_static_control_trains_under_the_most_important_heads_at_phase2s_fraction(phase2_run, downstream_inputs):
+    static, control = phase2_run["static_control"], phase2_run["control"]
+    assert one_run(STATIC_HEADLINE) <= set(static)
+    fraction = phase2_run["report"]["active_head_fraction"]
+    importance = np.array([0.3, 0.1, 0.05, 0.2])  # the tiny inputs' probe importance, node order
+    k = round(fraction * 4)
+    assert static["heads"] == sorted(np.argsort(-importance, kind="stable")[:k].tolist())
+    assert static["active_head_fraction"] == k / 4 and static["train_tokens"] == control["train_tokens"]
+    gates = torch.zeros(5)
+    gates[0] = 1
+    gates[1 + torch.tensor(static["heads"], dtype=torch.long)] = 1
+    layer = torch.tensor([-1, 0, 0, 1, 1])
+    adjacency = ((layer[:, None] < layer[None, :]) & (gates[:, None] > 0) & (gates[None, :] > 0)).float()
+    cache = ContextCache(downstream_inputs["contexts"])
+    windows = torch.from_numpy(cache.windows("val").astype(np.int64))
+    for key, path in (("val_nll", phase2_run["static_control_dir"]), ("start_val_nll", downstream_inputs["base"])):
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        logits = reference_forward(lm, windows[:, :-1], adjacency, gates, skip="full")
+        assert static[key] == pytest.approx(token_nll(logits, windows[:, 1:]).mean().item(), rel=1e-5), key
+    saved = AutoModelForCausalLM.from_pretrained(phase2_run["static_control_dir"], dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(downstream_inputs["base"], dtype=torch.float32)
+    assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
+
+
+def test_stream_and_static_control_inputs_are_refused_with_the_fix(downstream_inputs, tmp_path):
+    i = downstream_inputs
+    with pytest.raises(ConfigError, match="windows"):
+        from_dict(Phase2Config, {"decoder": "diffusion", "windows": "stream"})
+    with pytest.raises(ConfigError, match="distill"):
+        from_dict(Phase2Config, {"distill": 1.5})
+    cfg = from_dict(Phase2Config, {"windows": "stream", "train": {"steps": 1, "device": "cpu"}})
+    with pytest.raises(Phase2Error, match="predictor.input: cache"):  # the cascade fixture reads the cache
+        build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(Phase2OutputError, match="run `dvc repro phase2`"):
+        static_mask(i["heads"], tmp_path / "pruning.json")
+
+
+def test_budget_warmup_anneals_the_kept_fraction_from_every_head_to_the_target(downstream_inputs, tmp_path):
+    cfg = from_dict(Phase2Config, {"windows": "cache", "budget_warmup": 4, "train": {"steps": 10}})
+    assert [cfg.keep_at(s, 0.25) for s in (0, 2, 4, 9)] == [1.0, 0.625, 0.25, 0.25]
+    router, _ = load_predictor(lm_router(downstream_inputs, tmp_path / "router.safetensors"))
+    lm = AutoModelForCausalLM.from_pretrained(downstream_inputs["base"], dtype=torch.float32)
+    model = Phase2Model(lm, router.eval(), "query")
+    ids = torch.randint(0, lm.config.vocab_size, (2, 7))
+    for keep, on in ((1.0, 4), (0.75, 3), (None, 2)):  # None: the router's own budget (keep 0.5)
+        _, gates = model.route(ids, None, None, hard=True, keep=keep)
+        assert (gates[..., 1:].sum(-1) == on).all(), keep
+    mask = StaticMask(torch.tensor([[0.3, 0.1], [0.05, 0.2]]), 0.5, "query")
+    static = ControlModule(None, ContextCache(downstream_inputs["contexts"]), cfg, None, mask)
+    assert [static.batch(s)["fraction"] for s in (0, 2, 4)] == [1.0, 0.75, 0.5]  # the static control alike
+    i = downstream_inputs
+    with pytest.raises(ConfigError, match="budget_warmup"):
+        from_dict(Phase2Config, {"budget_warmup": 10, "train": {"steps": 10}})
+    cfg = from_dict(Phase2Config, {"windows": "cache", "budget_warmup": 1, "train": {"steps": 2, "device": "cpu"}})
+    with pytest.raises(Phase2Error, match="budget_warmup"):  # the cascade fixture has no top-K budget
+        build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")

@@ -29,7 +29,7 @@ from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "phase1", "pairs", "diffusion",
-          "phase2", "control", "evaluate")
+          "phase2", "control", "static_control", "evaluate")
 
 
 def digest(path: Path) -> str:
@@ -99,7 +99,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert report["pairs"]["positions"] == 4 * 32 and timing["pairs"]["pairs_per_s"] > 0
     # research headlines: the mean over the stage's seeds and its sd (DESIGN §12); the outputs are the
     # first seed's, and what later stages read
-    for stage in ("phase1", "pairs", "diffusion", "phase2", "control", "evaluate", "modulator"):
+    for stage in ("phase1", "pairs", "diffusion", "phase2", "control", "static_control", "evaluate", "modulator"):
         assert headline[stage]["seeds"] == 2 and any(k.endswith("_sd") for k in headline[stage]), stage
     assert len(report["phase1"]["per_seed"]) == 2
     assert phase1["hard_nll"] == pytest.approx(sum(r["hard_nll"] for r in report["phase1"]["per_seed"]) / 2)
@@ -117,13 +117,16 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert (path / "models" / "phase2" / "lm" / "model.safetensors").is_file()
     assert (path / "models" / "control" / "model.safetensors").is_file()
     assert control["base_val_nll"] == phase2["base_val_nll"] and control["train_tokens"] == phase2["train_tokens"]
+    static = headline["static_control"]
+    assert static["train_tokens"] == phase2["train_tokens"] and static["active_head_fraction"] == 0.5  # tiny: top-K, half
+    assert evaluate["static_control_nll"] == pytest.approx(report["static_control"]["primary"]["val_nll"], rel=1e-5)
     assert evaluate["dense_base_nll"] == pytest.approx(phase1["dense_nll"], rel=1e-5)
     assert evaluate["phase1_hard_nll"] == pytest.approx(first["phase1"]["hard_nll"], rel=1e-5)
     assert evaluate["phase2_hard_nll"] == pytest.approx(first["phase2"]["hard_nll"], rel=1e-5)
     assert evaluate["dense_control_nll"] == pytest.approx(first["control"]["val_nll"], rel=1e-5)
     assert report["evaluate"]["causality"]["passed"] and evaluate["causality_max_change"] <= 1e-5
     table = (path / "metrics" / "evaluate_table.md").read_text()
-    assert table.count("\n| `") == 14 and "passed" in table
+    assert table.count("\n| `") == 15 and "passed" in table
     assert (path / "metrics" / "evaluate_explainer.png").stat().st_size > 20_000
     assert "<svg" in (path / "metrics" / "evaluate_explainer.html").read_text()
     phase2_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "phase2" for r in stage_runs(path))  # noqa: E731
@@ -133,8 +136,8 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage" not in out
 
-    # one phase-2 param changed: phase2 and the stage that reads its model rerun; nothing upstream and
-    # no sibling (control). Every stage's deps are checked statically by test_stage_deps; a change
+    # one phase-2 param changed: phase2 and the stage that reads its model rerun; nothing upstream, no
+    # sibling (control), and not the static control (the fraction it matches, top-K's half, is unchanged). Every stage's deps are checked statically by test_stage_deps; a change
     # further up reruns its dependants by the same mechanism (not repeated here, for the suite's time)
     predictor = digest(path / "models" / "phase2" / "predictor.safetensors")
     params = yaml.safe_load((path / "params.yaml").read_text())

@@ -48,7 +48,7 @@ def test_training_stages_take_the_launcher_from_params(repo_root):
     import yaml
 
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
-    for name in ("base", "modulator", "phase1", "diffusion", "phase2", "control"):
+    for name in ("base", "modulator", "phase1", "diffusion", "phase2", "control", "static_control"):
         assert stages[name]["cmd"].startswith("${launch.train} stages/"), name
 
 
@@ -77,6 +77,22 @@ def test_two_processes_end_at_the_one_process_val_nll(pipeline_repo):
     timing = json.loads((repo / "metrics/base_timing.json").read_text())
     print("1 vs 2 processes", json.dumps({"val_nll_1": one["val_nll"], "val_nll_2": two["val_nll"],
                                           "tokens_per_s_1": round(timing["train_tokens_per_s"])}))
+
+
+def test_phase2_on_the_stream_in_two_processes_ends_where_one_process_does(pipeline_repo):
+    """Phase 2 at the tiny default (stream windows, a router reading each process's own LM states,
+    top-K gates, both seeds): 2 processes end at the 1-process val NLLs, dense and hard (tolerance as above)."""
+    repo, env = pipeline_repo
+    sh(["dvc", "repro", "phase2"], repo, env)  # a no-op after the pipeline tests
+    one = json.loads((repo / "metrics/phase2.json").read_text())
+    assert one["passes_over_stream"] is not None  # the stream path
+    sh(["dvc", "exp", "run", "--temp", "phase2", "-n", "two-procs-p2", "-S", f"launch.train={accelerate(2)}"], repo, env)
+    ref = next(r for r in sh(["git", "for-each-ref", "--format=%(refname)", "refs/exps/"], repo, env).split()
+               if r.endswith("/two-procs-p2"))
+    two = json.loads(sh(["git", "show", f"{ref}:metrics/phase2.json"], repo, env))
+    for key in ("dense_nll", "hard_nll"):
+        assert abs(two[key] - one[key]) < 1e-4, (key, two[key], one[key])
+    assert two["active_head_fraction"] == one["active_head_fraction"]
 
 
 NAN_SCRIPT = textwrap.dedent('''

@@ -25,3 +25,22 @@ def load_phase2(phase2_dir) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+
+
+
+def write_pruning(phase2_dir, path) -> None:
+    """The pruning the static control matches (``path``, a small json: DVC reruns the static control
+    only when it changes): the phase-2 run's final active-head fraction and its skip mode."""
+    from lookahead.core.atomic import write_json
+
+    config = load_phase2(phase2_dir)
+    write_json(path, {"active_head_fraction": config["active_head_fraction"], "skip": config["skip"]})
+
+
+def phase2_pruning(path) -> tuple[float, str]:
+    """(final active-head fraction, runtime skip mode) of the phase-2 run, from :func:`write_pruning`'s file."""
+    path = Path(path)
+    if not path.is_file():
+        raise Phase2OutputError(f"phase-2 pruning file {path} not found: run `dvc repro phase2`")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return float(data["active_head_fraction"]), str(data["skip"])

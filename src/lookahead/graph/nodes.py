@@ -52,6 +52,24 @@ def baseline_graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) 
     return allowed_mask(n_layers, n_heads).to(gates.device, gates.dtype) * gates[..., :, None] * gates[..., None, :]
 
 
+def static_gates(importance: torch.Tensor, k: int) -> torch.Tensor:
+    """Static pruning's gates (1 + L·H,): the source and the ``k`` most important heads of ``importance``
+    (L, H) (the probe's, ties in node order)."""
+    order = torch.argsort(importance.flatten(), descending=True, stable=True)  # most important first
+    gates = torch.zeros(1 + importance.numel())
+    gates[0] = 1.0
+    gates[1 + order[:k]] = 1.0
+    return gates
+
+
+def static_topology(importance: torch.Tensor, fraction: float, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
+    """Static pruning at ``fraction`` of the heads: the round(fraction · L·H) most important heads and
+    the baseline graph among them (:func:`baseline_graph`). (N, N), (N,)"""
+    n_layers, n_heads = importance.shape
+    gates = static_gates(importance, round(fraction * n_layers * n_heads))
+    return baseline_graph(gates, n_layers, n_heads, skip), gates
+
+
 def n_edges(n_layers: int, n_heads: int) -> int:
     """Number of allowed edges: H from the source to each head, plus H² for each pair of layers."""
     return n_layers * n_heads + n_heads**2 * n_layers * (n_layers - 1) // 2

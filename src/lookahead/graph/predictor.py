@@ -251,9 +251,10 @@ class StructurePredictor(nn.Module):
         return bound_logits(self.to_gate(h) + self.head_bias, self.cfg.logit_bound)
 
     def route(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
-              hard: bool | None = None, generator: torch.Generator | None = None
+              hard: bool | None = None, generator: torch.Generator | None = None, keep: float | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(A (…, N, N), g (…, N), keep logits (…, L·H) or None for the cascade)."""
+        """(A (…, N, N), g (…, N), keep logits (…, L·H) or None for the cascade); ``keep`` overrides
+        the budget's fraction (phase 2's annealed budget)."""
         hard = self.cfg.hard if hard is None else hard
         tau = self.cfg.tau if tau is None else tau
         if self.cfg.gate == "cascade":
@@ -263,7 +264,8 @@ class StructurePredictor(nn.Module):
         z = self.head_logits(context, geo, h)
         noise = (gate_noise(self.cfg.noise, z.shape, z.device, z.dtype, generator, self.noise_scale)
                  if self.training else None)
-        g = head_gates(z, self.n_layers, self.cfg.estimator, self.cfg.budget, self.cfg.keep, tau, noise, hard)
+        keep = self.cfg.keep if keep is None else keep
+        g = head_gates(z, self.n_layers, self.cfg.estimator, self.cfg.budget, keep, tau, noise, hard)
         g = torch.cat([torch.ones_like(g[..., :1]), g], dim=-1)  # (…, N): the source always runs
         a = self.mask * g[..., :, None]  # every allowed edge out of an active head
         if self.cfg.edges == "learned":
@@ -272,10 +274,11 @@ class StructurePredictor(nn.Module):
         return a, g, z
 
     def forward(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
-                hard: bool | None = None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                hard: bool | None = None, generator: torch.Generator | None = None,
+                keep: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(A (…, N, N), g (…, N)) for every position of context (…, C); ``hard`` thresholds
         the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values."""
-        return self.route(context, geo, tau, hard, generator)[:2]
+        return self.route(context, geo, tau, hard, generator, keep)[:2]
 
 
 def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from lookahead.graph.nodes import head_graph
+from lookahead.graph.nodes import head_graph, static_gates
 from lookahead.graph.predictor import geo_features
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import token_nll
@@ -36,12 +36,9 @@ def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tens
     k = 0 … L·H: a shared topology, all edges out of the heads kept (:func:`head_graph`). Rows of
     k, fraction, nll."""
     n_layers, n_heads = importance.shape
-    order = torch.argsort(importance.flatten(), descending=True, stable=True)  # most important first
     rows = []
     for k in range(n_layers * n_heads + 1):
-        gates = torch.zeros(1 + n_layers * n_heads)
-        gates[0] = 1.0
-        gates[1 + order[:k]] = 1.0
+        gates = static_gates(importance, k)
         adjacency = head_graph(gates, n_layers, n_heads)
         total, count = 0.0, 0
         for windows in batches:

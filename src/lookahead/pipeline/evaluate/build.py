@@ -10,6 +10,8 @@ Rows, all on the context cache's val windows (the positions phase 1, diffusion a
     diffusion_best_of_k   base + the best of those K per position (an oracle choice: it reads the target)
     phase2_soft/_hard     the phase-2 LM + its predictor (decoder mlp) — or + diffusion samples (`hard` only)
     dense_control         the control LM (same tokens, no topology), stock forward
+    static_control        the static-control LM (same tokens, trained under static importance pruning at
+                          phase 2's final active-head fraction) under that same mask
     static_pruning        the control LM with only its most important heads (probe importance), at the
                           phase-2 hard row's active-head fraction (linear between whole head counts)
     random_heads          the control LM with random per-position heads at that fraction
@@ -28,6 +30,7 @@ The rows and their figures: :mod:`lookahead.pipeline.evaluate.rows`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +69,8 @@ from lookahead.pipeline.evaluate.rows import (
 # Rows drawn at random, scored over `seeds` seeds: their NLLs are the mean over seeds (`<row>_nll`,
 # with `<row>_nll_sd`); the table keeps the first seed's rows
 SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads", "random_best_of_k")
-HEADLINE = seeded_headline(("dense_base_nll", "dense_control_nll", "phase1_hard_nll", "phase2_soft_nll",
-                            "phase2_hard_nll", "phase2_active_head_fraction", "phase2_active_edge_fraction",
+HEADLINE = seeded_headline(("dense_base_nll", "dense_control_nll", "static_control_nll", "phase1_hard_nll",
+                            "phase2_soft_nll", "phase2_hard_nll", "phase2_minus_control", "phase2_minus_static_control", "phase2_active_head_fraction", "phase2_active_edge_fraction",
                             "static_pruning_nll", "random_heads_nll", "diffusion_sample_nll", "diffusion_best_of_k_nll",
                             "random_best_of_k_nll", "attention_flops_over_dense", "causality_max_change"),
                            [f"{name}_nll" for name in SEEDED_ROWS])
@@ -81,6 +84,14 @@ class Evaluation:
     explainer: dict
     info: dict
     """Shapes and names the explainer's data-flow panel shows."""
+
+
+def _static_fraction(static_control_dir) -> float:
+    """The phase-2 active-head fraction the static control was trained at (its saved config)."""
+    path = Path(static_control_dir) / "lookahead_config.json"
+    if not path.is_file():
+        raise EvaluateError(f"static control {path} not found (run `dvc repro static_control`)")
+    return float(json.loads(path.read_text(encoding="utf-8"))["static_control"]["mask"]["active_head_fraction"])
 
 
 def _load_lm(path, device):
@@ -98,6 +109,8 @@ class Decoders:
     base: object
     lm2: object  # the phase-2 LM
     control: object
+    static_control: object
+    static_fraction: float  # the phase-2 fraction the static control was trained at (its mask: the nearest head count)
     shapes: Shapes
     predictor1: object
     denoiser: object
@@ -113,14 +126,16 @@ class Decoders:
 
 
 def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Tensor, base_dir, heads_file,
-                  predictor_file, diffusion_dir, phase2_dir, control_dir, device) -> Decoders:
+                  predictor_file, diffusion_dir, phase2_dir, control_dir, static_control_dir, device) -> Decoders:
     """Load every LM and decoder; refuse shapes or context sizes that do not fit together."""
     from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, load_phase2
     from lookahead.graph.denoiser import load_denoiser, sampling_settings
     from lookahead.graph.predictor import load_predictor
 
     phase2 = load_phase2(phase2_dir)
-    base, lm2, control = (_load_lm(p, device) for p in (base_dir, Path(phase2_dir) / LM_DIR, control_dir))
+    base, lm2, control, static_control = (_load_lm(p, device) for p in (base_dir, Path(phase2_dir) / LM_DIR, control_dir,
+                                                                          static_control_dir))
+    static_fraction = _static_fraction(static_control_dir)
     s = Shapes.of(base)
     if tuple(importance.shape) != (s.n_layers, s.n_heads) or (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
         raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} heads), head statistics {heads_file} "
@@ -145,7 +160,7 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
         phase2_hard = predictor_topologies(predictor2, hard=True, lm=lm2)
     else:
         phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
-    return Decoders(base, lm2, control, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
+    return Decoders(base, lm2, control, static_control, static_fraction, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
                     phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2)
 
 
@@ -174,7 +189,7 @@ def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: 
     return causality
 
 
-def row_specs(cfg: EvaluateConfig, d: Decoders, device) -> list[RowSpec]:
+def row_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, device) -> list[RowSpec]:
     """The table's rows before the baselines, in the table's order (adding a row: README)."""
     specs = [
         RowSpec("dense_base", d.base, None),
@@ -186,6 +201,8 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, device) -> list[RowSpec]:
                 best_of="diffusion_best_of_k", skip=d.skip),
         RowSpec("phase2_hard", d.lm2, d.phase2_hard, skip=d.skip),
         RowSpec("dense_control", d.control, None),
+        RowSpec("static_control", d.static_control, static_topologies(importance, d.static_fraction, device, d.skip),
+                skip=d.skip),
     ]
     if d.predictor2 is not None:
         specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False, lm=d.lm2, tau=d.tau2),
@@ -248,7 +265,7 @@ def add_timings(cfg: EvaluateConfig, timed: list[RowSpec], results: dict, cache:
 
 
 def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads_file, predictor_file, diffusion_dir,
-                   phase2_dir, control_dir) -> Evaluation:
+                   phase2_dir, control_dir, static_control_dir) -> Evaluation:
     """Score every row, time the hard ones, check causality; raise :class:`EvaluateError` if it fails."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
@@ -267,13 +284,16 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
     importance = load_file(str(heads_file))["importance"].float()
     d = load_decoders(cfg, cache, importance, base_dir, heads_file, predictor_file, diffusion_dir, phase2_dir,
-                      control_dir, device)
+                      control_dir, static_control_dir, device)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     causality = check_causality(cfg, d, cache, geo, tokenizer, base_dir, device)
 
-    specs = row_specs(cfg, d, device)
+    specs = row_specs(cfg, d, importance, device)
     results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device)
     fraction = results["phase2_hard"]["active_head_fraction"]
+    if abs(d.static_fraction - fraction) > 1e-4:  # every comparison at equal active fraction
+        raise EvaluateError(f"the static control was trained at active-head fraction {d.static_fraction:.4f} but the "
+                            f"phase-2 row runs at {fraction:.4f}: rerun `dvc repro static_control`")
     diffusion_fraction = results["diffusion_sample"]["active_head_fraction"]
     baselines = baseline_specs(cfg, d, importance, fraction, cfg.seed, device)
     baselines.append(null_best_of_k(cfg, d, diffusion_fraction, cfg.seed, device))
@@ -306,9 +326,12 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
     return {
         "dense_base_nll": table["dense_base"]["nll"],
         "dense_control_nll": table["dense_control"]["nll"],
+        "static_control_nll": table["static_control"]["nll"],
         "phase1_hard_nll": table["phase1_hard"]["nll"],
         "phase2_soft_nll": table["phase2_soft"]["nll"] if "phase2_soft" in table else None,
         "phase2_hard_nll": p2["nll"],
+        "phase2_minus_control": p2["nll"] - table["dense_control"]["nll"],
+        "phase2_minus_static_control": p2["nll"] - table["static_control"]["nll"],
         "phase2_active_head_fraction": p2["active_head_fraction"],
         "phase2_active_edge_fraction": p2["active_edge_fraction"],
         "static_pruning_nll": table["static_pruning"]["nll"],
@@ -319,7 +342,6 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
         "attention_flops_over_dense": p2["attention_flops_over_dense"],
         "hard_tokens_per_s_over_dense": p2["tokens_per_s_over_dense"],  # a timing: metrics/evaluate_timing.json
         "causality_max_change": causality["max_change"],
-        "phase2_hard_minus_control": p2["nll"] - table["dense_control"]["nll"],
         "static_pruning_interpolated_nll": interpolate_curve(static_curve, fraction),
         "decoder": decoder,
         "val_positions": int(len(rows) * cache.context_length),

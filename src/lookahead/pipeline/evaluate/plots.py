@@ -23,6 +23,7 @@ LABELS = {
     "phase2_soft": ("phase 2", "its predictor, soft"),
     "phase2_hard": ("phase 2", "its decoder, hard"),
     "dense_control": ("control", "dense"),
+    "static_control": ("static control", "static pruning (importance), trained under it"),
     "static_pruning": ("control", "static pruning (importance)"),
     "random_heads": ("control", "random per-token heads"),
     "static_pruning_phase2": ("phase 2", "static pruning (importance)"),
@@ -207,7 +208,8 @@ def explainer_figure(report: dict, static_curve: list[dict], data: dict, info: d
     _layers(fig.add_subplot(grid[2, 2]), report, info["n_layers"])
     p2 = report["table"]["phase2_hard"]
     fig.suptitle(f"Lookahead: phase-2 LM runs {p2['active_head_fraction']:.1%} of its heads per token at val NLL "
-                 f"{p2['nll']:.3f} (dense control {report['dense_control_nll']:.3f}, base {report['dense_base_nll']:.3f})",
+                 f"{p2['nll']:.3f} (dense control {report['dense_control_nll']:.3f}, static control "
+                 f"{report['static_control_nll']:.3f}, base {report['dense_base_nll']:.3f})",
                  fontsize=13, y=0.99)
     return fig
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.graph.nodes import baseline_graph
+from lookahead.graph.nodes import baseline_graph, static_topology
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.sampling import executed_topology
@@ -123,17 +123,6 @@ class RowSpec:
     hard: bool = True
     best_of: str | None = None  # also a row of this name: per position, the sample with the lowest NLL
     skip: str = "full"  # the runtime's skip mode (the phase-1 predictor's)
-
-
-def shared_topology(importance: torch.Tensor, fraction: float, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
-    """Static pruning's topology: the round(fraction · L·H) most important heads, all edges among them."""
-    n_layers, n_heads = importance.shape
-    k = round(fraction * n_layers * n_heads)
-    order = torch.argsort(importance.flatten(), descending=True, stable=True)
-    gates = torch.zeros(1 + n_layers * n_heads)
-    gates[0] = 1.0
-    gates[1 + order[:k]] = 1.0
-    return baseline_graph(gates, n_layers, n_heads, skip), gates
 
 
 def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, int],
@@ -248,7 +237,7 @@ def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed:
 
 
 def static_topologies(importance: torch.Tensor, fraction: float, device, skip: str = "full") -> Topologies:
-    adjacency, gates = shared_topology(importance, fraction, skip)
+    adjacency, gates = static_topology(importance, fraction, skip)
     return lambda ids, contexts, geo: [(adjacency.to(device), gates.to(device))]
 
 

@@ -6,14 +6,17 @@ topologies; its dense control (the ``control`` stage) is :mod:`lookahead.pipelin
 from ``hard_from_step``), with its own params. ``decoder: diffusion`` — every position's topology is
 a sample of the frozen diffusion head (a new one each step) and only the LM trains, on NLL.
 
-Data: the context cache's train windows (the predictor needs the context encoder's embedding of
-every trained position, and the cache is where those exist), drawn at random per step; the report
-says how many passes over the cached windows that is. The cache is small (128 windows at the
-default: MiniLM encodes ~140 positions/s on 2 cores), and a few passes over it overfit the LM — the
-control's val NLL rose from 4.39 to 5.50 in 12.5 passes. With ``replay`` each step also trains on as
-many windows of the whole train stream (the base's pretraining data, drawn like its batches), run
-dense in both runs: the LM keeps its general text while it learns to run under the topologies.
-The loss is the mean NLL over both halves (plus the sparsity terms). Evaluation: the cache's val windows.
+Data (``windows``): ``stream`` (default) — every step draws fresh windows of the whole train
+stream, drawn like the base's batches, and the router computes its inputs online from the LM being
+trained (``predictor.input: lm | embedding``: the LM's own states under the lookahead contract).
+``cache`` — the context cache's train windows (the slow path, for routers that read the cache's
+MiniLM / HF encodings and for decoder diffusion): the cache is small (128 windows at the default:
+MiniLM encodes ~140 positions/s on 2 cores) and a few passes over it overfit the LM (the control's
+val NLL rose from 4.39 to 5.50 in 12.5 passes), which ``replay`` offsets: each step also trains on
+as many windows of the whole stream, dense, in every run. The loss is the windows' loss ((1 − w) NLL
++ w KL from the frozen dense base with ``distill`` = w), averaged with the replay windows' NLL, plus
+the sparsity terms. The controls (:mod:`lookahead.pipeline.phase2.control`) draw the same windows.
+Evaluation: the cache's val windows (the positions every stage reports on).
 
 The predictor trains faster than the LM (phase 1 used lr 3e-2; continued pretraining wants ~1e-3):
 its parameters are stored as θ = p / c with ``c = predictor_lr_scale`` (``torch.nn.utils.parametrize``)
@@ -42,10 +45,9 @@ from lookahead.graph.runtime import forward_with_topology, recorded_skip
 from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, save_lm
-from lookahead.pipeline.phase2.common import step_tokens, step_windows, val_batches, val_rows, windows_loss
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, load_train_stream, routed_loss, save_lm
+from lookahead.pipeline.phase2.common import step_tokens, step_windows, teacher_lm, val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
 
@@ -91,18 +93,20 @@ class Phase2Model(nn.Module):
         self.skip = skip  # the runtime's skip mode phase 1 trained under (its predictor's metadata)
 
     def route(self, ids: torch.Tensor, contexts: torch.Tensor, geo: torch.Tensor | None, tau: float | None = None,
-              hard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              hard: bool = False, keep: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The predictor's topology for windows ``ids``: it reads the cache's contexts or, per
-        ``predictor.input``, this LM's own states (no gradient through them)."""
+        ``predictor.input``, this LM's own states (no gradient through them); ``keep``: the budget now."""
         router = router_context(self.predictor.cfg.input, self.lm, ids, contexts)
-        return self.predictor(router, geo, tau=tau, hard=hard)
+        return self.predictor(router, geo, tau=tau, hard=hard, keep=keep)
 
     def forward(self, ids: torch.Tensor, contexts: torch.Tensor | None = None, geo: torch.Tensor | None = None,
-                tau: float | None = None, hard: bool = False, topology: tuple | None = None):
-        """Logits (B, T, V) and the executed topology (A, g); without contexts or a topology the dense forward and None."""
-        if self.predictor is not None and contexts is not None:
-            topology = self.route(ids, contexts, geo, tau, hard)
-        if topology is None:
+                tau: float | None = None, hard: bool = False, topology: tuple | None = None, dense: bool = False,
+                keep: float | None = None):
+        """Logits (B, T, V) and the executed topology (A, g): the given one, else the predictor's;
+        ``dense`` (or neither) the stock forward and None."""
+        if not dense and topology is None and self.predictor is not None:
+            topology = self.route(ids, contexts, geo, tau, hard, keep)
+        if dense or topology is None:
             return self.lm(input_ids=ids).logits, None
         adjacency, gates = topology
         return forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), (adjacency, gates)
@@ -113,10 +117,11 @@ class Phase2Module:
     training with it (``mlp``), or a sample of the frozen denoiser per position (``diffusion``)."""
 
     def __init__(self, model: Phase2Model, cache: ContextCache, geo: GeoLookup, cfg: Phase2Config,
-                 denoiser=None, stream: np.ndarray | None = None, gate_kind: str = "cascade"):
+                 denoiser=None, stream: np.ndarray | None = None, gate_kind: str = "cascade", teacher=None):
         self.model = model
         self.gate_kind = gate_kind  # how a diffusion sample's bits execute (lookahead.graph.sampling)
-        self.stream = stream if cfg.replay else None  # the train token stream (replay windows)
+        self.stream = stream  # the train token stream (stream windows, replay)
+        self.teacher = teacher  # distill > 0: the frozen dense base
         self.cache, self.geo, self.cfg = cache, geo, cfg
         self.denoiser = denoiser  # decoder diffusion: frozen, samples a topology per position
         predictor = model.predictor
@@ -128,8 +133,9 @@ class Phase2Module:
     def place(self, device) -> None:
         self.device = torch.device(device)
         self.geo = self.geo.to(self.device)
-        if self.denoiser is not None:
-            self.denoiser.to(self.device)
+        for frozen in (self.denoiser, self.teacher):
+            if frozen is not None:
+                frozen.to(self.device)
 
     def _sample(self, contexts: torch.Tensor, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Raw allowed-edge bits (B, T, E) of one diffusion sample per position."""
@@ -153,7 +159,12 @@ class Phase2Module:
             with torch.no_grad():
                 out["bits"] = self._sample(contexts, out["windows"][:, :-1], generator)
             return out
-        return {**out, "contexts": contexts, "tau": self.cfg.tau(step), "hard": 0 <= self.cfg.hard_from_step <= step}
+        if contexts is not None:
+            out["contexts"] = contexts
+        out.update(tau=self.cfg.tau(step), hard=0 <= self.cfg.hard_from_step <= step)
+        if self.cfg.budget_warmup:
+            out["keep"] = self.cfg.keep_at(step, self.model.predictor.cfg.keep)
+        return out
 
     def loss(self, model, batch: dict):
         windows = batch["windows"]
@@ -165,14 +176,16 @@ class Phase2Module:
             parts["head_gate"] = topology[1][..., 1:].mean().item()
         else:
             geo = self.geo(ids) if self.geo_used else None
-            logits, (adjacency, gates) = model(ids, batch["contexts"], geo, tau=batch["tau"], hard=batch["hard"])
+            logits, (adjacency, gates) = model(ids, batch.get("contexts"), geo, tau=batch["tau"], hard=batch["hard"],
+                                               keep=batch.get("keep"))
             p = self.model.predictor
             head, edge = budget_terms(adjacency, gates, p.n_layers, p.n_heads)
             parts.update({"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]})
-        nll = windows_loss(token_nll(logits, targets).mean(), batch, lambda x: model(x)[0], parts)
+        loss = routed_loss(logits, targets, self.teacher, ids, self.cfg.distill, parts)
+        loss = windows_loss(loss, batch, lambda x: model(x, dense=True)[0], parts)
         if self.denoiser is not None:
-            return nll, parts
-        return nll + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge, parts
+            return loss, parts
+        return loss + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge, parts
 
     tokens = staticmethod(step_tokens)
 
@@ -207,7 +220,8 @@ class Phase2Module:
 # and their spread over training seeds (lookahead.core.seeds)
 SEEDED = ("dense_nll", "hard_nll", "soft_nll", "active_head_fraction")
 HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
-                            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache"), SEEDED)
+                            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache",
+                            "passes_over_stream"), SEEDED)
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
@@ -231,18 +245,28 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     torch.manual_seed(cfg.train.seed)
     lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
     check_context_dim(predictor, meta, cache.dim, lm, Phase2Error, predictor_file)
+    if cfg.windows == "stream" and predictor.cfg.input == "cache":
+        raise Phase2Error(f"phase2.windows: stream needs a router that computes its inputs online, but {predictor_file} "
+                          "reads the context cache (predictor.input: cache): set phase2.windows: cache, or "
+                          "predictor.input: lm and rerun `dvc repro phase1`")
+    if cfg.budget_warmup and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none"):
+        raise Phase2Error(f"phase2.budget_warmup anneals a top-K budget: {predictor_file} has gate "
+                          f"{predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder}): set budget_warmup: 0")
     if denoiser is not None:
         predictor = None
     if predictor is not None:
         predictor.train()
-        scale_learning_rate(predictor, cfg.predictor_lr_scale)
-    stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
+        if cfg.predictor_lr_scale == 0:
+            predictor.requires_grad_(False)  # the phase-1 router, frozen
+        else:
+            scale_learning_rate(predictor, cfg.predictor_lr_scale)
+    stream = load_train_stream(cfg, tokens_dir)
     module = Phase2Module(Phase2Model(lm, predictor, recorded_skip(meta)), cache, geo, cfg, denoiser, stream=stream,
-                          gate_kind=gate_kind)
+                          gate_kind=gate_kind, teacher=teacher_lm(cfg, base_dir))
     if denoiser is not None:
         module.set_sampling(*sampling_settings(diffusion_meta, diffusion_dir))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
-    files += [Path(tokens_dir) / "train.npy"] if cfg.replay else []
+    files += [Path(tokens_dir) / "train.npy"] if stream is not None else []
     files += [Path(diffusion_dir) / "model.safetensors"] if denoiser is not None else []
     ckpt = checkpoint_dir(checkpoint_root, "phase2", to_dict(cfg), files, [cache.fingerprint()])
 
@@ -251,7 +275,8 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     result.eval_curve.insert(0, {"step": 0, **start})
     final = module.last_eval
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
-              "encoder": cache.meta["encoder"]}
+              "encoder": cache.meta["encoder"], "skip": recorded_skip(meta),
+              "active_head_fraction": final["active_head_fraction"]}  # what the static control prunes to
     with atomic_dir(out_dir) as tmp:
         save_lm(module.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
         if predictor is not None:
@@ -269,7 +294,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "hard_nll": final["hard_nll"],
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
-        **data_report(cfg, cache, module.val_rows, result),
+        **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
     }
     return report, result
 

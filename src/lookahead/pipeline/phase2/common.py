@@ -1,6 +1,7 @@
-"""What phase 2 and its dense control share, so that both train on the same windows in the same
-order and are scored alike: the step's windows, the loss over cache and replay windows, the base LM,
-saving, and the data report."""
+"""What phase 2 and its two controls (dense, static) share, so that all three train on the same
+windows in the same order and are scored alike: the step's windows (fresh windows of the train
+stream, or the context cache's), the loss over them and the replay windows, distillation from the
+frozen base, the base LM, saving, and the data report."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.errors import LookaheadError
-from lookahead.lm.nll import token_nll
+from lookahead.lm.nll import token_kl, token_nll
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
 from lookahead.train.loop import TrainResult
@@ -24,20 +25,32 @@ class Phase2Error(LookaheadError, ValueError):
 
 
 def window_rows(seed: int, step: int, n_windows: int, batch_size: int) -> np.ndarray:
-    """The cache's train windows of ``step``: the same for phase 2 and the control (equal tokens, same order)."""
+    """The cache's train windows of ``step`` (``windows: cache``): the same in every run."""
     return np.random.default_rng([seed, step, 0, 52]).integers(0, n_windows, batch_size)
 
 
+def load_train_stream(cfg: Phase2Config, tokens_dir) -> np.ndarray | None:
+    """The train token stream when a run draws from it (``windows: stream`` or ``replay``), else None."""
+    return data.load_stream(tokens_dir, "train") if cfg.windows == "stream" or cfg.replay else None
+
+
 def step_windows(cfg: Phase2Config, cache: ContextCache, stream: np.ndarray | None,
-                 step: int) -> tuple[dict, torch.Tensor]:
-    """({``windows``: (B, T+1) cache rows of ``step``, with a train stream ``replay``: (B, T+1)},
-    their contexts (B, T, C)): the same in phase 2 and the control."""
+                 step: int) -> tuple[dict, torch.Tensor | None]:
+    """({``windows``: (B, T+1) the windows of ``step``, with ``replay``: (B, T+1) more of the train
+    stream when configured}, the cache's contexts of the windows (B, T, C), None for ``stream``):
+    the same in phase 2 and both controls. ``stream`` windows are drawn like the base's batches
+    (:func:`lookahead.train.data.train_batch`, salt 52; replay salt 53)."""
     t = cfg.train
-    rows = window_rows(t.seed, step, len(cache.windows("train")), t.batch_size)
-    windows, contexts = cache.batch("train", rows)
-    out = {"windows": windows}
-    if stream is not None:
-        out["replay"] = data.train_batch(stream, step, t.batch_size, cache.context_length, t.seed, salt=52)
+    if cfg.windows == "stream":
+        out = {"windows": data.train_batch(stream, step, t.batch_size, cache.context_length, t.seed, salt=52)}
+        contexts = None
+    else:
+        rows = window_rows(t.seed, step, len(cache.windows("train")), t.batch_size)
+        windows, contexts = cache.batch("train", rows)
+        out = {"windows": windows}
+    if cfg.replay:
+        salt = 53 if cfg.windows == "stream" else 52  # the cache path keeps its earlier draws
+        out["replay"] = data.train_batch(stream, step, t.batch_size, cache.context_length, t.seed, salt=salt)
     return out, contexts
 
 
@@ -54,12 +67,28 @@ def val_batches(cache: ContextCache, rows: np.ndarray, batch_size: int, device) 
         yield windows.to(device), contexts.to(device)
 
 
-def windows_loss(nll: torch.Tensor, batch: dict, dense_logits: Callable[[torch.Tensor], torch.Tensor],
-                 parts: dict) -> torch.Tensor:
-    """The LM loss of a step: the cache windows' mean NLL, averaged with the replay windows' when the
-    batch has them (``dense_logits``: ids (B, T) -> (B, T, V), through the trained model's wrapper
-    so that DDP sees the forward); ``parts`` gets ``nll`` and ``replay_nll``."""
+def routed_loss(logits: torch.Tensor, targets: torch.Tensor, teacher, ids: torch.Tensor, distill: float,
+                parts: dict) -> torch.Tensor:
+    """The loss of the routed windows: mean NLL, mixed with the KL from the frozen ``teacher``'s
+    next-token distribution at weight ``distill`` ((1 − w) NLL + w KL; no teacher: NLL).
+    ``parts`` gets ``nll`` (and ``kl``)."""
+    nll = token_nll(logits, targets).mean()
     parts["nll"] = nll.item()
+    if teacher is None or distill == 0:
+        return nll
+    with torch.no_grad():
+        ref = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)
+    kl = token_kl(ref, logits).mean()
+    parts["kl"] = kl.item()
+    return (1 - distill) * nll + distill * kl
+
+
+def windows_loss(loss: torch.Tensor, batch: dict, dense_logits: Callable[[torch.Tensor], torch.Tensor],
+                 parts: dict) -> torch.Tensor:
+    """The LM loss of a step: the windows' loss, averaged with the replay windows' mean NLL when the
+    batch has them (``dense_logits``: ids (B, T) -> (B, T, V), through the trained model's wrapper
+    so that DDP sees the forward); ``parts`` gets ``replay_nll``."""
+    nll = loss
     if "replay" not in batch:
         return nll
     replay = batch["replay"]
@@ -82,6 +111,13 @@ def save_lm(lm, tokenizer_dir, out_dir: Path, config: dict) -> None:
     (out_dir / "lookahead_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
+def teacher_lm(cfg: Phase2Config, base_dir):
+    """The frozen dense base the routed runs distill from (``distill`` > 0), else None."""
+    if cfg.distill == 0:
+        return None
+    return base_lm(base_dir).eval().requires_grad_(False)
+
+
 def base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = ""):
     """The base LM in float32, in training mode; with ``n_layers``/``n_heads``, checked against
     ``source`` (the predictor or denoiser it must fit)."""
@@ -94,12 +130,19 @@ def base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, s
     return lm.train()
 
 
-def data_report(cfg: Phase2Config, cache: ContextCache, val_rows: np.ndarray, result: TrainResult) -> dict:
-    """The tokens a run trained on and the val positions it was scored on (phase 2 and the control alike)."""
+def data_report(cfg: Phase2Config, cache: ContextCache, val_rows: np.ndarray, result: TrainResult,
+                stream_tokens: int = 0) -> dict:
+    """The tokens a run trained on (over the cache's windows or the ``stream_tokens``-long train
+    stream: passes) and the val positions it was scored on (every run alike)."""
+    windows = cfg.train.steps * cfg.train.batch_size
+    tokens = windows * cache.context_length * (2 if cfg.replay else 1)
+    from_stream = tokens if cfg.windows == "stream" else tokens // 2 if cfg.replay else 0  # replay: half
     return {
+        "windows": cfg.windows,
         "train_steps": cfg.train.steps,
-        "train_tokens": cfg.train.steps * cfg.train.batch_size * cache.context_length * (2 if cfg.replay else 1),
-        "passes_over_cache": cfg.train.steps * cfg.train.batch_size / len(cache.windows("train")),
+        "train_tokens": tokens,
+        "passes_over_cache": windows / len(cache.windows("train")) if cfg.windows == "cache" else None,
+        "passes_over_stream": from_stream / stream_tokens if stream_tokens else None,
         "val_positions": int(len(val_rows) * cache.context_length),
         "train_tokens_per_s": result.tokens_per_s,
         "train_seconds": result.train_seconds,

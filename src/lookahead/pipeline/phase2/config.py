@@ -11,20 +11,22 @@ from lookahead.train.loop import TrainConfig
 from lookahead.train.schedule import check_budget_schedule, tau_at
 
 DECODERS = ("mlp", "diffusion")
+WINDOWS = ("stream", "cache")
 
 
 @dataclasses.dataclass
 class Phase2Config:
-    """Joint continued pretraining; the dense control reads `train`, `replay` and the eval keys (DESIGN §2 phase2)."""
+    """Joint continued pretraining; the controls read `train`, `windows`, `replay` and the eval keys (and the static
+    control `distill`) (DESIGN §2 phase2)."""
 
     seeds: int = 3
     """Runs over seeds of training (phase 2 and the dense control each), for each headline figure's mean and `_sd`
     (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
     decoder: Literal["mlp", "diffusion"] = "mlp"
     """Topologies from the phase-1 predictor, trained on (`mlp`), or sampled from the frozen diffusion head."""
-    lambda_head: float = 0.5
-    """mlp: weight of the mean head gate (pushes heads off)."""
-    lambda_edge: float = 1.0
+    lambda_head: float = 0.0
+    """mlp: weight of the mean head gate (pushes heads off; for head gates under a budget the budget sets the fraction)."""
+    lambda_edge: float = 0.0
     """mlp: weight of the mean active edge weight."""
     tau_start: float = 1.0
     """mlp: edge-sigmoid temperature at step 0."""
@@ -33,25 +35,48 @@ class Phase2Config:
     hard_from_step: int = 0
     """mlp: straight-through hard edges and gates from this step on (-1 = never: soft training)."""
     predictor_lr_scale: float = 30.0
-    """mlp: the predictor's learning rate as a multiple of train.lr."""
-    replay: bool = True
-    """Each step also trains on train.batch_size windows of the whole train stream, dense, in both runs."""
+    """mlp: the predictor's learning rate as a multiple of train.lr (0 = the phase-1 router stays frozen)."""
+    windows: Literal["stream", "cache"] = "stream"
+    """Where each step's windows come from: `stream` = fresh windows of the whole train token stream (the router
+    computes its inputs online: predictor.input lm or embedding); `cache` = the context cache's train windows
+    (the slow path, needed by predictor.input cache and by decoder diffusion)."""
+    budget_warmup: int = 0
+    """Steps over which the kept fraction falls linearly from every head to the target (head gates under a top-K
+    budget: the router's `keep`; the static control: its fraction); 0 = the target from step 0."""
+    replay: bool = False
+    """Each step also trains on train.batch_size more windows of the whole train stream, dense (every run)."""
+    distill: float = 0.0
+    """Weight w of the KL from the frozen dense base's next-token distribution in the routed runs (phase 2 and the
+    static control): loss = (1 - w) NLL + w KL; the dense control trains on NLL alone."""
     eval_sequences: int = 0
     """Val windows of the context cache used for evaluation (0 = all of them)."""
     eval_batch_size: int = 8
     """Windows per forward pass when evaluating."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=200, batch_size=8, lr=3e-4, warmup_steps=20, eval_every=50, checkpoint_every=50))
-    """Optimisation of the LM (and the predictor) — the dense control uses the same (batch_size = windows per step)."""
+        steps=300, batch_size=16, lr=3e-4, warmup_steps=20, eval_every=100, checkpoint_every=100))
+    """Optimisation of the LM (and the predictor) — both controls use the same (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         require(self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}")
         check_budget_schedule(self)
-        require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale > 0, "predictor_lr_scale",
-                f"must be a finite number > 0; got {self.predictor_lr_scale}")
+        require(self.windows in WINDOWS, "windows", f"must be one of {', '.join(WINDOWS)}; got {self.windows!r}")
+        require(self.windows == "cache" or self.decoder == "mlp", "windows",
+                "decoder diffusion samples from the context cache's encodings: set windows: cache")
+        require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale >= 0, "predictor_lr_scale",
+                f"must be a finite number >= 0 (0 = frozen); got {self.predictor_lr_scale}")
+        require(0 <= self.budget_warmup < self.train.steps, "budget_warmup",
+                f"must be a step count in [0, train.steps = {self.train.steps}); got {self.budget_warmup}")
+        require(math.isfinite(self.distill) and 0 <= self.distill <= 1, "distill",
+                f"must be in [0, 1]; got {self.distill}")
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
+
+    def keep_at(self, step: int, target: float) -> float:
+        """The kept fraction at ``step``: linear from 1 to ``target`` over ``budget_warmup`` steps, then ``target``."""
+        if step >= self.budget_warmup:
+            return target
+        return 1.0 - (1.0 - target) * step / self.budget_warmup
 
     def tau(self, step: int) -> float:
         """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""

@@ -1,105 +1,204 @@
-"""The dense control of phase 2 (its own stage, ``control``): the base LM trained with phase 2's
-optimiser and schedule on the same windows in the same order (cache windows and replay), with no
-topology, so that every comparison with phase 2 is at equal tokens. (Two stages rather than one:
-under ``accelerate launch`` the shared loop's worker processes exit when a training run ends, so
-one stage runs one training.)"""
+"""Phase 2's two controls, each its own stage, trained with phase 2's optimiser and schedule on the
+same windows in the same order so that every comparison with phase 2 is at equal tokens:
+
+- ``control``: the base LM trained dense (no topology, NLL alone) — "the same LM trained longer";
+- ``static_control``: the base LM trained under static importance pruning at phase 2's final
+  active-head fraction (the probe's most important heads, the same mask at every token and step,
+  phase 2's skip mode and ``distill``) — "static pruning + continued pretraining", the fair
+  baseline of "learned per-token routing + continued pretraining".
+
+(Separate stages rather than one: under ``accelerate launch`` the shared loop's worker processes exit
+when a training run ends, so one stage runs one training.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.graph.nodes import static_topology
+from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import base_lm, data_report, save_lm, step_tokens
-from lookahead.pipeline.phase2.common import step_windows, val_batches, val_rows, windows_loss
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, load_train_stream, routed_loss, save_lm
+from lookahead.pipeline.phase2.common import step_tokens, step_windows, teacher_lm, val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
 
 
-class ControlModule:
-    """The control's step object for :func:`lookahead.train.loop.train`: the LM alone, dense."""
+@dataclasses.dataclass(frozen=True)
+class StaticMask:
+    """What the static control prunes: the probe's head importance (L, H), the active-head
+    fraction (phase 2's final one) and the runtime's skip mode (phase 2's)."""
 
-    def __init__(self, lm, cache: ContextCache, cfg: Phase2Config, stream: np.ndarray | None = None):
-        self.model = lm
+    importance: torch.Tensor
+    fraction: float
+    skip: str
+
+    def config(self) -> dict:
+        return {"active_head_fraction": self.fraction, "skip": self.skip,
+                "heads": static_topology(self.importance, self.fraction)[1][1:].nonzero().flatten().tolist()}
+
+
+def static_mask(heads_file, pruning_file) -> StaticMask:
+    """The static control's mask: the probe's importance (``heads_file``) at the phase-2 run's final
+    active-head fraction and skip mode (``pruning_file``: :func:`lookahead.artifacts.phase2.write_pruning`)."""
+    from safetensors.torch import load_file
+
+    from lookahead.artifacts.phase2 import phase2_pruning
+
+    fraction, skip = phase2_pruning(pruning_file)
+    return StaticMask(load_file(str(heads_file))["importance"].float(), fraction, skip)
+
+
+class StaticPruned(nn.Module):
+    """The LM under one fixed topology, hard: forward(ids) → logits (B, T, V); ``dense=True`` runs
+    the stock forward (replay windows) — one module, so DDP sees every forward."""
+
+    def __init__(self, lm, mask: StaticMask):
+        super().__init__()
+        self.lm = lm
+        self.mask = mask
+        adjacency, gates = static_topology(mask.importance, mask.fraction, mask.skip)
+        self.register_buffer("adjacency", adjacency, persistent=False)  # (N, N)
+        self.register_buffer("gates", gates, persistent=False)  # (N,)
+
+    def forward(self, input_ids: torch.Tensor, dense: bool = False, fraction: float | None = None) -> torch.Tensor:
+        """``fraction``: another fraction of heads than the mask's (the annealed budget)."""
+        if dense:
+            return self.lm(input_ids=input_ids).logits
+        adjacency, gates = self.adjacency, self.gates
+        if fraction is not None:
+            adjacency, gates = (x.to(input_ids.device) for x in static_topology(self.mask.importance, fraction,
+                                                                                 self.mask.skip))
+        return forward_with_topology(self.lm, input_ids, adjacency, gates, hard=True, skip=self.mask.skip)
+
+
+class ControlModule:
+    """A control's step object for :func:`lookahead.train.loop.train`: the LM dense, or (``mask``)
+    under static pruning, distilling from ``teacher`` at ``cfg.distill`` when given one."""
+
+    def __init__(self, lm, cache: ContextCache, cfg: Phase2Config, stream: np.ndarray | None = None,
+                 mask: StaticMask | None = None, teacher=None):
+        self.model = lm if mask is None or lm is None else StaticPruned(lm, mask)
+        self.static, self.mask = mask is not None, mask
         self.cache, self.cfg = cache, cfg
-        self.stream = stream if cfg.replay else None  # the train token stream (replay windows)
+        self.stream = stream  # the train token stream (stream windows, replay)
+        self.teacher = teacher  # static control with distill > 0: the frozen dense base
         self.device = torch.device("cpu")
         self.val_rows = val_rows(cfg, cache)
         self.last_eval: dict = {}
 
     def place(self, device) -> None:
         self.device = torch.device(device)
+        if self.teacher is not None:
+            self.teacher.to(self.device)
 
     def batch(self, step: int) -> dict:
-        return step_windows(self.cfg, self.cache, self.stream, step)[0]
+        out = step_windows(self.cfg, self.cache, self.stream, step)[0]
+        if self.static and self.cfg.budget_warmup:
+            out["fraction"] = self.cfg.keep_at(step, self.mask.fraction)
+        return out
+
+    def _logits(self, model, ids: torch.Tensor, dense: bool = False, fraction: float | None = None) -> torch.Tensor:
+        if self.static:
+            return model(ids, dense=dense, fraction=fraction)
+        return model(input_ids=ids).logits
 
     def loss(self, model, batch: dict):
         windows = batch["windows"]
-        parts: dict = {}
-        nll = token_nll(model(input_ids=windows[:, :-1]).logits, windows[:, 1:]).mean()
-        return windows_loss(nll, batch, lambda ids: model(input_ids=ids).logits, parts), parts
+        ids, parts = windows[:, :-1], {}
+        logits = self._logits(model, ids, fraction=batch.get("fraction"))
+        loss = routed_loss(logits, windows[:, 1:], self.teacher, ids, self.cfg.distill, parts)
+        return windows_loss(loss, batch, lambda x: self._logits(model, x, dense=True), parts), parts
 
     tokens = staticmethod(step_tokens)
 
     @torch.no_grad()
     def evaluate(self, model) -> dict[str, float]:
-        """Val NLL of the LM on the cache's val windows (phase 2's ``dense_nll``)."""
+        """Val NLL of the LM on the cache's val windows, dense (phase 2's ``dense_nll``) and, for the
+        static control, under its mask (``hard_nll``)."""
         with eval_mode(model):
             totals = PositionTotals()
+            lm = model.lm if self.static else model
             for windows, _ in val_batches(self.cache, self.val_rows, self.cfg.eval_batch_size, self.device):
                 ids, targets = windows[:, :-1], windows[:, 1:]
-                totals.add(targets.numel(), dense=token_nll(model(input_ids=ids).logits, targets).sum().item())
+                totals.add(targets.numel(), dense=token_nll(lm(input_ids=ids).logits, targets).sum().item())
+                if self.static:
+                    totals.add(hard=token_nll(model(ids), targets).sum().item())
         self.last_eval = {"dense_nll": totals.mean("dense")}
+        if self.static:
+            self.last_eval["hard_nll"] = totals.mean("hard")
         return self.last_eval
 
 
-def control_config(cfg: Phase2Config) -> dict:
-    """The keys of ``phase2`` the dense control reads (dvc.yaml lists the same)."""
-    return {"train": to_dict(cfg.train), "replay": cfg.replay, "eval_sequences": cfg.eval_sequences,
-            "eval_batch_size": cfg.eval_batch_size, "seeds": cfg.seeds}
+def control_config(cfg: Phase2Config, mask: StaticMask | None = None) -> dict:
+    """The keys of ``phase2`` a control reads (dvc.yaml lists the same), and the static control's mask."""
+    out = {"train": to_dict(cfg.train), "windows": cfg.windows, "replay": cfg.replay,
+           "eval_sequences": cfg.eval_sequences, "eval_batch_size": cfg.eval_batch_size, "seeds": cfg.seeds}
+    if mask is not None:
+        out.update(distill=cfg.distill, budget_warmup=cfg.budget_warmup, mask=mask.config())
+    return out
 
 
-# metrics/control.json (lookahead.core.report)
+# metrics/control.json and metrics/static_control.json (lookahead.core.report)
+DATA_KEYS = ("train_steps", "train_tokens", "passes_over_cache", "passes_over_stream")
 CONTROL_SEEDED = ("val_nll",)
-CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "train_steps", "train_tokens", "passes_over_cache"),
-                                   CONTROL_SEEDED)
+CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", *DATA_KEYS), CONTROL_SEEDED)
+STATIC_SEEDED = ("val_nll", "dense_nll")
+STATIC_HEADLINE = seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", *DATA_KEYS),
+                                  STATIC_SEEDED)
 
 
 def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                  tracker=None) -> tuple[dict, TrainResult]:
-    """The dense control of phase 2: the base LM trained with phase 2's optimiser and schedule on
-    the same windows in the same order (cache windows and replay), no topology. Writes the LM to
+                  tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult]:
+    """A control of phase 2: the base LM trained with phase 2's optimiser and schedule on the same
+    windows in the same order, dense or (``mask``) under static pruning. Writes the LM to
     ``out_dir``; returns the report and the training result."""
     from lookahead.core.atomic import atomic_dir
 
     cache = ContextCache(contexts_dir)
     torch.manual_seed(cfg.train.seed)
-    stream = data.load_stream(tokens_dir, "train") if cfg.replay else None
-    module = ControlModule(base_lm(base_dir), cache, cfg, stream)
-    files = [Path(base_dir) / "model.safetensors"] + ([Path(tokens_dir) / "train.npy"] if cfg.replay else [])
-    ckpt = checkpoint_dir(checkpoint_root, "control", control_config(cfg), files, [cache.fingerprint()])
+    stream = load_train_stream(cfg, tokens_dir)
+    teacher = teacher_lm(cfg, base_dir) if mask is not None else None
+    lm = base_lm(base_dir)
+    if mask is not None and tuple(mask.importance.shape) != (lm.config.num_hidden_layers, lm.config.num_attention_heads):
+        raise Phase2Error(f"head statistics {tuple(mask.importance.shape)} and the base model "
+                          f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) disagree: rerun `dvc repro`")
+    module = ControlModule(lm, cache, cfg, stream, mask, teacher)
+    stage = "control" if mask is None else "static_control"
+    config = control_config(cfg, mask)
+    files = [Path(base_dir) / "model.safetensors"] + ([Path(tokens_dir) / "train.npy"] if stream is not None else [])
+    ckpt = checkpoint_dir(checkpoint_root, stage, config, files, [cache.fingerprint()])
     start = module.evaluate(module.model)
-    result = train(module, cfg.train, stage="control", checkpoint_dir=ckpt, tracker=tracker)
+    result = train(module, cfg.train, stage=stage, checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
+    final = module.last_eval
+    lm = module.model.lm if mask is not None else module.model
     with atomic_dir(out_dir) as tmp:
-        save_lm(module.model.cpu(), base_dir, tmp, {"control": control_config(cfg)})
-    report = {"base_val_nll": start["dense_nll"], "val_nll": module.last_eval["dense_nll"],
-              **data_report(cfg, cache, module.val_rows, result)}
-    return report, result
+        save_lm(lm.cpu(), base_dir, tmp, {stage: config})
+    data = data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0)
+    if mask is None:
+        report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense_nll"]}
+    else:
+        report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard_nll"], "dense_nll": final["dense_nll"],
+                  "active_head_fraction": float(static_topology(mask.importance, mask.fraction)[1][1:].mean()),
+                  "heads": config["mask"]["heads"], "skip": mask.skip}
+    return {**report, **data}, result
 
 
 def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                        tracker=None) -> tuple[dict, TrainResult]:
+                        tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult]:
     """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`."""
-    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker)
+    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker, mask)
+    stage = "control" if mask is None else "static_control"
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_control(
-        c, base_dir, tokens_dir, contexts_dir, scratch / "control", checkpoint_root)[0], "control")
-    return with_spread(report, others, CONTROL_SEEDED), result
+        c, base_dir, tokens_dir, contexts_dir, scratch / stage, checkpoint_root, mask=mask)[0], stage)
+    return with_spread(report, others, CONTROL_SEEDED if mask is None else STATIC_SEEDED), result

@@ -8,7 +8,7 @@ from pathlib import Path
 from lookahead.core.atomic import write_csv
 from lookahead.train.figures import fraction_twin, pyplot, save_png
 
-TRAIN_COLUMNS = ["step", "loss", "nll", "replay_nll", "head_gate", "lr", "grad_norm"]
+TRAIN_COLUMNS = ["step", "loss", "nll", "kl", "replay_nll", "head_gate", "lr", "grad_norm"]
 EVAL_COLUMNS = ["step", "hard_nll", "soft_nll", "dense_nll", "active_head_fraction"]
 
 
@@ -22,7 +22,8 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
     steps = [r["step"] for r in train]
-    for key, label in (("loss", "loss (NLL + penalties)"), ("nll", "NLL, cached windows (topologies)"),
+    for key, label in (("loss", "loss (NLL + penalties)"), ("nll", "NLL, trained windows (topologies)"),
+                       ("kl", "KL from the dense base (distill)"),
                        ("replay_nll", "NLL, replay windows (dense)")):
         values = [r[key] for r in train]
         if all(v != "" for v in values):
@@ -52,6 +53,9 @@ def write_phase2_reports(result, outputs: dict) -> None:
 
 
 def write_control_reports(result, outputs: dict) -> None:
-    """The control stage's curves: training loss and val NLL per step."""
-    write_csv(outputs["train_curve"], _rows(result.train_curve, ["step", "loss", "nll", "replay_nll", "lr"]))
-    write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r["dense_nll"]} for r in result.eval_curve])
+    """A control stage's curves: training loss and val NLL per step (the static control's: under its
+    mask, with the same LM run dense beside)."""
+    write_csv(outputs["train_curve"], _rows(result.train_curve, ["step", "loss", "nll", "kl", "replay_nll", "lr"]))
+    write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r.get("hard_nll", r["dense_nll"]),
+                                       **({"dense_nll": r["dense_nll"]} if "hard_nll" in r else {})}
+                                      for r in result.eval_curve])
