@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": "token streams directory (input: replay windows)",
         "contexts": "context cache directory (input)",
         "init": "init safetensors (input)",
+        "heads": "probe head statistics (input: importance, for shared_heads)",
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
-                                            args.diffusion, args.out, args.checkpoints, tracker=run)
+                                            args.diffusion, args.out, args.checkpoints, tracker=run, heads_file=args.heads)
         write_phase2_reports(result, args.outputs)
         write_pruning(args.out, args.pruning)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)

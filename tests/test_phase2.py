@@ -190,15 +190,17 @@ def lm_router(phase_inputs, path):
 
 @pytest.fixture(scope="module")
 def stream_run(downstream_inputs, tmp_path_factory):
-    """Phase 2 on fresh windows of the train stream with a frozen ``lm`` router, distilling from the base."""
+    """Phase 2 on fresh windows of the train stream with a frozen ``lm`` router, distilling from the base,
+    the most important head shared (on at every token)."""
     d = tmp_path_factory.mktemp("stream")
     i = downstream_inputs
     router = lm_router(i, d / "router.safetensors")
     cfg = from_dict(Phase2Config, {
-        "windows": "stream", "predictor_lr_scale": 0, "distill": 0.5, "eval_batch_size": 2,
+        "windows": "stream", "predictor_lr_scale": 0, "distill": 0.5, "shared_heads": 1, "eval_batch_size": 2,
         "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "device": "cpu"}})
-    report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out")
+    report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out",
+                                  heads_file=i["heads"])
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "router": router}
 
 
@@ -236,6 +238,7 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     for key, value in before.state_dict().items():
         assert torch.equal(after.state_dict()[key], value), key  # predictor_lr_scale 0: frozen
     assert meta["runtime"]["skip"] == "query"
+    assert meta["predictor"]["always_on"] == [0] and before.cfg.always_on == []  # importance [[0.3, 0.1], [0.05, 0.2]]
     stream = load_stream(downstream_inputs["tokens"], "train")
     cache = ContextCache(downstream_inputs["contexts"])
     assert report["train_tokens"] == 2 * 2 * cache.context_length and report["passes_over_cache"] is None
@@ -248,6 +251,7 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
         adjacency, gates = after.eval()(router_context("lm", lm, ids, None), None, hard=True)
         logits = reference_forward(lm, ids, adjacency, gates, skip="query")  # the plain reference
     assert report["hard_nll"] == pytest.approx(token_nll(logits, windows[:, 1:]).mean().item(), rel=1e-5)
+    assert (gates[..., 1] == 1).all() and (gates[..., 1:].sum(-1) == 2).all()  # the shared head, and one routed
     assert report["active_head_fraction"] == pytest.approx(0.5)
     assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"
 
@@ -310,6 +314,10 @@ def test_stream_and_static_control_inputs_are_refused_with_the_fix(downstream_in
     with pytest.raises(Phase2Error, match="predictor.input: cache"):  # the cascade fixture reads the cache
         build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")
     assert not (tmp_path / "o").exists()
+    cfg = from_dict(Phase2Config, {"windows": "cache", "shared_heads": 1, "train": {"steps": 1, "device": "cpu"}})
+    with pytest.raises(Phase2Error, match="shared_heads"):
+        build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o",
+                     heads_file=i["heads"])
     with pytest.raises(Phase2OutputError, match="run `dvc repro phase2`"):
         static_mask(i["heads"], tmp_path / "pruning.json")
 

@@ -14,7 +14,7 @@ from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, he
                                     logistic_noise, topk_mask)
 from lookahead.graph.nodes import head_graph, n_nodes
 from lookahead.graph.oracle import greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
-from lookahead.graph.predictor import PredictorConfig, StructurePredictor
+from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
 from lookahead.graph.router_inputs import lm_states
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.build import Phase1Config, capture, distill_loss
@@ -167,3 +167,27 @@ def test_distillation_pulls_the_router_toward_the_oracle_heads():
     agree = distill_loss(torch.tensor([[5.0, -5.0, 3.0, -7.0]]), kl, 0.5, 1)
     reverse = distill_loss(torch.tensor([[-5.0, 5.0, -3.0, 7.0]]), kl, 0.5, 1)
     assert agree < 0.02 and reverse > 2.0
+
+
+def test_shared_heads_run_at_every_token_and_the_router_fills_the_rest_of_the_budget(seed):
+    cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="embedding", geo_features=False)
+    predictor = StructurePredictor(cfg, 3, 4, 6)  # 12 heads, 6 kept per token
+    torch.nn.init.normal_(predictor.to_gate.weight, std=3.0)
+    predictor.set_always_on([7, 2])
+    assert predictor.cfg.always_on == [2, 7]
+    context = torch.randn(5, 9, 6)
+    z = predictor.head_logits(context)
+    _, gates = predictor(context, hard=True)
+    g = gates[..., 1:]
+    assert (g[..., [2, 7]] == 1).all() and (g.sum(-1) == 6).all()
+    others = [h for h in range(12) if h not in (2, 7)]
+    for b in range(5):  # the plain reference: the 4 highest keep logits among the other heads
+        for t in range(9):
+            best = sorted(others, key=lambda h: -z[b, t, h].item())[:4]
+            assert sorted(h for h in others if g[b, t, h] == 1) == sorted(best)
+    with pytest.raises(PredictorError, match="budget"):
+        predictor.set_always_on(list(range(7)))  # more than the 6 kept
+    with pytest.raises(PredictorError, match="gate: head"):
+        StructurePredictor(PredictorConfig.cascade(rank=2, hidden=8, geo_features=False), 3, 4, 6).set_always_on([1])
+    with pytest.raises(ConfigError, match="always_on"):
+        PredictorConfig(always_on=[1, 1])

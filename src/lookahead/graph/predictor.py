@@ -37,10 +37,11 @@ from torch import nn
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors
 from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bound_logits, gate_noise, head_gates,
-                                    logistic_noise, straight_through)
+                                    keep_count, logistic_noise, straight_through)
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
 INPUTS = ("cache", "lm", "embedding")
+ALWAYS_ON_LOGIT = 1e4  # added to a shared head's keep logit: above any other head's score
 EDGES = ("all", "learned")
 
 
@@ -87,6 +88,9 @@ class PredictorConfig:
     input: str = "lm"
     """Router input: cache (the context cache's encoder), lm (the frozen base LM's token embedding at
     t and final hidden state at t−1) or embedding (the token embedding at t alone)."""
+    always_on: list[int] = dataclasses.field(default_factory=list)
+    """Head gates under a budget: heads (0 … L·H − 1, layer-major) that run at every token (MoH's shared
+    heads); the router picks the rest of the budget among the others (phase2.shared_heads sets them)."""
 
     @classmethod
     def cascade(cls, **changes) -> PredictorConfig:
@@ -103,6 +107,10 @@ class PredictorConfig:
         require(0 < self.keep <= 1, "keep", f"must be in (0, 1]; got {self.keep}")
         require(math.isfinite(self.logit_bound) and self.logit_bound >= 0, "logit_bound",
                 f"must be a finite number >= 0 (0 = unbounded); got {self.logit_bound}")
+        require(not self.always_on or (self.gate == "head" and self.budget != "none"), "always_on",
+                "needs predictor.gate: head with a budget (the router fills the rest of it)")
+        require(len(set(self.always_on)) == len(self.always_on) and all(h >= 0 for h in self.always_on), "always_on",
+                f"must be distinct head indices >= 0; got {self.always_on}")
         require(self.gate == "head" or self.budget == "none", "budget",
                 f"needs predictor.gate: head (the cascade gates heads by their edges); got {self.budget!r}")
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
@@ -189,6 +197,8 @@ class StructurePredictor(nn.Module):
             static = static + u0.float() @ v0.float().T
         self.static = nn.Parameter(static)  # B (N, N)
         self.noise_scale = 1.0  # the head gates' training noise temperature (phase 1 anneals it)
+        self.register_buffer("always_on", torch.zeros(n_layers * n_heads), persistent=False)  # (L·H,) shared heads
+        self.set_always_on(cfg.always_on)
         if cfg.gate == "head":  # keep logits z = W h + b; b starts at init_bias (or static importance)
             self.to_gate = nn.Linear(cfg.hidden, n_layers * n_heads)
             nn.init.zeros_(self.to_gate.weight)
@@ -201,6 +211,20 @@ class StructurePredictor(nn.Module):
         flat = importance.flatten().float()
         with torch.no_grad():
             self.head_bias.copy_((flat - flat.mean()) / flat.std().clamp_min(1e-12) + self.cfg.init_bias)
+
+    def set_always_on(self, heads: list[int]) -> None:
+        """Make ``heads`` (0 … L·H − 1) the shared heads that run at every token (``cfg.always_on``)."""
+        heads = sorted(int(h) for h in heads)
+        n = self.n_layers * self.n_heads
+        per_layer = self.cfg.budget == "topk_layer"
+        budget = keep_count(n, self.n_layers, self.cfg.keep, per_layer) * (self.n_layers if per_layer else 1)
+        if heads and (self.cfg.gate != "head" or self.cfg.budget == "none"):
+            raise PredictorError("shared heads need predictor.gate: head with a budget (the router fills the rest)")
+        if any(h >= n for h in heads) or len(heads) > budget:
+            raise PredictorError(f"shared heads {heads}: need indices < {n} and at most the budget's {budget} heads")
+        self.cfg = dataclasses.replace(self.cfg, always_on=heads)
+        self.always_on.zero_()
+        self.always_on[heads] = 1.0
 
     @classmethod
     def from_init(cls, cfg: PredictorConfig, init_file: str | Path, context_dim: int) -> StructurePredictor:
@@ -262,6 +286,8 @@ class StructurePredictor(nn.Module):
             return (*cascade(a_raw, self.n_layers, self.n_heads, self.cfg.gate_k, hard), None)
         h = self.features(context, geo)
         z = self.head_logits(context, geo, h)
+        if self.cfg.always_on:  # shared heads: above every other score, so top-K always takes them
+            z = z + self.always_on * ALWAYS_ON_LOGIT
         noise = (gate_noise(self.cfg.noise, z.shape, z.device, z.dtype, generator, self.noise_scale)
                  if self.training else None)
         keep = self.cfg.keep if keep is None else keep

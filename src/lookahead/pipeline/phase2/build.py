@@ -225,9 +225,10 @@ HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
-                 checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult]:
+                 checkpoint_root=None, tracker=None, heads_file=None) -> tuple[dict, TrainResult]:
     """Train the phase-2 LM with its decoder; write the LM (and the predictor) to ``out_dir``;
-    return the report and the training result."""
+    return the report and the training result. ``heads_file``: the probe's head importance
+    (``shared_heads`` picks the most important)."""
     from lookahead.core.atomic import atomic_dir
     from lookahead.graph.denoiser import load_denoiser, sampling_settings
     from lookahead.graph.predictor import load_init, load_predictor, save_predictor
@@ -252,6 +253,8 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     if cfg.budget_warmup and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none"):
         raise Phase2Error(f"phase2.budget_warmup anneals a top-K budget: {predictor_file} has gate "
                           f"{predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder}): set budget_warmup: 0")
+    if cfg.shared_heads:
+        share_heads(predictor, cfg.shared_heads, heads_file, predictor_file)
     if denoiser is not None:
         predictor = None
     if predictor is not None:
@@ -266,6 +269,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     if denoiser is not None:
         module.set_sampling(*sampling_settings(diffusion_meta, diffusion_dir))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
+    files += [Path(heads_file)] if cfg.shared_heads else []
     files += [Path(tokens_dir) / "train.npy"] if stream is not None else []
     files += [Path(diffusion_dir) / "model.safetensors"] if denoiser is not None else []
     ckpt = checkpoint_dir(checkpoint_root, "phase2", to_dict(cfg), files, [cache.fingerprint()])
@@ -299,15 +303,28 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     return report, result
 
 
+def share_heads(predictor, count: int, heads_file, predictor_file) -> None:
+    """Make the ``count`` most important heads (the probe's ``heads_file``) run at every token."""
+    from safetensors.torch import load_file
+
+    from lookahead.graph.nodes import static_gates
+
+    if predictor.cfg.gate != "head" or predictor.cfg.budget == "none" or heads_file is None:
+        raise Phase2Error(f"phase2.shared_heads needs a head-gate router with a budget ({predictor_file}: gate "
+                          f"{predictor.cfg.gate}, budget {predictor.cfg.budget}) and the probe's head statistics")
+    importance = load_file(str(heads_file))["importance"].float()
+    predictor.set_always_on(static_gates(importance, count)[1:].nonzero().flatten().tolist())
+
+
 def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                       out_dir, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult]:
+                       out_dir, checkpoint_root=None, tracker=None, heads_file=None) -> tuple[dict, TrainResult]:
     """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds (their LMs
     discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
     report, result = build_phase2(cfg, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                                  out_dir, checkpoint_root, tracker)
+                                  out_dir, checkpoint_root, tracker, heads_file)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase2(
         c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, scratch / "phase2",
-        checkpoint_root)[0], "phase2")
+        checkpoint_root, heads_file=heads_file)[0], "phase2")
     return with_spread(report, others, SEEDED), result
 
 

@@ -40,6 +40,9 @@ class Phase2Config:
     """Where each step's windows come from: `stream` = fresh windows of the whole train token stream (the router
     computes its inputs online: predictor.input lm or embedding); `cache` = the context cache's train windows
     (the slow path, needed by predictor.input cache and by decoder diffusion)."""
+    shared_heads: int = 0
+    """mlp, head gates under a budget: the S most important heads (probe importance) run at every token and
+    the router picks the rest of its budget among the others (MoH's shared heads; 0 = every head routed)."""
     budget_warmup: int = 0
     """Steps over which the kept fraction falls linearly from every head to the target (head gates under a top-K
     budget: the router's `keep`; the static control: its fraction); 0 = the target from step 0."""
@@ -65,6 +68,7 @@ class Phase2Config:
                 "decoder diffusion samples from the context cache's encodings: set windows: cache")
         require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale >= 0, "predictor_lr_scale",
                 f"must be a finite number >= 0 (0 = frozen); got {self.predictor_lr_scale}")
+        require(self.shared_heads >= 0, "shared_heads", f"must be >= 0; got {self.shared_heads}")
         require(0 <= self.budget_warmup < self.train.steps, "budget_warmup",
                 f"must be a step count in [0, train.steps = {self.train.steps}); got {self.budget_warmup}")
         require(math.isfinite(self.distill) and 0 <= self.distill <= 1, "distill",
