@@ -273,7 +273,8 @@ def phase2_run(downstream_inputs, tmp_path_factory):
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {
-        "hard_from_step": 1, "eval_batch_size": 2, "windows": "cache", "replay": True,
+        "hard_from_step": 1, "eval_batch_size": 2, "windows": "cache", "replay": True, "predictor_lr_scale": 30,
+        "shared_heads": 0,
         "train": {"steps": 3, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 2, "device": "cpu"}})
     i = downstream_inputs

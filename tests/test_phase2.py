@@ -310,7 +310,7 @@ def test_stream_and_static_control_inputs_are_refused_with_the_fix(downstream_in
         from_dict(Phase2Config, {"decoder": "diffusion", "windows": "stream"})
     with pytest.raises(ConfigError, match="distill"):
         from_dict(Phase2Config, {"distill": 1.5})
-    cfg = from_dict(Phase2Config, {"windows": "stream", "train": {"steps": 1, "device": "cpu"}})
+    cfg = from_dict(Phase2Config, {"windows": "stream", "shared_heads": 0, "train": {"steps": 1, "device": "cpu"}})
     with pytest.raises(Phase2Error, match="predictor.input: cache"):  # the cascade fixture reads the cache
         build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")
     assert not (tmp_path / "o").exists()
@@ -338,6 +338,7 @@ def test_budget_warmup_anneals_the_kept_fraction_from_every_head_to_the_target(d
     i = downstream_inputs
     with pytest.raises(ConfigError, match="budget_warmup"):
         from_dict(Phase2Config, {"budget_warmup": 10, "train": {"steps": 10}})
-    cfg = from_dict(Phase2Config, {"windows": "cache", "budget_warmup": 1, "train": {"steps": 2, "device": "cpu"}})
+    cfg = from_dict(Phase2Config, {"windows": "cache", "budget_warmup": 1, "shared_heads": 0,
+                                   "train": {"steps": 2, "device": "cpu"}})
     with pytest.raises(Phase2Error, match="budget_warmup"):  # the cascade fixture has no top-K budget
         build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")

@@ -23,7 +23,13 @@ import torch.nn.functional as F
 
 from lookahead.graph.nodes import head_graph
 from lookahead.graph.runtime import forward_with_topology
-from lookahead.lm.nll import token_kl, token_nll
+from lookahead.lm.nll import token_nll
+
+
+def _kl(dense_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(dense ‖ q) per position (B, T)."""
+    logq = F.log_softmax(logits.float(), -1)
+    return (dense_logp.exp() * (dense_logp - logq)).sum(-1)
 
 
 @torch.no_grad()
@@ -36,7 +42,7 @@ def leave_one_out_kl(lm, ids: torch.Tensor, n_layers: int, n_heads: int, skip: s
         gates = torch.ones(n, device=ids.device)
         gates[1 + h] = 0
         logits = forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True, skip=skip)
-        out.append(token_kl(dense_logp, logits))
+        out.append(_kl(dense_logp, logits))
     return torch.stack(out, -1)
 
 
@@ -59,7 +65,7 @@ def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, ski
             trial[..., 1 + h] = 0
             logits = forward_with_topology(lm, ids, head_graph(trial, n_layers, n_heads), trial, hard=True, skip=skip)
             on = gates[..., 1 + h] > 0
-            cost[..., h] = torch.where(on, token_kl(dense_logp, logits), cost[..., h])
+            cost[..., h] = torch.where(on, _kl(dense_logp, logits), cost[..., h])
         drop = cost.argmin(-1)  # (B, T)
         gates.scatter_(-1, 1 + drop[..., None], 0.0)
     return gates

@@ -37,12 +37,6 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return cross_entropy(logits, targets).view(targets.shape)
 
 
-def token_kl(ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Per-position KL(ref ‖ q) (B, T) of the model's logits (B, T, V) from reference log-probabilities (B, T, V)."""
-    logq = F.log_softmax(logits.float(), -1)
-    return (ref_logp.exp() * (ref_logp - logq)).sum(-1)
-
-
 class PositionTotals:
     """Running sums of per-position figures (NLLs, active fractions) over evaluation batches, and
     their means per position: how every stage that scores an LM on val windows accumulates."""

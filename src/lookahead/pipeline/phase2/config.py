@@ -34,13 +34,13 @@ class Phase2Config:
     """mlp: temperature at the last step (geometric annealing in between)."""
     hard_from_step: int = 0
     """mlp: straight-through hard edges and gates from this step on (-1 = never: soft training)."""
-    predictor_lr_scale: float = 30.0
+    predictor_lr_scale: float = 0.0
     """mlp: the predictor's learning rate as a multiple of train.lr (0 = the phase-1 router stays frozen)."""
     windows: Literal["stream", "cache"] = "stream"
     """Where each step's windows come from: `stream` = fresh windows of the whole train token stream (the router
     computes its inputs online: predictor.input lm or embedding); `cache` = the context cache's train windows
     (the slow path, needed by predictor.input cache and by decoder diffusion)."""
-    shared_heads: int = 0
+    shared_heads: int = 6
     """mlp, head gates under a budget: the S most important heads (probe importance) run at every token and
     the router picks the rest of its budget among the others (MoH's shared heads; 0 = every head routed)."""
     budget_warmup: int = 0
