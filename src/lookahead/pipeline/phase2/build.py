@@ -1,10 +1,14 @@
 """Phase 2 (DESIGN §2 phase2): continued pretraining of the base LM, unfrozen, with per-token
-topologies; its dense control (the ``control`` stage) is :mod:`lookahead.pipeline.phase2.control`.
+topologies; its two controls (the ``control`` and ``static_control`` stages) are
+:mod:`lookahead.pipeline.phase2.control`.
 
-``decoder: mlp`` — the phase-1 predictor keeps training jointly with the LM under phase 1's loss
-(NLL(A) + lambda_head · mean gate + lambda_edge · mean edge weight, τ annealed, straight-through hard
-from ``hard_from_step``), with its own params. ``decoder: diffusion`` — every position's topology is
-a sample of the frozen diffusion head (a new one each step) and only the LM trains, on NLL.
+``decoder: mlp`` — the phase-1 predictor routes: with ``predictor_lr_scale`` > 0 it keeps training
+jointly with the LM under phase 1's loss (NLL(A) + lambda_head · mean gate + lambda_edge · mean edge
+weight, τ annealed, straight-through hard from ``hard_from_step``); with 0 (the default) it stays the
+router phase 1 distilled, and only the LM learns to run under it. ``shared_heads`` makes the S most
+important heads run at every token (the router fills the rest of its budget). ``decoder:
+diffusion`` — every position's topology is a sample of the frozen diffusion head (a new one each
+step) and only the LM trains.
 
 Data (``windows``): ``stream`` (default) — every step draws fresh windows of the whole train
 stream, drawn like the base's batches, and the router computes its inputs online from the LM being
