@@ -312,9 +312,11 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     explainer = explainer_data(cfg, cache, geo, tokenizer, d.lm2, d.predictor2, d.phase2_hard, device)
     report = evaluate_report(results, per_seed, causality, static_curve, fraction, d.decoder, cfg, cache, rows, device)
     s = d.shapes
+    router = (d.predictor2 or d.predictor1).cfg
     info = {"context_length": cache.context_length, "encoder": cache.meta["encoder"], "context_dim": cache.dim,
-            "nodes": 1 + s.n_layers * s.n_heads, "rank": (d.predictor2 or d.predictor1).cfg.rank,
-            "n_layers": s.n_layers, "n_heads": s.n_heads}
+            "nodes": 1 + s.n_layers * s.n_heads, "rank": router.rank, "n_layers": s.n_layers, "n_heads": s.n_heads,
+            "router_input": router.input, "gate": router.gate, "shared": len(router.always_on),
+            "kept": round(results["phase2_hard"]["active_head_fraction"] * s.n_layers * s.n_heads)}
     return Evaluation(report, static_curve, explainer, info)
 
 

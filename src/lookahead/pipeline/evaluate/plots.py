@@ -93,10 +93,20 @@ def _box(ax, xy, text, color):
 def _flow(ax, info: dict) -> None:
     """Panel a: the data flow, annotated with the run's real shapes."""
     ax.axis("off")
+    if info.get("router_input", "cache") == "cache":
+        reads = f"context encoder\n{info['encoder']} ({info['context_dim']}-d)\nsees tokens <= t only"
+    else:  # the LM's own states (lookahead.graph.router_inputs)
+        reads = {"lm": "router input: the LM's\ntoken embedding at t +\nfinal state at t-1",
+                 "embedding": "router input: the LM's\ntoken embedding at t"}[info["router_input"]]
+    if info.get("gate", "cascade") == "head":
+        routes = (f"structure predictor\nMLP -> keep logits ({info['nodes'] - 1})\ntop {info['kept']} per token"
+                  + (f", {info['shared']} shared" if info.get("shared") else ""))
+    else:
+        routes = f"structure predictor\nMLP -> U, V ({info['nodes']} x {info['rank']})\nZ = U V' + B"
     boxes = [
         ((0.07, 0.5), f"val text\n(window of {info['context_length']} tokens)", "0.93"),
-        ((0.24, 0.5), f"context encoder\n{info['encoder']} ({info['context_dim']}-d)\nsees tokens <= t only", "#dbe9f6"),
-        ((0.43, 0.5), f"structure predictor\nMLP -> U, V ({info['nodes']} x {info['rank']})\nZ = U V' + B", "#fde2c8"),
+        ((0.24, 0.5), reads, "#dbe9f6"),
+        ((0.43, 0.5), routes, "#fde2c8"),
         ((0.62, 0.5), f"gated head graph\nA ({info['nodes']} x {info['nodes']}), gates g\n"
                       f"{info['n_layers']} layers x {info['n_heads']} heads", "#d9f0d3"),
         ((0.80, 0.5), "OLMo2 LM (phase 2)\nhead j reads\nx_j = sum_i A[i,j] o_i + MLPs", "#e5dcf0"),

@@ -93,13 +93,12 @@ def windows_loss(loss: torch.Tensor, batch: dict, dense_logits: Callable[[torch.
     """The LM loss of a step: the windows' loss, averaged with the replay windows' mean NLL when the
     batch has them (``dense_logits``: ids (B, T) -> (B, T, V), through the trained model's wrapper
     so that DDP sees the forward); ``parts`` gets ``replay_nll``."""
-    nll = loss
     if "replay" not in batch:
-        return nll
+        return loss
     replay = batch["replay"]
     replay_nll = token_nll(dense_logits(replay[:, :-1]), replay[:, 1:]).mean()
     parts["replay_nll"] = replay_nll.item()
-    return (nll + replay_nll) / 2
+    return (loss + replay_nll) / 2
 
 
 def step_tokens(batch: dict) -> int:
