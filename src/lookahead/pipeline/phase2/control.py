@@ -23,7 +23,7 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
-from lookahead.graph.nodes import static_topology
+from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, load_train_stream, routed_loss, save_lm
@@ -42,9 +42,12 @@ class StaticMask:
     fraction: float
     skip: str
 
+    def heads(self) -> list[int]:
+        """The heads kept (0 … L·H − 1): the round(fraction · L·H) most important."""
+        return static_gates(self.importance, round(self.fraction * self.importance.numel()))[1:].nonzero().flatten().tolist()
+
     def config(self) -> dict:
-        return {"active_head_fraction": self.fraction, "skip": self.skip,
-                "heads": static_topology(self.importance, self.fraction)[1][1:].nonzero().flatten().tolist()}
+        return {"active_head_fraction": self.fraction, "skip": self.skip, "heads": self.heads()}
 
 
 def static_mask(heads_file, pruning_file) -> StaticMask:
@@ -189,8 +192,8 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
         report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense_nll"]}
     else:
         report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard_nll"], "dense_nll": final["dense_nll"],
-                  "active_head_fraction": float(static_topology(mask.importance, mask.fraction)[1][1:].mean()),
-                  "heads": config["mask"]["heads"], "skip": mask.skip}
+                  "active_head_fraction": len(mask.heads()) / mask.importance.numel(), "heads": mask.heads(),
+                  "skip": mask.skip}
     return {**report, **data}, result
 
 
