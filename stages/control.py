@@ -14,8 +14,8 @@ from lookahead.pipeline.phase2.plots import write_control_reports
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
-        "tokens": "token streams directory (input: replay windows)",
-        "contexts": "context cache directory (input: its train windows)",
+        "tokens": "token streams directory (input: the train stream)",
+        "contexts": "context cache directory (input: its val windows; its train windows with windows: cache)",
         "out": "control LM directory (output)",
         "metrics": "headline metrics json",
         "report": "full report json",

@@ -38,6 +38,7 @@ import torch
 from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.probe_heads import head_importance
 from lookahead.core.seeds import seed_summary, seeded_headline
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import recorded_skip
@@ -267,7 +268,6 @@ def add_timings(cfg: EvaluateConfig, timed: list[RowSpec], results: dict, cache:
 def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads_file, predictor_file, diffusion_dir,
                    phase2_dir, control_dir, static_control_dir) -> Evaluation:
     """Score every row, time the hard ones, check causality; raise :class:`EvaluateError` if it fails."""
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     from lookahead.core.devices import resolve_device
@@ -282,7 +282,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     rows = np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
-    importance = load_file(str(heads_file))["importance"].float()
+    importance = head_importance(heads_file)
     d = load_decoders(cfg, cache, importance, base_dir, heads_file, predictor_file, diffusion_dir, phase2_dir,
                       control_dir, static_control_dir, device)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)

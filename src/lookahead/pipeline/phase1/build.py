@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.probe_heads import head_importance
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import require
@@ -384,7 +385,6 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
     ``oracle_targets``: the distillation targets by train window, shared between runs of the same
     inputs (the stage's seeds); filled as they are computed."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
@@ -395,7 +395,7 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     cache = ContextCache(contexts_dir)
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)
-    importance = load_file(str(heads_file))["importance"].float()
+    importance = head_importance(heads_file)
     torch.manual_seed(cfg.train.seed)
     predictor = _predictor(predictor_cfg, init_file, cache, lm, importance)
     if (predictor.n_layers, predictor.n_heads) != (lm.config.num_hidden_layers, lm.config.num_attention_heads) \

@@ -40,6 +40,7 @@ from torch.nn.utils import parametrize
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
+from lookahead.artifacts.probe_heads import head_importance
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
@@ -309,14 +310,12 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
 
 def share_heads(predictor, count: int, heads_file, predictor_file) -> None:
     """Make the ``count`` most important heads (the probe's ``heads_file``) run at every token."""
-    from safetensors.torch import load_file
-
     from lookahead.graph.nodes import static_gates
 
     if predictor.cfg.gate != "head" or predictor.cfg.budget == "none" or heads_file is None:
         raise Phase2Error(f"phase2.shared_heads needs a head-gate router with a budget ({predictor_file}: gate "
                           f"{predictor.cfg.gate}, budget {predictor.cfg.budget}) and the probe's head statistics")
-    importance = load_file(str(heads_file))["importance"].float()
+    importance = head_importance(heads_file)
     predictor.set_always_on(static_gates(importance, count)[1:].nonzero().flatten().tolist())
 
 

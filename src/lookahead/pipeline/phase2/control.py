@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.probe_heads import head_importance
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
@@ -53,12 +54,10 @@ class StaticMask:
 def static_mask(heads_file, pruning_file) -> StaticMask:
     """The static control's mask: the probe's importance (``heads_file``) at the phase-2 run's final
     active-head fraction and skip mode (``pruning_file``: :func:`lookahead.artifacts.phase2.write_pruning`)."""
-    from safetensors.torch import load_file
-
     from lookahead.artifacts.phase2 import phase2_pruning
 
     fraction, skip = phase2_pruning(pruning_file)
-    return StaticMask(load_file(str(heads_file))["importance"].float(), fraction, skip)
+    return StaticMask(head_importance(heads_file), fraction, skip)
 
 
 class StaticPruned(nn.Module):
