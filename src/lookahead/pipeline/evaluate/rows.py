@@ -24,6 +24,7 @@ import torch
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.nodes import baseline_graph, static_topology
 from lookahead.graph.router_inputs import router_context
+from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
@@ -125,6 +126,14 @@ class RowSpec:
     skip: str = "full"  # the runtime's skip mode (the phase-1 predictor's)
 
 
+def run_topology(spec: RowSpec, ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """Logits of a row's LM over one topology: hard rows through the execution plan (which skips the
+    off heads' work where the graph allows it), soft rows through the general runtime."""
+    if spec.hard:
+        return execute(spec.lm, ids, adjacency, gates, spec.skip)
+    return forward_with_topology(spec.lm, ids, adjacency, gates, skip=spec.skip)
+
+
 def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, int],
                     generator: torch.Generator, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
     """Random per-position heads (each on with probability ``fraction``), all edges among them."""
@@ -155,8 +164,7 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
                 continue
             nlls, figures = [], []
             for adjacency, gates in samples:
-                nlls.append(token_nll(forward_with_topology(spec.lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip),
-                                      targets))
+                nlls.append(token_nll(run_topology(spec, ids, adjacency, gates), targets))
                 if adjacency.dim() == 2:  # shared: the same figures at every position
                     adjacency, gates = adjacency.expand(b, t, *adjacency.shape), gates.expand(b, t, -1)
                 figures.append(position_figures(adjacency, gates, s, spec.skip))
@@ -193,12 +201,11 @@ def time_rows(specs: list[RowSpec], ids: torch.Tensor, topologies: dict[str, tup
         lm = spec.lm.to(device)
         adjacency, gates = (x.to(device) for x in topologies[spec.name])
         lm(input_ids=ids)  # warm-up
-        forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip)
+        run_topology(spec, ids, adjacency, gates)
         dense, graph = [], []
         for _ in range(rounds):
             dense.append(_seconds(lambda: lm(input_ids=ids), device))
-            graph.append(_seconds(lambda: forward_with_topology(lm, ids, adjacency, gates, hard=spec.hard, skip=spec.skip),
-                                  device))
+            graph.append(_seconds(lambda: run_topology(spec, ids, adjacency, gates), device))
         out[spec.name] = statistics.median(dense) / statistics.median(graph)  # (tokens/s) / (dense tokens/s)
         spec.lm.to(home)
     return out

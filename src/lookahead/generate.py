@@ -1,0 +1,203 @@
+"""Generation with a lookahead router: the router predicts each position's head gates before that
+position's forward, and the LM runs them through the execution plan (:mod:`lookahead.graph.plan`)
+with a KV cache that stores only what the skip mode needs; dense generation with the stock Hugging
+Face forward and its cache is the comparison.
+
+The router's input at position t (``predictor.input``): ``embedding`` — the token embedding at t;
+``lm`` — that and the final hidden state at t − 1. For the prompt those states come from one dense
+pass over it (the lookahead contract the pipeline trains and evaluates under); for every generated
+position, from the routed forward that actually ran at t − 1 (what a deployed router has). Routers
+that read the context cache (``input: cache``) need its encoder over every prefix and are refused.
+
+    python -m lookahead.generate --model models/phase2/lm --predictor models/phase2/predictor.safetensors \\
+        --init models/init/init.safetensors --prompt "the cat" --max-new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from lookahead.core.errors import LookaheadError
+from lookahead.graph.plan import KVCache, gated_forward
+from lookahead.graph.router_inputs import lm_states
+from lookahead.graph.runtime import check_model
+
+
+class GenerateError(LookaheadError, ValueError):
+    """Settings or inputs generation cannot run with."""
+
+
+@dataclasses.dataclass
+class Generation:
+    ids: torch.Tensor
+    """(B, P + n): the prompt and the generated tokens"""
+    gates: torch.Tensor | None
+    """(B, P + n − 1, N) the head gates every position ran with (None: dense)"""
+    prefill_s: float
+    decode_s: float
+
+    def tokens_per_s(self, prompt_len: int) -> float:
+        """Generated tokens per second of decoding (after the prefill), over the batch."""
+        new = self.ids.shape[1] - prompt_len - 1  # the first new token comes from the prefill
+        return self.ids.shape[0] * new / self.decode_s if new > 0 else float("nan")
+
+
+class Router:
+    """A head-gate structure predictor and what it reads: its gates (B, T, N) for positions whose
+    token embeddings and previous hidden states are given."""
+
+    def __init__(self, predictor, lm, geo=None):
+        if predictor.cfg.gate != "head" or predictor.cfg.edges == "learned":
+            raise GenerateError("generation runs head-gate routers (predictor.gate: head, edges among active heads); "
+                                f"this one has gate {predictor.cfg.gate!r}, edges {predictor.cfg.edges!r}")
+        if predictor.cfg.input not in ("lm", "embedding"):
+            raise GenerateError(f"generation needs a router that reads the LM (predictor.input: lm or embedding); "
+                                f"this one reads {predictor.cfg.input!r}")
+        if predictor.geo_dim and geo is None:
+            raise GenerateError("this router reads the init stage's geometric features: pass its file (--init)")
+        self.predictor, self.lm, self.geo = predictor, lm, geo
+
+    def features(self, ids: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """Router inputs for positions ``ids`` (B, T), given the final hidden states (B, T, d) of the
+        positions before them (None: a dense pass over ``ids``, which must start the sequence)."""
+        if previous is None:
+            return lm_states(self.lm, ids, self.predictor.cfg.input)
+        emb = self.lm.model.embed_tokens(ids).float()
+        return emb if self.predictor.cfg.input == "embedding" else torch.cat([emb, previous.float()], dim=-1)
+
+    @torch.no_grad()
+    def gates(self, ids: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+        geo = self.geo(ids) if self.predictor.geo_dim else None
+        return self.predictor(self.features(ids, previous), geo, hard=True)[1]
+
+
+def pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """The next token of each row from its logits (B, V): greedy at temperature 0, else sampled
+    from softmax(logits / temperature) over the top_k largest (0: all)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+
+
+def _check(prompt: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int) -> None:
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise GenerateError(f"the prompt must be (B, P) token ids with P >= 1; got shape {tuple(prompt.shape)}")
+    if max_new_tokens < 1:
+        raise GenerateError(f"max_new_tokens must be at least 1; got {max_new_tokens}")
+    if temperature < 0 or top_k < 0:
+        raise GenerateError(f"temperature and top_k must be >= 0; got {temperature}, {top_k}")
+
+
+@torch.no_grad()
+def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip: str = "query",
+             temperature: float = 0.0, top_k: int = 0, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Generation:
+    """Routed generation: ``max_new_tokens`` tokens after ``prompt`` (B, P), each position run under
+    the gates the router predicts for it. ``use_cache=False`` recomputes the whole prefix at every
+    step (the same topologies; the reference the cached loop is tested against)."""
+    _check(prompt, max_new_tokens, temperature, top_k)
+    check_model(lm)
+    tic = time.perf_counter()
+    gates = router.gates(prompt)  # (B, P, N): the prompt's, from a dense pass over it
+    cache = KVCache(lm, prompt.shape[0], prompt.shape[1] + max_new_tokens, skip) if use_cache else None
+    out = gated_forward(lm, prompt, gates, skip, cache)
+    ids = torch.cat([prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
+    prefill_s = time.perf_counter() - tic
+    tic = time.perf_counter()
+    for _ in range(max_new_tokens - 1):
+        step = router.gates(ids[:, -1:], out.hidden[:, -1:])  # (B, 1, N) from the state that ran at t − 1
+        gates = torch.cat([gates, step], dim=1)
+        out = gated_forward(lm, ids[:, -1:], step, skip, cache) if use_cache else gated_forward(lm, ids, gates, skip)
+        ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
+    return Generation(ids, gates, prefill_s, time.perf_counter() - tic)
+
+
+@torch.no_grad()
+def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                   generator: torch.Generator | None = None) -> Generation:
+    """Dense generation with the stock forward and its KV cache (the comparison)."""
+    _check(prompt, max_new_tokens, temperature, top_k)
+    tic = time.perf_counter()
+    out = lm(input_ids=prompt, use_cache=True)
+    ids = torch.cat([prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
+    prefill_s = time.perf_counter() - tic
+    tic = time.perf_counter()
+    for _ in range(max_new_tokens - 1):
+        out = lm(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+        ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
+    return Generation(ids, None, prefill_s, time.perf_counter() - tic)
+
+
+def load(model_dir: str | Path, predictor_file: str | Path, init_file: str | Path | None):
+    """(LM, Router, tokenizer) from a model directory (with its tokenizer), a saved predictor and,
+    for routers that read geometric features, the init stage's file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lookahead.graph.predictor import load_init, load_predictor
+    from lookahead.graph.scoring import GeoLookup
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise GenerateError(f"no model at {model_dir} (run `dvc repro phase2`, or pass --model)")
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    predictor, _ = load_predictor(predictor_file)
+    geo = None
+    if predictor.geo_dim:
+        if init_file is None:
+            raise GenerateError("this router reads the init stage's geometric features: pass --init")
+        tensors, _ = load_init(init_file)
+        geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
+    return lm, Router(predictor, lm, geo), tokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/phase2/lm", help="LM directory with its tokenizer")
+    parser.add_argument("--predictor", default="models/phase2/predictor.safetensors", help="head-gate router")
+    parser.add_argument("--init", default="models/init/init.safetensors", help="geometric features (if read)")
+    parser.add_argument("--prompt", default="the", help="text to continue")
+    parser.add_argument("--batch", type=int, default=1, help="copies of the prompt generated side by side")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
+    parser.add_argument("--skip", choices=["full", "query"], help="default: the one the router was trained under")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        from lookahead.graph.predictor import load_predictor
+        from lookahead.graph.runtime import recorded_skip
+
+        lm, router, tokenizer = load(args.model, args.predictor, args.init)
+        skip = args.skip or recorded_skip(load_predictor(args.predictor)[1])
+        prompt = torch.tensor([tokenizer(args.prompt)["input_ids"]] * args.batch)
+        runs = {}
+        for name in ("routed", "dense"):
+            gen = torch.Generator().manual_seed(args.seed)
+            runs[name] = (generate(lm, router, prompt, args.max_new_tokens, skip, args.temperature, args.top_k, gen)
+                          if name == "routed" else
+                          generate_dense(lm, prompt, args.max_new_tokens, args.temperature, args.top_k, gen))
+    except (LookaheadError, OSError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    p = prompt.shape[1]
+    routed = runs["routed"]
+    active = routed.gates[..., 1:].float().mean().item()
+    for name, run in runs.items():
+        print(f"[{name}] {tokenizer.decode(run.ids[0].tolist())!r}")
+    print(json.dumps({"skip": skip, "prompt_tokens": p, "new_tokens": args.max_new_tokens, "batch": args.batch,
+                      "active_head_fraction": round(active, 4),
+                      **{f"{name}_decode_tokens_per_s": round(run.tokens_per_s(p), 1) for name, run in runs.items()},
+                      "routed_over_dense": round(routed.tokens_per_s(p) / runs["dense"].tokens_per_s(p), 3)}))
+
+
+if __name__ == "__main__":
+    main()

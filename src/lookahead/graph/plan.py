@@ -1,0 +1,362 @@
+"""The execution plan of hard head-gate topologies (DESIGN §4): inference that skips the work of
+heads that are off, with a KV cache for generation.
+
+When every head reads the standard stream — the graphs ``nodes.head_graph`` and
+``nodes.baseline_graph`` of 0/1 gates, which ``predictor.gate: head``, static pruning and the
+static control run — the head graph needs no per-head input mixing: a layer is OLMo2's own
+attention with some (head, position) pairs switched off, the function of
+:func:`lookahead.graph.runtime.forward_with_topology` with ``hard=True``. This module runs it the
+way a serving stack would:
+
+- fused projections: one matmul for Q/K/V (for a shared topology, only the rows of the heads that
+  run, plus every key row in ``query`` mode, whose k-norm spans all heads) and one for the MLP's
+  gate and up;
+- shared gates: the off heads are not computed at all (attention over the running heads only);
+- per-position gates, ``full`` mode: each (head, batch row)'s active positions packed in order and
+  run through causal ``scaled_dot_product_attention`` (slot order = position order, so the slot-causal
+  mask is exactly the head's causal mask over its own keys), Q/K/V projected for active pairs only;
+- per-position gates, ``query`` mode: every key and value exists, so K/V are computed once per
+  position for every head; heads that are off at every position of the batch are skipped, the
+  others attend causally and their outputs are zeroed where they are off (exact; a query-only
+  packing needs a staircase mask that stock attention kernels cannot skip work for — see
+  ``benchmarks/runtime.py``).
+
+Generation (:class:`KVCache`): a prefill stores, per layer, what later positions read — every
+head's key and value in ``query`` mode, and in ``full`` mode only the (head, position) pairs that ran
+(a head off at a step stores nothing for that step; each (row, head) keeps its own length). A decode
+step then runs one new position per row against the cache.
+
+Gradients do not flow here (inference only); :func:`execute` falls back to the general runtime when
+they must, or when the topology is not a standard-stream head-gate graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.runtime import SKIP_MODES, TopologyError, _validate, check_model, forward_with_topology
+
+
+def standard_stream(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> bool:
+    """Whether a hard topology runs every head on the standard stream: gates all 0 or 1, and for
+    every head that reads its input (the active ones; in ``query`` mode every head, whose keys and
+    values exist when it is off) weight exactly 1 from the source and from every active earlier head.
+    Edges out of an off head carry nothing and are not looked at."""
+    if not torch.equal(gates[..., 1:], (gates[..., 1:] > 0).to(gates.dtype)) or bool((gates[..., 0] == 0).any()):
+        return False
+    mask = allowed_mask(n_layers, n_heads).to(adjacency.device)
+    on = gates > 0
+    reads = torch.ones_like(on) if skip == "query" else on  # columns whose input matters
+    needed = mask & on[..., :, None] & reads[..., None, :]  # (…, N, N): edges that must carry 1
+    return bool((adjacency.masked_select(needed) == 1).all())
+
+
+def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor | None,
+            skip: str = "full") -> torch.Tensor:
+    """Logits of the hard execution of (adjacency, gates): :func:`gated_forward` when the topology
+    is a standard-stream head-gate graph and no gradient is needed, else the general runtime
+    (``forward_with_topology(hard=True)``). The same function either way (tests: ≤ 1e-5)."""
+    n_layers, n_heads = check_model(model)
+    _validate(adjacency, gates, input_ids, n_layers, n_heads)
+    if (gates is not None and not torch.is_grad_enabled() and skip in SKIP_MODES
+            and standard_stream(adjacency, gates, n_layers, n_heads, skip)):
+        return gated_forward(model, input_ids, gates, skip).logits
+    return forward_with_topology(model, input_ids, adjacency, gates, hard=True, skip=skip)
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    """(B, T, V)"""
+    hidden: torch.Tensor
+    """(B, T, d): the final normed hidden state (what a ``predictor.input: lm`` router reads at t + 1)"""
+
+
+class KVCache:
+    """Keys (after QK-norm and RoPE) and values of every layer, (B, H, capacity, D) each, for a
+    :func:`gated_forward` that continues a sequence. ``length``: positions seen. In ``full`` mode
+    ``stored`` (L, B, H) counts the keys each (row, head) holds (the positions where it ran), and a
+    head's keys sit at the front of its buffer in position order; in ``query`` mode every head
+    stores every position."""
+
+    def __init__(self, model, batch: int, capacity: int, skip: str):
+        n_layers, n_heads = check_model(model)
+        if skip not in SKIP_MODES:
+            raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
+        attn = model.model.layers[0].self_attn
+        p = next(model.parameters())
+        shape = (n_layers, 2, batch, n_heads, capacity, attn.head_dim)
+        self.kv = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        self.stored = torch.zeros(n_layers, batch, n_heads, dtype=torch.long, device=p.device)
+        self.skip, self.capacity, self.length = skip, capacity, 0
+
+    def nbytes(self) -> int:
+        """Bytes of keys and values actually stored (the buffers' used part)."""
+        per = 2 * self.kv.shape[-1] * self.kv.element_size()
+        return int(self.stored.sum()) * per
+
+
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fused(layer) -> torch.Tensor:
+    """W_qkv (3d, d) of a layer, concatenated once and reused until a weight changes (its storage
+    or version)."""
+    attn = layer.self_attn
+    parts = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    stamp = tuple((w.data_ptr(), w._version, w.device, w.dtype) for w in parts)
+    hit = _FUSED.get(layer)
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, torch.cat(parts))
+        _FUSED[layer] = hit
+    return hit[1]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotate-half RoPE; cos/sin broadcastable to x (…, D)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _norm(x: torch.Tensor, ms: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """OLMo2's RMSNorm with a given mean square ms (x's shape minus its last dim), weight (…, D)."""
+    return weight * (x.float() * torch.rsqrt(ms + eps)[..., None]).to(x.dtype)
+
+
+def _gated_ms(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """Mean square over the heads that are on: x (…, H, D), on (…, H) 0/1 → (…, H) (the same
+    value for each head of a position; 0 where none is on)."""
+    total = (x.float().pow(2).sum(-1) * on).sum(-1, keepdim=True)
+    count = on.sum(-1, keepdim=True) * x.shape[-1]
+    return (total / count.clamp_min(1)).expand(on.shape)
+
+
+@torch.no_grad()
+def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str = "full",
+                  cache: KVCache | None = None) -> Output:
+    """Hard execution of the standard-stream head-gate topology ``gates`` (see the module docstring).
+
+    Args:
+        model: a transformers ``Olmo2ForCausalLM``.
+        input_ids: (B, T) the new positions (with a cache: the whole prompt when it is empty, then
+            one position per call).
+        gates: 0/1 head gates, (N,) shared or (B, T, N) per position; entry 0 (the source) ignored.
+        skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
+        cache: continue (and fill) a :class:`KVCache`.
+    """
+    n_layers, n_heads = check_model(model)
+    if skip not in SKIP_MODES:
+        raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
+    bsz, t = input_ids.shape
+    n = 1 + n_layers * n_heads
+    if gates.shape not in ((n,), (bsz, t, n)):
+        raise TopologyError(f"gates must be ({n},) shared or ({bsz}, {t}, {n}) per position; got {tuple(gates.shape)}")
+    start = 0
+    if cache is not None:
+        if cache.skip != skip or cache.kv.shape[2] != bsz:
+            raise TopologyError(f"this cache was made for skip={cache.skip!r} and batch {cache.kv.shape[2]}; "
+                                f"got skip={skip!r}, batch {bsz}")
+        start = cache.length
+        if start and t != 1:
+            raise TopologyError(f"a filled cache continues one position per call; got {t}")
+        if start + t > cache.capacity:
+            raise TopologyError(f"the cache holds {cache.capacity} positions; {start + t} needed")
+    core = model.model
+    on = (gates[..., 1:] > 0).view(*gates.shape[:-1], n_layers, n_heads)  # (L, H) | (B, T, L, H)
+    stream = core.embed_tokens(input_ids)
+    positions = torch.arange(start, start + t, device=input_ids.device)[None]
+    cos, sin = core.rotary_emb(stream, positions)  # (1, T, D)
+    for idx, layer in enumerate(core.layers[:n_layers]):
+        heads_on = on[idx] if gates.dim() == 1 else on[..., idx, :]
+        if cache is not None and start:
+            total = _decode_attention(layer, stream, heads_on, cos, sin, skip, cache, idx)
+        elif gates.dim() == 1:
+            total = _shared_attention(layer, stream, heads_on, cos, sin, skip, cache, idx)
+        elif skip == "full":
+            total = _packed_attention(layer, stream, heads_on, cos, sin, cache, idx)
+        else:
+            total = _query_attention(layer, stream, heads_on, cos, sin, cache, idx)
+        stream = stream + total
+        stream = stream + layer.post_feedforward_layernorm(layer.mlp(stream))
+    if cache is not None:
+        cache.length = start + t
+    hidden = core.norm(stream)
+    return Output(model.lm_head(hidden), hidden)
+
+
+def _layer_parts(layer):
+    attn = layer.self_attn
+    d_head = attn.head_dim
+    qk_w = torch.stack([attn.q_norm.weight, attn.k_norm.weight]).view(2, -1, d_head)  # (2, H, D)
+    return attn, d_head, attn.q_norm.variance_epsilon, qk_w
+
+
+def _post(layer, s: torch.Tensor) -> torch.Tensor:
+    return layer.post_attention_layernorm(s)
+
+
+def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
+    """One topology for every position: only the running heads' queries, values and attention (and
+    keys, in ``full`` mode; in ``query`` mode every key, for the k-norm and the cache)."""
+    attn, d_head, eps, qk_w = _layer_parts(layer)
+    n_heads = heads_on.shape[0]
+    run = heads_on.nonzero().squeeze(1)
+    h = len(run)
+    bsz, t, d = x.shape
+    key_heads = torch.arange(n_heads, device=x.device) if skip == "query" else run
+    value_heads = key_heads if cache is not None else run  # a cache keeps what later positions read
+    if h == 0 and (cache is None or skip == "full"):
+        return torch.zeros_like(x)
+    w_qkv = _fused(layer).view(3, n_heads, d_head, d)
+    w = torch.cat([w_qkv[0, run], w_qkv[1, key_heads], w_qkv[2, value_heads]]).reshape(-1, d)
+    q, k, v = F.linear(x, w).view(bsz, t, -1, d_head).split([h, len(key_heads), len(value_heads)], dim=2)
+    q = _rope(_norm(q, q.float().pow(2).mean((-1, -2))[..., None].expand(q.shape[:-1]), eps, qk_w[0, run]),
+              cos[:, :, None], sin[:, :, None])
+    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1, key_heads]),
+              cos[:, :, None], sin[:, :, None])
+    if cache is not None:  # the prefill: query mode keeps every head's key and value, full mode the running heads'
+        cache.kv[idx, 0, :, :, :t].index_copy_(1, key_heads, k.transpose(1, 2))
+        cache.kv[idx, 1, :, :, :t].index_copy_(1, key_heads, v.transpose(1, 2))
+        cache.stored[idx, :, key_heads] = t
+        if h == 0:
+            return torch.zeros_like(x)
+    if skip == "query":  # the running heads' keys (and, kept for the cache, values) among all heads'
+        k = k[:, :, run]
+        v = v[:, :, run] if cache is not None else v
+    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       scale=attn.scaling)
+    w_o = attn.o_proj.weight.view(d, n_heads, d_head)[:, run].reshape(d, -1)
+    return _post(layer, F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
+
+
+def _query_attention(layer, x, heads_on, cos, sin, cache, idx):
+    """Per-position gates, ``query`` mode: Q/K/V once per position for every head; heads off at every
+    position are not attended; outputs zeroed where a head is off."""
+    attn, d_head, eps, qk_w = _layer_parts(layer)
+    bsz, t, _ = x.shape
+    g = heads_on.to(x.dtype)  # (B, T, H)
+    q, k, v = F.linear(x, _fused(layer)).view(bsz, t, 3, -1, d_head).unbind(2)
+    q = _rope(_norm(q, _gated_ms(q, g), eps, qk_w[0]), cos[:, :, None], sin[:, :, None])
+    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1]),
+              cos[:, :, None], sin[:, :, None])
+    if cache is not None:
+        cache.kv[idx, 0, :, :, :t] = k.transpose(1, 2)
+        cache.kv[idx, 1, :, :, :t] = v.transpose(1, 2)
+        cache.stored[idx] = t
+    share = heads_on.flatten(0, 1).float().mean(0)  # (H,) the share of positions each head runs at
+    dense = (share > PACK_BELOW).nonzero().squeeze(1)
+    if len(dense) == len(share):  # every head busy: causal attention of every query, the off ones zeroed
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           scale=attn.scaling).transpose(1, 2) * g[..., None]
+        return _post(layer, F.linear(z.reshape(bsz, t, -1), attn.o_proj.weight))
+    z = torch.zeros_like(q)  # (B, T, H, D), 0 where off
+    if len(dense):
+        zd = F.scaled_dot_product_attention(q[:, :, dense].transpose(1, 2), k[:, :, dense].transpose(1, 2),
+                                            v[:, :, dense].transpose(1, 2), is_causal=True, scale=attn.scaling)
+        z[:, :, dense] = zd.transpose(1, 2) * g[..., dense, None]
+    sparse = ((share > 0) & (share <= PACK_BELOW)).nonzero().squeeze(1)
+    if len(sparse):  # each (row, head)'s active queries packed, against every key up to their position
+        act = heads_on[..., sparse].permute(0, 2, 1)  # (B, h, T)
+        counts = act.sum(-1)
+        slots = int(counts.max())
+        pos = torch.sort((~act).to(torch.uint8), dim=-1, stable=True).indices[..., :slots]  # (B, h, S)
+        valid = torch.arange(slots, device=x.device) < counts[..., None]
+        qs = q[:, :, sparse].transpose(1, 2)  # (B, h, T, D)
+        qp = torch.gather(qs, 2, pos[..., None].expand(-1, -1, -1, d_head))
+        ahead = torch.arange(t, device=x.device) > torch.where(valid, pos, t)[..., None]  # padding sees all
+        bias = torch.zeros(ahead.shape, dtype=q.dtype, device=x.device).masked_fill_(ahead, float("-inf"))
+        zp = F.scaled_dot_product_attention(qp, k[:, :, sparse].transpose(1, 2), v[:, :, sparse].transpose(1, 2),
+                                            attn_mask=bias, scale=attn.scaling) * valid[..., None]
+        rows = torch.arange(bsz, device=x.device)[:, None, None].expand_as(pos)
+        heads = sparse[None, :, None].expand_as(pos)
+        z.index_put_((rows, pos, heads), zp, accumulate=True)  # padding adds 0
+    return _post(layer, F.linear(z.reshape(bsz, t, -1), attn.o_proj.weight))
+
+
+PACK_BELOW = 0.3
+"""``query`` mode, per-position gates: a head that runs at no more than this share of a batch's
+positions has its active queries packed and attended with an explicit causal mask (work ∝ its
+queries × all keys); a busier head attends every query causally and is zeroed where off (work ∝
+T²/2: stock kernels skip the masked half only for a plain causal mask)."""
+
+
+def _packed_attention(layer, x, heads_on, cos, sin, cache, idx):
+    """Per-position gates, ``full`` mode: every (head, row)'s active positions packed to the front of
+    S slots (S the largest count), in position order; Q/K/V, QK-norm, RoPE and causal attention on
+    the slots only; outputs scattered back to their positions (0 elsewhere)."""
+    attn, d_head, eps, qk_w = _layer_parts(layer)
+    bsz, t, d = x.shape
+    act = heads_on.permute(2, 0, 1)  # (H, B, T)
+    n_heads = act.shape[0]
+    counts = act.sum(-1)  # (H, B)
+    slots = int(counts.max())
+    if cache is not None:
+        cache.stored[idx] = counts.T
+    if slots == 0:
+        return torch.zeros_like(x)
+    # active positions first, in order; then padding (which sees only real keys before it: dropped)
+    pos = torch.sort((~act).to(torch.uint8), dim=-1, stable=True).indices[..., :slots]  # (H, B, S)
+    valid = torch.arange(slots, device=x.device) < counts[..., None]
+    tok = pos + torch.arange(bsz, device=x.device)[:, None] * t  # (H, B, S) into B·T
+    w = _fused(layer).view(3, n_heads, d_head, d).permute(1, 3, 0, 2).reshape(n_heads, d, 3 * d_head)
+    xp = x.reshape(bsz * t, d)[tok.view(n_heads, -1)]  # (H, B·S, d)
+    q, k, v = torch.bmm(xp, w).view(n_heads, bsz, slots, 3, d_head).unbind(3)
+    # QK-norm: mean square over the heads that run at each position (padding: a spare row)
+    sumsq = torch.stack([q, k], dim=-2).float().pow(2).sum(-1) * valid[..., None]  # (H, B, S, 2)
+    dst = torch.where(valid, tok, bsz * t).view(-1)
+    per_tok = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, dst, sumsq.view(-1, 2))
+    running = heads_on.reshape(bsz * t, n_heads).sum(-1).float() * d_head
+    per_tok[:-1] /= running.clamp_min(1)[:, None]
+    ms = per_tok[dst].view(n_heads, bsz, slots, 2)
+    c, s = cos[0][pos], sin[0][pos]  # (H, B, S, D)
+    q = _rope(_norm(q, ms[..., 0], eps, qk_w[0][:, None, None]), c, s)
+    k = _rope(_norm(k, ms[..., 1], eps, qk_w[1][:, None, None]), c, s)
+    if cache is not None:  # each (row, head)'s own keys, in order, at the front of its buffer
+        cache.kv[idx, 0, :, :, :slots] = k.transpose(0, 1)
+        cache.kv[idx, 1, :, :, :slots] = v.transpose(0, 1)
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling)  # (H, B, S, D)
+    head = torch.arange(n_heads, device=x.device)[:, None, None].expand_as(tok)
+    z_tok = z.new_zeros(bsz * t + 1, n_heads, d_head)
+    z_tok[dst, head.reshape(-1)] = z.reshape(-1, d_head)
+    return _post(layer, F.linear(z_tok[:-1].view(bsz, t, -1), attn.o_proj.weight))
+
+
+def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
+    """One new position per row against the cache: its key and value stored (``full``: only for the
+    heads that run), attention of the running heads over their keys; outputs 0 where off."""
+    attn, d_head, eps, qk_w = _layer_parts(layer)
+    bsz, _, d = x.shape
+    g = (heads_on.expand(bsz, 1, -1) if heads_on.dim() == 1 else heads_on)[:, 0]  # (B, H) bool
+    gf = g.to(x.dtype)
+    q, k, v = F.linear(x[:, 0], _fused(layer)).view(bsz, 3, -1, d_head).unbind(1)  # (B, H, D)
+    c, s = cos[:, 0], sin[:, 0]
+    q = _rope(_norm(q, _gated_ms(q, gf), eps, qk_w[0]), c[:, None], s[:, None])
+    k_ms = k.float().pow(2).mean((-1, -2))[:, None].expand(k.shape[:-1]) if skip == "query" else _gated_ms(k, gf)
+    k = _rope(_norm(k, k_ms, eps, qk_w[1]), c[:, None], s[:, None])
+    keys, values = cache.kv[idx, 0], cache.kv[idx, 1]  # (B, H, C, D)
+    stored = cache.stored[idx]  # (B, H)
+    if skip == "query":
+        keys[:, :, cache.length], values[:, :, cache.length] = k, v
+        stored += 1
+        length = cache.length + 1
+        z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
+                                           scale=attn.scaling)[:, :, 0]
+    else:
+        rows, heads = g.nonzero(as_tuple=True)
+        at = stored[rows, heads]
+        keys[rows, heads, at], values[rows, heads, at] = k[rows, heads], v[rows, heads]
+        stored += g.long()
+        length = int(stored.max())
+        if length == 0:
+            return torch.zeros_like(x)
+        seen = torch.arange(length, device=x.device) < stored[..., None].clamp_min(1)  # (B, H, length)
+        bias = torch.zeros(seen.shape, dtype=q.dtype, device=x.device).masked_fill_(~seen, float("-inf"))
+        z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
+                                           attn_mask=bias[:, :, None], scale=attn.scaling)[:, :, 0]
+    z = torch.where(g[..., None], z, 0.0)  # (B, H, D)
+    return _post(layer, F.linear(z.reshape(bsz, 1, -1), attn.o_proj.weight))

@@ -1,0 +1,186 @@
+"""The execution plan of head-gate topologies (lookahead.graph.plan) and generation with its KV cache
+(lookahead.generate), against the plain reference (tests/reference_head_graph.py), the stock Hugging
+Face forward and a no-cache loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lookahead.generate import GenerateError, Router, generate, generate_dense, main
+from lookahead.graph.nodes import baseline_graph, head_graph, n_nodes
+from lookahead.graph.plan import KVCache, execute, gated_forward, standard_stream
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
+from lookahead.graph.runtime import TopologyError, forward_with_topology
+from tests.conftest import save_tiny_lm
+from tests.reference_head_graph import reference_forward
+from tests.test_runtime import TOL, tiny_olmo2
+
+L, H = 3, 4
+N = n_nodes(L, H)
+
+
+def gates_of(shape, p_off: float, seed: int) -> torch.Tensor:
+    g = (torch.rand(*shape, N, generator=torch.Generator().manual_seed(seed)) > p_off).float()
+    g[..., 0] = 1
+    return g
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_olmo2(n_layers=L, n_heads=H, hidden=32, ffn=32)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
+@pytest.mark.parametrize("p_off", [0.5, 0.85], ids=["half-off", "mostly-off"])  # mostly off: query mode packs
+def test_plan_equals_the_plain_reference(model, ids, skip, shared, p_off):
+    g = gates_of(() if shared else ids.shape, p_off, seed=3 + shared)
+    a = baseline_graph(g, L, H, skip)
+    ref = reference_forward(model, ids, a, g, skip)
+    assert standard_stream(a, g, L, H, skip)
+    assert (gated_forward(model, ids, g, skip).logits - ref).abs().max() <= TOL
+    with torch.no_grad():
+        assert (execute(model, ids, a, g, skip) - ref).abs().max() <= TOL
+        assert (execute(model, ids, head_graph(g, L, H), g, skip) - ref).abs().max() <= TOL  # edges into off heads
+    assert (ref - model(ids).logits).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_plan_with_every_head_on_is_the_stock_forward(model, ids, skip):
+    out = gated_forward(model, ids, torch.ones(N), skip)
+    with torch.no_grad():
+        stock = model(ids, output_hidden_states=True)
+    assert (out.logits - stock.logits).abs().max() <= TOL
+    assert (out.hidden - stock.hidden_states[-1]).abs().max() <= TOL  # the final normed state
+
+
+def test_graphs_that_are_not_the_standard_stream_go_to_the_general_runtime(model, ids):
+    g = gates_of(ids.shape, 0.5, seed=5)
+    a = baseline_graph(g, L, H, "full")
+    partial = a.clone()
+    partial[..., 0, 1 + H] = 0.5  # one head of layer 1 reads half the embedding
+    assert not standard_stream(partial, g, L, H, "full")
+    assert not standard_stream(a, g, L, H, "query")  # query mode: an off head's key reads its input too
+    assert not standard_stream(a, g * 0.5, L, H, "full")  # soft gates
+    with torch.no_grad():
+        for adjacency, skip in ((partial, "full"), (a, "query")):
+            assert torch.equal(execute(model, ids, adjacency, g, skip),
+                               forward_with_topology(model, ids, adjacency, g, hard=True, skip=skip))
+    # a gradient is wanted: the general runtime (the plan is inference only)
+    w = torch.ones(N, requires_grad=True)
+    execute(model, ids, head_graph(torch.ones(N), L, H), w, "full").sum().backward()
+    assert w.grad is not None
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
+def test_kv_cache_decoding_equals_the_forward_over_the_whole_sequence(model, ids, skip, shared):
+    g = gates_of(() if shared else ids.shape, 0.6, seed=9)
+    whole = gated_forward(model, ids, g, skip).logits
+    for prefill in (1, 6):
+        cache = KVCache(model, 2, 12, skip)
+        steps = [gated_forward(model, ids[:, :prefill], g if shared else g[:, :prefill], skip, cache).logits]
+        for t in range(prefill, ids.shape[1]):
+            steps.append(gated_forward(model, ids[:, t:t + 1], g if shared else g[:, t:t + 1], skip, cache).logits)
+        assert (torch.cat(steps, dim=1) - whole).abs().max() <= TOL
+        on = (g[..., 1:] > 0).view(*g.shape[:-1], L, H)
+        if skip == "full":  # a head off at a step stores nothing for it
+            ran = on.expand(2, 10, L, H).sum(1).permute(1, 0, 2) if shared else on.sum(1).permute(1, 0, 2)
+            assert torch.equal(cache.stored, ran)
+            assert cache.nbytes() < 0.6 * KVCache(model, 2, 12, skip).kv[..., :10, :].nbytes
+        else:
+            assert bool((cache.stored == 10).all())
+
+
+def test_cache_misuse_is_refused(model, ids):
+    cache = KVCache(model, 2, 12, "full")
+    gated_forward(model, ids[:, :4], torch.ones(N), "full", cache)
+    with pytest.raises(TopologyError, match="one position per call"):
+        gated_forward(model, ids[:, 4:6], torch.ones(N), "full", cache)
+    with pytest.raises(TopologyError, match="skip='full'"):
+        gated_forward(model, ids[:, 4:5], torch.ones(N), "query", cache)
+    with pytest.raises(TopologyError, match="holds 3 positions"):
+        gated_forward(model, ids[:, :4], torch.ones(N), "full", KVCache(model, 2, 3, "full"))
+    with pytest.raises(TopologyError, match="gates must be"):
+        gated_forward(model, ids, torch.ones(2, 10, N - 1), "full")
+
+
+def head_router(model, input_kind="lm", keep=0.5, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=keep, input=input_kind,
+                          geo_features=False, **kw)
+    hidden = model.config.hidden_size
+    predictor = StructurePredictor(cfg, model.config.num_hidden_layers, model.config.num_attention_heads,
+                                   2 * hidden if input_kind == "lm" else hidden).eval()
+    with torch.no_grad():  # logits that vary by token, so the topology changes along the sequence
+        for p in predictor.parameters():
+            p.normal_(0, 1)
+    return predictor
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_generation_with_the_cache_equals_the_loop_without(model, skip, temperature):
+    router = Router(head_router(model), model)
+    prompt = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(2))
+    runs = [generate(model, router, prompt, 8, skip, temperature, 10, torch.Generator().manual_seed(4), use_cache=c)
+            for c in (True, False)]
+    assert torch.equal(runs[0].ids, runs[1].ids)
+    assert torch.equal(runs[0].gates, runs[1].gates)
+    assert runs[0].gates.shape == (3, 12, N)
+    per_token = runs[0].gates[..., 1:].sum(-1)
+    assert bool((per_token == 6).all())  # the budget: 6 of 12 heads at every position
+    assert not torch.equal(runs[0].gates[:, 0], runs[0].gates[:, -1])  # the topology moves along the sequence
+    # the prompt's gates are the router's on the dense pass over it (the pipeline's contract)
+    assert torch.equal(runs[0].gates[:, :5], router.gates(prompt))
+
+
+def test_dense_generation_is_stock_greedy_decoding(model):
+    prompt = torch.randint(0, 61, (2, 4), generator=torch.Generator().manual_seed(3))
+    ours = generate_dense(model, prompt, 6).ids
+    stock = model.generate(prompt, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(prompt))
+    assert torch.equal(ours, stock)
+    # and routed generation with every head kept is dense generation
+    router = Router(head_router(model, keep=1.0), model)
+    assert torch.equal(generate(model, router, prompt, 6, "query").ids, ours)
+
+
+def test_generation_refuses_routers_and_settings_it_cannot_run(model):
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(GenerateError, match="predictor.input: lm or embedding"):
+        Router(StructurePredictor(PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="cache",
+                                                  geo_features=False), L, H, 4), model)
+    with pytest.raises(GenerateError, match="head-gate routers"):
+        Router(StructurePredictor(PredictorConfig.cascade(rank=2, hidden=8, geo_features=False, input="lm"), L, H, 64),
+               model)
+    router = Router(head_router(model), model)
+    with pytest.raises(GenerateError, match="max_new_tokens"):
+        generate(model, router, prompt, 0)
+    with pytest.raises(GenerateError, match="prompt"):
+        generate(model, router, torch.zeros(3, dtype=torch.long), 2)
+
+
+def test_generate_command_prints_both_speeds(tiny_tokenizer, tmp_path, capsys):
+    lm_dir = save_tiny_lm(tmp_path / "lm", tiny_tokenizer, hidden=32, n_layers=2, n_heads=2)
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(lm_dir)
+    save_predictor(head_router(lm), tmp_path / "predictor.safetensors")
+    main(["--model", str(lm_dir), "--predictor", str(tmp_path / "predictor.safetensors"), "--prompt", "alpha beta",
+          "--max-new-tokens", "5", "--skip", "full"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[routed] ") and out[1].startswith("[dense] ")
+    figures = json.loads(out[2])
+    assert figures["skip"] == "full" and figures["new_tokens"] == 5
+    assert figures["routed_decode_tokens_per_s"] > 0 and figures["dense_decode_tokens_per_s"] > 0
+    assert figures["active_head_fraction"] == 0.5
+    with pytest.raises(SystemExit, match="no model at"):
+        main(["--model", str(tmp_path / "missing"), "--predictor", str(tmp_path / "predictor.safetensors")])
