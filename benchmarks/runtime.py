@@ -1,26 +1,31 @@
-"""Head-graph runtime speed: stock Hugging Face forward vs the rewired forward, dense and with
-heads switched off in hard mode (DESIGN §4, §6).
+"""Hard head-gate execution against the stock dense model: prefill and generation, T = 128 … 2048.
 
-On one model and one batch, in one process, timed in interleaved rounds (median per variant):
+On one model, in one process, for every context length T (``--seqs``), skip mode (``full`` and
+``query``), share of heads off (25 / 50 / 75 %) and topology kind — ``shared`` (one set of heads off
+at every position) and per token (exactly that share of all L·H heads off at each position, chosen
+independently: a top-K router's shape) — it times:
 
-- stock: ``model(input_ids).logits``;
-- dense: ``forward_with_topology`` with adjacency = the allowed mask (shared), and the same dense
-  graph given per position (B, T, N, N);
-- shared_off{25,50,75}: hard mode, one topology for every position with that share of heads off
-  (the edges among the heads that run all kept);
-- per_position_off{25,50,75}: hard mode, an independent random topology per position with exactly
-  that share of heads off.
+- prefill: the execution plan (:func:`lookahead.graph.plan.gated_forward`) on B × T tokens
+  (B = ``--tokens`` / T) against the stock Hugging Face forward on the same batch;
+- generation: ``--new`` decoding steps after a T-token prompt, batch ``--gen-batch``, with the
+  plan's KV cache (each step its own per-token topology) against stock decoding with HF's
+  preallocated ``StaticCache`` (the fastest stock decoding; its default ``DynamicCache``, which
+  concatenates the whole cache at every step, is reported beside it as
+  ``generate_T<T>_stock_dynamic_cache_over_stock``).
 
-Which heads are off matters for a shared topology (a layer with every head off costs nothing), so
-each hard variant is timed on ``--draws`` random topologies: its figures are the median over the
-draws, with the range over draws beside them (``…_range``).
+Variants are timed in interleaved rounds (median). Each ratio is (tokens/s) / (stock dense tokens/s),
+named ``prefill_T<T>_<mode>_<pct>off_over_dense`` / ``generate_T<T>_<mode>_<pct>off_over_dense``
+(per token) and ``..._<mode>_shared_<pct>off_...`` (shared), with ``..._ideal`` beside each: the ratio
+of multiply-accumulates per token (:func:`macs_per_token`), the limit skipping work can reach. The
+plan's own dense path (every head on) against stock is ``prefill_T<T>_plan_dense_over_stock`` /
+``generate_T<T>_plan_dense_over_stock``: what the ratios owe to the implementation rather than to
+skipping. ``attention_share_T<T>`` is attention's share of the dense MACs (where attention dominates).
 
-CPU runs re-execute themselves with glibc's mmap/trim thresholds raised (``--system-malloc``
-keeps the system default): PyTorch's CPU allocator does not cache, and with the default
-thresholds every large intermediate is mmapped and page-faulted anew, which makes timings of
-any variant swing by tens of percent between rounds; CUDA's caching allocator has no such cost.
-Prints one JSON line; without a trained model directory (or with ``--arch``) a random model of the
-profile's (or the given) architecture is timed — the cost is the same as with trained weights.
+CPU runs re-execute themselves with glibc's mmap/trim thresholds raised (``--system-malloc`` keeps
+the default): PyTorch's CPU allocator does not cache, and with the default thresholds every large
+intermediate is mmapped and page-faulted anew, which makes timings swing by tens of percent.
+Prints one JSON line. Without a trained model directory (or with ``--arch``) a random model of the
+params' base architecture is timed — the cost is the same as with trained weights.
 """
 
 from __future__ import annotations
@@ -36,14 +41,16 @@ from pathlib import Path
 import torch
 
 from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.graph.plan import KVCache, gated_forward
 from lookahead.graph.runtime import forward_with_topology
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_TOP_PAD_": "268435456"}
 FRACTIONS = (25, 50, 75)
+MODES = ("full", "query")
 
 
-def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, device: str):
+def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, device: str, max_positions: int = 4096):
     """The model at ``path``; else (a fresh clone, or ``--arch``) a random OLMo2 of the params'
     base architecture with the tokenizer's vocabulary size (same cost as trained weights)."""
     from transformers import AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM
@@ -51,35 +58,62 @@ def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, dev
     from lookahead.core.config import load_section, read_params
     from lookahead.pipeline.base import BaseConfig
 
-    if arch is None and Path(path).is_dir():
+    if arch is None and Path(path).is_dir():  # RoPE extends past the trained context length
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), path
     a = load_section(params, "base", BaseConfig).arch
     n_layers, n_heads, hidden, ffn = (int(x) for x in arch.split(",")) if arch else (
         a.n_layers, a.n_heads, a.hidden_size, a.intermediate_size)
     vocab = read_params(params)["tokenizer"]["vocab_size"]
     cfg = Olmo2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=n_layers,
-                      num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=4096,
+                      num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=max_positions,
                       rms_norm_eps=a.rms_norm_eps, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     torch.manual_seed(0)
     model = Olmo2ForCausalLM(cfg).to(dtype=dtype, device=device).eval()
     return model, f"random {n_layers}x{n_heads} heads, hidden {hidden}, ffn {ffn}, vocab {vocab}"
 
 
-def shared_topology(n_layers, n_heads, off_pct, gen):
-    """One hard topology: off_pct % of heads off, all edges among the others."""
-    n = n_nodes(n_layers, n_heads)
-    g = torch.ones(n)
-    g[1 + torch.randperm(n - 1, generator=gen)[: round((n - 1) * off_pct / 100)]] = 0
-    return allowed_mask(n_layers, n_heads).float() * g[:, None] * g[None, :], g
+def shared_gates(n_layers, n_heads, off_pct, gen):
+    """One topology: off_pct % of the heads off."""
+    g = torch.ones(n_nodes(n_layers, n_heads))
+    g[1 + torch.randperm(n_layers * n_heads, generator=gen)[: round(n_layers * n_heads * off_pct / 100)]] = 0
+    return g
 
 
-def per_position_topology(n_layers, n_heads, off_pct, b, t, gen):
-    """Per position, exactly off_pct % of heads off (chosen independently)."""
-    n = n_nodes(n_layers, n_heads)
-    order = torch.rand(b, t, n - 1, generator=gen).argsort(-1)
-    g = torch.ones(b, t, n)
-    g[..., 1:] = (order >= round((n - 1) * off_pct / 100)).float()
-    return allowed_mask(n_layers, n_heads).float() * g[..., :, None] * g[..., None, :], g
+def per_token_gates(n_layers, n_heads, off_pct, b, t, gen):
+    """Per position, exactly off_pct % of the L·H heads off (chosen independently)."""
+    order = torch.rand(b, t, n_layers * n_heads, generator=gen).argsort(-1)
+    g = torch.ones(b, t, n_nodes(n_layers, n_heads))
+    g[..., 1:] = (order >= round(n_layers * n_heads * off_pct / 100)).float()
+    return g
+
+
+def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
+    """Multiply-accumulates of one token's forward with a share ``on`` of heads running, attending
+    ``context`` keys (prefill: (T + 1) / 2 on average; generation: T). ``full``: an off head has no
+    query, key, value or output, and a head's keys are its running positions; ``query``: every key and
+    value exists. Embedding lookup and norms are not counted."""
+    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    keys = context * (on if mode == "full" else 1.0)
+    kv = 2 * d * d * (on if mode == "full" else 1.0)
+    attention = on * (2 * d * d + 2 * keys * d)  # q and o projections, QK and AV of the running heads
+    return cfg.num_hidden_layers * (kv + attention + 3 * d * ffn) + d * cfg.vocab_size
+
+
+def timed(variants: dict, rounds: int, sync, setup=None) -> dict[str, float]:
+    """Median seconds per variant over interleaved rounds; ``setup(name)`` runs untimed before each call
+    and its result is passed to the variant."""
+    times = {k: [] for k in variants}
+    for name, f in variants.items():  # warm-up
+        f(setup(name) if setup else None)
+    for _ in range(rounds):
+        for name, f in variants.items():
+            state = setup(name) if setup else None
+            sync()
+            tic = time.perf_counter()
+            f(state)
+            sync()
+            times[name].append(time.perf_counter() - tic)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -87,85 +121,131 @@ def main() -> None:
     parser.add_argument("--model", default="models/base", help="HF model directory (default: the base stage's)")
     parser.add_argument("--params", default="params.yaml", help="for the random fallback model's architecture")
     parser.add_argument("--arch", help="time a random model instead: 'layers,heads,hidden,ffn'")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--draws", type=int, default=5, help="random topologies per hard variant")
+    parser.add_argument("--seqs", default="128,512,2048", help="context lengths T")
+    parser.add_argument("--tokens", type=int, default=2048, help="prefill tokens per batch (B = tokens / T)")
+    parser.add_argument("--gen-batch", type=int, default=8, help="rows decoded side by side")
+    parser.add_argument("--new", type=int, default=16, help="decoding steps timed after the prompt")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's default thresholds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.rounds < 1 or args.draws < 1:
-        parser.error("--rounds and --draws must be at least 1")
+    seqs = [int(x) for x in args.seqs.split(",")]
+    if args.rounds < 1 or args.new < 1 or min(seqs) < 2 or any(args.tokens < t for t in seqs):
+        parser.error("--rounds and --new must be at least 1, every T at least 2 and at most --tokens")
 
     if args.device == "cpu" and not args.system_malloc and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
 
     dtype = getattr(torch, args.dtype)
-    model, source = load_model(args.model, args.params, args.arch, dtype, args.device)
+    model, source = load_model(args.model, args.params, args.arch, dtype, args.device, 2 * max(seqs) + args.new)
     cfg = model.config
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    n = n_nodes(n_layers, n_heads)
     gen = torch.Generator().manual_seed(args.seed)
-    b, t = args.batch, args.seq
-    ids = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(args.device)
-    dense = allowed_mask(n_layers, n_heads).float().to(args.device)
-    n = dense.shape[0]
-
-    variants = {
-        "stock": lambda: model(ids).logits,
-        "dense": lambda: forward_with_topology(model, ids, dense),
-        "dense_per_position": lambda: forward_with_topology(model, ids, dense.expand(b, t, n, n)),
-    }
-    hard = [f"{kind}_off{pct}" for pct in FRACTIONS for kind in ("shared", "per_position")]
-    for draw in range(args.draws):
-        for pct in FRACTIONS:
-            a, g = (x.to(args.device) for x in shared_topology(n_layers, n_heads, pct, gen))
-            variants[f"shared_off{pct}/{draw}"] = lambda a=a, g=g: forward_with_topology(model, ids, a, g, hard=True)
-            a, g = (x.to(args.device) for x in per_position_topology(n_layers, n_heads, pct, b, t, gen))
-            variants[f"per_position_off{pct}/{draw}"] = lambda a=a, g=g: forward_with_topology(
-                model, ids, a, g, hard=True)
-
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in variants}
+    dev = args.device
+    out = {"device": dev if dev == "cpu" else torch.cuda.get_device_name(), "dtype": args.dtype, "model": source,
+           "layers_x_heads": f"{n_layers}x{n_heads}", "hidden": cfg.hidden_size, "ffn": cfg.intermediate_size,
+           "vocab": cfg.vocab_size, "threads": torch.get_num_threads(), "rounds": args.rounds,
+           "prefill_tokens": args.tokens, "gen_batch": args.gen_batch, "gen_new_tokens": args.new,
+           "allocator": "system" if args.system_malloc or dev != "cpu" else "glibc thresholds raised"}
+    kinds = [(mode, pct, kind) for mode in MODES for pct in FRACTIONS for kind in ("", "shared_")]
+    max_diff = 0.0
+
     with torch.inference_mode():
-        max_diff = (variants["dense"]().float() - variants["stock"]().float()).abs().max().item()
-        for f in variants.values():  # warm-up
-            f()
-        for _ in range(args.rounds):
-            for name, f in variants.items():
-                sync()
-                tic = time.perf_counter()
-                f()
-                sync()
-                times[name].append(time.perf_counter() - tic)
-        # the same comparison after the timing, so a run whose numbers drift is seen
-        max_diff_after = (variants["dense"]().float() - variants["stock"]().float()).abs().max().item()
-    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-
-    def over(name: str, base: str) -> tuple[float, list[float]]:  # median and range over the draws
-        ratios = [ms[f"{name}/{draw}"] / ms[base] for draw in range(args.draws)]
-        return round(statistics.median(ratios), 3), [round(min(ratios), 3), round(max(ratios), 3)]
-
-    out = {
-        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
-        "dtype": args.dtype, "model": source, "layers_x_heads": f"{n_layers}x{n_heads}",
-        "hidden": cfg.hidden_size, "batch": b, "seq": t, "rounds": args.rounds,
-        "threads": torch.get_num_threads(),
-        "allocator": "system" if args.system_malloc or args.device != "cpu" else "glibc thresholds raised",
-        "max_abs_diff_dense_vs_stock": max_diff, "max_abs_diff_dense_vs_stock_after_timing": max_diff_after,
-        "draws": args.draws,
-        **{f"{k}_ms": round(ms[k], 3) for k in ("stock", "dense", "dense_per_position")},
-        **{f"{k}_ms": round(statistics.median(ms[f"{k}/{draw}"] for draw in range(args.draws)), 3) for k in hard},
-        "dense_over_stock": round(ms["dense"] / ms["stock"], 3),
-        "dense_per_position_over_dense": round(ms["dense_per_position"] / ms["dense"], 3),
-    }
-    for k in hard:
-        out[f"{k}_over_dense"], out[f"{k}_over_dense_range"] = over(k, "dense")
-    for pct in FRACTIONS:
-        k = f"per_position_off{pct}"
-        out[f"{k}_over_dense_per_position"], _ = over(k, "dense_per_position")
+        for t in seqs:
+            b = args.tokens // t
+            ids = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(dev)
+            dense_macs = macs_per_token(cfg, (t + 1) / 2, 1.0, "query")
+            attn_macs = n_layers * 2 * (t + 1) / 2 * cfg.hidden_size
+            out[f"attention_share_T{t}"] = round(attn_macs / dense_macs, 3)
+            gates = {f"{mode}_{kind}{pct}off": (shared_gates(n_layers, n_heads, pct, gen) if kind else
+                                                 per_token_gates(n_layers, n_heads, pct, b, t, gen)).to(dev)
+                     for mode, pct, kind in kinds}
+            variants = {"stock": lambda _: model(ids).logits,
+                        "plan_dense": lambda _: gated_forward(model, ids, torch.ones(n, device=dev), "query")}
+            for name, g in gates.items():
+                variants[name] = lambda _, g=g, mode=name.split("_")[0]: gated_forward(model, ids, g, mode)
+            max_diff = max(max_diff, (variants["plan_dense"](None).logits.float() - model(ids).logits.float()).abs().max().item())
+            if t == min(seqs) and dev == "cpu":  # the plan against the general runtime on every variant
+                mask = allowed_mask(n_layers, n_heads).float()
+                for name, g in gates.items():
+                    mode = name.split("_")[0]
+                    a = mask * g[..., :, None]
+                    ref = forward_with_topology(model, ids, a, g, hard=True, skip=mode)
+                    out["max_abs_diff_plan_vs_runtime"] = max(out.get("max_abs_diff_plan_vs_runtime", 0.0),
+                                                              (variants[name](None).logits - ref).abs().max().item())
+            sec = timed(variants, args.rounds, sync)
+            out[f"prefill_T{t}_stock_ms"] = round(sec["stock"] * 1e3, 3)
+            out[f"prefill_T{t}_plan_dense_over_stock"] = round(sec["stock"] / sec["plan_dense"], 3)
+            for mode, pct, kind in kinds:
+                key = f"prefill_T{t}_{mode}_{kind}{pct}off_over_dense"
+                out[key] = round(sec["stock"] / sec[f"{mode}_{kind}{pct}off"], 3)
+                out[f"{key}_ideal"] = round(dense_macs / macs_per_token(cfg, (t + 1) / 2, 1 - pct / 100, mode), 3)
+            out.update(generation(model, t, args, kinds, gen, sync))
+    out["max_abs_diff_plan_dense_vs_stock"] = max_diff
     print(json.dumps(out))
+
+
+def generation(model, t: int, args, kinds, gen, sync) -> dict:
+    """Decode tokens/s after a T-token prompt: the plan with its cache per topology, and stock (HF's
+    ``StaticCache``; its default ``DynamicCache`` beside it)."""
+    from transformers import StaticCache
+
+    cfg = model.config
+    n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    n, b, new, dev = n_nodes(n_layers, n_heads), args.gen_batch, args.new, args.device
+    prompt = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(dev)
+    steps = torch.randint(0, cfg.vocab_size, (b, new), generator=gen).to(dev)  # teacher-forced: same work per run
+    gates = {"plan_dense": torch.ones(n, device=dev)}
+    for mode, pct, kind in kinds:
+        gates[f"{mode}_{kind}{pct}off"] = (shared_gates(n_layers, n_heads, pct, gen) if kind else
+                                            per_token_gates(n_layers, n_heads, pct, b, t + new, gen)).to(dev)
+
+    def setup(name):  # the prompt's cache, untimed
+        if name == "stock":  # HF's preallocated cache: the fastest stock decoding
+            cache = StaticCache(config=cfg, max_cache_len=t + new)
+            model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(t, device=dev))
+            return cache
+        if name == "stock_dynamic":  # HF's default cache (grown by concatenation every step)
+            return model(input_ids=prompt, use_cache=True).past_key_values
+        mode = "query" if name == "plan_dense" else name.split("_")[0]
+        g = gates[name]
+        cache = KVCache(model, b, t + new, mode)
+        gated_forward(model, prompt, g if g.dim() == 1 else g[:, :t], mode, cache)
+        return cache
+
+    def stock(cache):
+        for i in range(new):
+            model(input_ids=steps[:, i : i + 1], past_key_values=cache, use_cache=True,
+                  cache_position=torch.tensor([t + i], device=dev))
+
+    def stock_dynamic(past):
+        for i in range(new):
+            past = model(input_ids=steps[:, i : i + 1], past_key_values=past, use_cache=True).past_key_values
+
+    def plan(name):
+        mode = "query" if name == "plan_dense" else name.split("_")[0]
+        g = gates[name]
+
+        def run(cache):
+            for i in range(new):
+                gated_forward(model, steps[:, i : i + 1], g if g.dim() == 1 else g[:, t + i : t + i + 1], mode, cache)
+        return run
+
+    sec = timed({"stock": stock, "stock_dynamic": stock_dynamic, **{name: plan(name) for name in gates}}, args.rounds,
+                sync, setup)
+    res = {f"generate_T{t}_stock_tokens_per_s": round(b * new / sec["stock"], 1),
+           f"generate_T{t}_stock_dynamic_cache_over_stock": round(sec["stock"] / sec["stock_dynamic"], 3),
+           f"generate_T{t}_plan_dense_over_stock": round(sec["stock"] / sec["plan_dense"], 3)}
+    dense_macs = macs_per_token(cfg, t, 1.0, "query")
+    for mode, pct, kind in kinds:
+        key = f"generate_T{t}_{mode}_{kind}{pct}off_over_dense"
+        res[key] = round(sec["stock"] / sec[f"{mode}_{kind}{pct}off"], 3)
+        res[f"{key}_ideal"] = round(dense_macs / macs_per_token(cfg, t, 1 - pct / 100, mode), 3)
+    return res
 
 
 if __name__ == "__main__":

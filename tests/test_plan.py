@@ -1,5 +1,5 @@
 """The execution plan of head-gate topologies (lookahead.graph.plan) and generation with its KV cache
-(lookahead.generate), against the plain reference (tests/reference_head_graph.py), the stock Hugging
+(lookahead.graph.generate), against the plain reference (tests/reference_head_graph.py), the stock Hugging
 Face forward and a no-cache loop."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from lookahead.generate import GenerateError, Router, generate, generate_dense, main
+from lookahead.graph.generate import GenerateError, Router, generate, generate_dense, main
 from lookahead.graph.nodes import baseline_graph, head_graph, n_nodes
 from lookahead.graph.plan import KVCache, execute, gated_forward, standard_stream
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
@@ -184,3 +184,35 @@ def test_generate_command_prints_both_speeds(tiny_tokenizer, tmp_path, capsys):
     assert figures["active_head_fraction"] == 0.5
     with pytest.raises(SystemExit, match="no model at"):
         main(["--model", str(tmp_path / "missing"), "--predictor", str(tmp_path / "predictor.safetensors")])
+
+
+def test_staircase_attention_is_causal_attention_of_the_active_queries():
+    """Blocks of 4 over 13 positions (a partial last block), sparse and dense activity, against
+    stock causal attention with the inactive rows zeroed."""
+    from lookahead.graph.plan import staircase_attention
+
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 13, 8, generator=gen) for _ in range(3))
+    for share in (0.2, 0.6, 1.0):
+        active = torch.rand(2, 3, 13, generator=gen) < share
+        active[0, 0] = False  # a head that never runs in this row
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3) * active[..., None]
+        out = staircase_attention(q, k, v, active, 0.3, block=4)
+        assert (out - ref).abs().max() <= 1e-6
+
+
+def test_long_context_sparse_heads_take_the_staircase_and_stay_exact(model, monkeypatch):
+    """At long context (here lowered to 8 positions, blocks of 4) heads that run rarely attend only
+    their active queries: the plan still equals the plain reference."""
+    import lookahead.graph.plan as plan
+
+    calls = []
+    real = plan.staircase_attention
+    monkeypatch.setattr(plan, "STAIRCASE_FROM", 8)
+    monkeypatch.setattr(plan, "staircase_attention", lambda *a, **kw: calls.append(1) or real(*a, block=4))
+    ids = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(12))
+    g = gates_of(ids.shape, 0.8, seed=13)
+    g[..., 1] = 1  # one busy head beside the sparse ones
+    ref = reference_forward(model, ids, baseline_graph(g, L, H, "query"), g, "query")
+    assert (gated_forward(model, ids, g, "query").logits - ref).abs().max() <= TOL
+    assert calls

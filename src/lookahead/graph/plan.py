@@ -38,22 +38,30 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph.nodes import allowed_mask
+from lookahead.graph.nodes import allowed_mask, head_graph
 from lookahead.graph.runtime import SKIP_MODES, TopologyError, _validate, check_model, forward_with_topology
+
+
+def _binary(gates: torch.Tensor) -> bool:
+    """Every gate 0 or 1, the source's 1."""
+    return torch.equal(gates[..., 1:], (gates[..., 1:] > 0).to(gates.dtype)) and not bool((gates[..., 0] == 0).any())
 
 
 def standard_stream(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> bool:
     """Whether a hard topology runs every head on the standard stream: gates all 0 or 1, and for
     every head that reads its input (the active ones; in ``query`` mode every head, whose keys and
     values exist when it is off) weight exactly 1 from the source and from every active earlier head.
-    Edges out of an off head carry nothing and are not looked at."""
-    if not torch.equal(gates[..., 1:], (gates[..., 1:] > 0).to(gates.dtype)) or bool((gates[..., 0] == 0).any()):
+    Edges out of an off head carry nothing and are not looked at. The adjacency must be zero outside
+    the allowed mask (the runtime's validation)."""
+    if not _binary(gates):
         return False
-    mask = allowed_mask(n_layers, n_heads).to(adjacency.device)
-    on = gates > 0
-    reads = torch.ones_like(on) if skip == "query" else on  # columns whose input matters
-    needed = mask & on[..., :, None] & reads[..., None, :]  # (…, N, N): edges that must carry 1
-    return bool((adjacency.masked_select(needed) == 1).all())
+    n = gates.shape[-1]
+    allowed = allowed_mask(n_layers, n_heads).to(adjacency.device, adjacency.dtype)
+    # Σ_i g_i (A_ij − 1)² over allowed i: a sum of non-negative terms, 0 exactly when every
+    # active source feeds head j with weight 1
+    miss = torch.bmm(gates.reshape(-1, 1, n).to(adjacency.dtype), (adjacency - allowed).square().reshape(-1, n, n))
+    miss = miss.view(*gates.shape)
+    return bool((miss == 0).all() if skip == "query" else (miss * gates == 0).all())
 
 
 def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor | None,
@@ -62,10 +70,14 @@ def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torc
     is a standard-stream head-gate graph and no gradient is needed, else the general runtime
     (``forward_with_topology(hard=True)``). The same function either way (tests: ≤ 1e-5)."""
     n_layers, n_heads = check_model(model)
-    _validate(adjacency, gates, input_ids, n_layers, n_heads)
     if (gates is not None and not torch.is_grad_enabled() and skip in SKIP_MODES
-            and standard_stream(adjacency, gates, n_layers, n_heads, skip)):
-        return gated_forward(model, input_ids, gates, skip).logits
+            and adjacency.shape[:-1] == gates.shape and _binary(gates)):
+        # what head-gate routers emit, ``nodes.head_graph``: valid by construction, checked in one pass
+        if torch.equal(adjacency, head_graph(gates, n_layers, n_heads)):
+            return gated_forward(model, input_ids, gates, skip).logits
+        _validate(adjacency, gates, input_ids, n_layers, n_heads)
+        if standard_stream(adjacency, gates, n_layers, n_heads, skip):
+            return gated_forward(model, input_ids, gates, skip).logits
     return forward_with_topology(model, input_ids, adjacency, gates, hard=True, skip=skip)
 
 
@@ -168,11 +180,15 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
             raise TopologyError(f"the cache holds {cache.capacity} positions; {start + t} needed")
     core = model.model
     on = (gates[..., 1:] > 0).view(*gates.shape[:-1], n_layers, n_heads)  # (L, H) | (B, T, L, H)
+    if gates.dim() == 3:  # per layer: its (B, T, H) mask, contiguous, and each head's share of positions
+        on = on.permute(2, 0, 1, 3).contiguous()
+        shares = on.flatten(1, 2).float().mean(1).tolist()
+        on_f = on.to(core.embed_tokens.weight.dtype)  # the same as gates
     stream = core.embed_tokens(input_ids)
     positions = torch.arange(start, start + t, device=input_ids.device)[None]
     cos, sin = core.rotary_emb(stream, positions)  # (1, T, D)
     for idx, layer in enumerate(core.layers[:n_layers]):
-        heads_on = on[idx] if gates.dim() == 1 else on[..., idx, :]
+        heads_on = on[idx]
         if cache is not None and start:
             total = _decode_attention(layer, stream, heads_on, cos, sin, skip, cache, idx)
         elif gates.dim() == 1:
@@ -180,7 +196,7 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         elif skip == "full":
             total = _packed_attention(layer, stream, heads_on, cos, sin, cache, idx)
         else:
-            total = _query_attention(layer, stream, heads_on, cos, sin, cache, idx)
+            total = _query_attention(layer, stream, on_f[idx], shares[idx], cos, sin, cache, idx)
         stream = stream + total
         stream = stream + layer.post_feedforward_layernorm(layer.mlp(stream))
     if cache is not None:
@@ -200,6 +216,20 @@ def _post(layer, s: torch.Tensor) -> torch.Tensor:
     return layer.post_attention_layernorm(s)
 
 
+def _rows(weight: torch.Tensor, heads: torch.Tensor | None, d_head: int) -> torch.Tensor:
+    """The rows of a (H·D, d) projection weight that belong to ``heads`` (None: all, no copy)."""
+    return weight if heads is None else weight.view(-1, d_head, weight.shape[-1])[heads].flatten(0, 1)
+
+
+def _cols(weight: torch.Tensor, heads: torch.Tensor | None, d_head: int) -> torch.Tensor:
+    """The columns of the (d, H·D) output projection that belong to ``heads`` (None: all)."""
+    return weight if heads is None else weight.view(weight.shape[0], -1, d_head)[:, heads].flatten(1)
+
+
+def _subset(heads: torch.Tensor, n_heads: int) -> torch.Tensor | None:
+    return None if len(heads) == n_heads else heads
+
+
 def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     """One topology for every position: only the running heads' queries, values and attention (and
     keys, in ``full`` mode; in ``query`` mode every key, for the k-norm and the cache)."""
@@ -207,14 +237,15 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     n_heads = heads_on.shape[0]
     run = heads_on.nonzero().squeeze(1)
     h = len(run)
-    bsz, t, d = x.shape
+    bsz, t, _ = x.shape
     key_heads = torch.arange(n_heads, device=x.device) if skip == "query" else run
     value_heads = key_heads if cache is not None else run  # a cache keeps what later positions read
     if h == 0 and (cache is None or skip == "full"):
         return torch.zeros_like(x)
-    w_qkv = _fused(layer).view(3, n_heads, d_head, d)
-    w = torch.cat([w_qkv[0, run], w_qkv[1, key_heads], w_qkv[2, value_heads]]).reshape(-1, d)
-    q, k, v = F.linear(x, w).view(bsz, t, -1, d_head).split([h, len(key_heads), len(value_heads)], dim=2)
+    shape = (bsz, t, -1, d_head)
+    q = F.linear(x, _rows(attn.q_proj.weight, _subset(run, n_heads), d_head)).view(shape)
+    k = F.linear(x, _rows(attn.k_proj.weight, _subset(key_heads, n_heads), d_head)).view(shape)
+    v = F.linear(x, _rows(attn.v_proj.weight, _subset(value_heads, n_heads), d_head)).view(shape)
     q = _rope(_norm(q, q.float().pow(2).mean((-1, -2))[..., None].expand(q.shape[:-1]), eps, qk_w[0, run]),
               cos[:, :, None], sin[:, :, None])
     k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1, key_heads]),
@@ -225,64 +256,117 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
         cache.stored[idx, :, key_heads] = t
         if h == 0:
             return torch.zeros_like(x)
-    if skip == "query":  # the running heads' keys (and, kept for the cache, values) among all heads'
+    if skip == "query" and h < n_heads:  # the running heads' keys (and, kept for the cache, values) among all heads'
         k = k[:, :, run]
         v = v[:, :, run] if cache is not None else v
     z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                        scale=attn.scaling)
-    w_o = attn.o_proj.weight.view(d, n_heads, d_head)[:, run].reshape(d, -1)
+    w_o = _cols(attn.o_proj.weight, _subset(run, n_heads), d_head)
     return _post(layer, F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
 
 
-def _query_attention(layer, x, heads_on, cos, sin, cache, idx):
-    """Per-position gates, ``query`` mode: Q/K/V once per position for every head; heads off at every
-    position are not attended; outputs zeroed where a head is off."""
+def _query_attention(layer, x, g, share, cos, sin, cache, idx):
+    """Per-position gates, ``query`` mode: K/V once per position for every head; queries and outputs
+    of the heads that run somewhere in the batch (``share`` (H,): the share of positions each runs
+    at, a list); a busy head attends every query causally, its outputs zeroed where it is off; at long
+    context a sparse head attends only its active queries (:func:`staircase_attention`). g (B, T, H):
+    the layer's 0/1 gates."""
     attn, d_head, eps, qk_w = _layer_parts(layer)
     bsz, t, _ = x.shape
-    g = heads_on.to(x.dtype)  # (B, T, H)
-    q, k, v = F.linear(x, _fused(layer)).view(bsz, t, 3, -1, d_head).unbind(2)
-    q = _rope(_norm(q, _gated_ms(q, g), eps, qk_w[0]), cos[:, :, None], sin[:, :, None])
+    n_heads = len(share)
+    shape = (bsz, t, -1, d_head)
+    k = F.linear(x, attn.k_proj.weight).view(shape)
+    v = F.linear(x, attn.v_proj.weight).view(shape)
     k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1]),
               cos[:, :, None], sin[:, :, None])
     if cache is not None:
         cache.kv[idx, 0, :, :, :t] = k.transpose(1, 2)
         cache.kv[idx, 1, :, :, :t] = v.transpose(1, 2)
         cache.stored[idx] = t
-    share = heads_on.flatten(0, 1).float().mean(0)  # (H,) the share of positions each head runs at
-    dense = (share > PACK_BELOW).nonzero().squeeze(1)
-    if len(dense) == len(share):  # every head busy: causal attention of every query, the off ones zeroed
-        z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           scale=attn.scaling).transpose(1, 2) * g[..., None]
-        return _post(layer, F.linear(z.reshape(bsz, t, -1), attn.o_proj.weight))
-    z = torch.zeros_like(q)  # (B, T, H, D), 0 where off
-    if len(dense):
-        zd = F.scaled_dot_product_attention(q[:, :, dense].transpose(1, 2), k[:, :, dense].transpose(1, 2),
-                                            v[:, :, dense].transpose(1, 2), is_causal=True, scale=attn.scaling)
-        z[:, :, dense] = zd.transpose(1, 2) * g[..., dense, None]
-    sparse = ((share > 0) & (share <= PACK_BELOW)).nonzero().squeeze(1)
-    if len(sparse):  # each (row, head)'s active queries packed, against every key up to their position
-        act = heads_on[..., sparse].permute(0, 2, 1)  # (B, h, T)
-        counts = act.sum(-1)
-        slots = int(counts.max())
-        pos = torch.sort((~act).to(torch.uint8), dim=-1, stable=True).indices[..., :slots]  # (B, h, S)
-        valid = torch.arange(slots, device=x.device) < counts[..., None]
-        qs = q[:, :, sparse].transpose(1, 2)  # (B, h, T, D)
-        qp = torch.gather(qs, 2, pos[..., None].expand(-1, -1, -1, d_head))
-        ahead = torch.arange(t, device=x.device) > torch.where(valid, pos, t)[..., None]  # padding sees all
-        bias = torch.zeros(ahead.shape, dtype=q.dtype, device=x.device).masked_fill_(ahead, float("-inf"))
-        zp = F.scaled_dot_product_attention(qp, k[:, :, sparse].transpose(1, 2), v[:, :, sparse].transpose(1, 2),
-                                            attn_mask=bias, scale=attn.scaling) * valid[..., None]
-        rows = torch.arange(bsz, device=x.device)[:, None, None].expand_as(pos)
-        heads = sparse[None, :, None].expand_as(pos)
-        z.index_put_((rows, pos, heads), zp, accumulate=True)  # padding adds 0
-    return _post(layer, F.linear(z.reshape(bsz, t, -1), attn.o_proj.weight))
+    run = [h for h in range(n_heads) if share[h] > 0]
+    if not run:
+        return torch.zeros_like(x)
+    sub = None if len(run) == n_heads else torch.tensor(run, device=x.device)
+    count = g.sum(-1, dtype=torch.float32) * d_head  # (B, T)
+    if sub is not None:
+        g, k, v = g[..., sub], k[:, :, sub], v[:, :, sub]
+    q = F.linear(x, _rows(attn.q_proj.weight, sub, d_head)).view(shape)
+    ms = torch.einsum("bthd,bth->bt", q.float().square(), g.float()) / count.clamp_min(1)
+    q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, qk_w[0, run]), cos[:, :, None], sin[:, :, None])
+    q, k, v, gt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)[..., None]  # (B, h, T, …)
+    low = [i for i, h in enumerate(run) if share[h] <= STAIRCASE_BELOW]
+    if t < STAIRCASE_FROM or not low or _flash_lse(q) is None:
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling) * gt
+    else:
+        z = torch.empty_like(q)
+        busy = [i for i in range(len(run)) if i not in low]
+        if busy:
+            z[:, busy] = F.scaled_dot_product_attention(q[:, busy], k[:, busy], v[:, busy], is_causal=True,
+                                                        scale=attn.scaling) * gt[:, busy]
+        z[:, low] = staircase_attention(q[:, low], k[:, low], v[:, low], gt[:, low, :, 0] > 0, attn.scaling)
+    w_o = _cols(attn.o_proj.weight, sub, d_head)
+    return _post(layer, F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
 
 
-PACK_BELOW = 0.3
-"""``query`` mode, per-position gates: a head that runs at no more than this share of a batch's
-positions has its active queries packed and attended with an explicit causal mask (work ∝ its
-queries × all keys); a busier head attends every query causally and is zeroed where off (work ∝
-T²/2: stock kernels skip the masked half only for a plain causal mask)."""
+STAIRCASE_FROM = 512
+"""``query`` mode, per-position gates: the shortest context at which sparse heads attend only their
+active queries (:func:`staircase_attention`); below it every query of a running head attends (the
+packing costs more than the attention it saves)."""
+
+STAIRCASE_BELOW = 0.35
+"""… and the largest share of positions a head may run at to count as sparse (measured on CPU:
+at 25 % the staircase takes 0.6 of causal attention's time at T = 2048, at 50 % about 1.0)."""
+
+STAIRCASE_BLOCK = 256
+"""Position block of :func:`staircase_attention`."""
+
+
+def _flash_lse(q: torch.Tensor):
+    """torch's CPU flash attention that also returns the log-sum-exp of each query's logits (None
+    where there is none: other devices, older torch)."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if q.device.type == "cpu" else None
+
+
+def staircase_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, active: torch.Tensor, scale: float,
+                        block: int = STAIRCASE_BLOCK) -> torch.Tensor:
+    """Causal attention of only the active queries: q, k, v (B, h, T, D), active (B, h, T) bool →
+    (B, h, T, D), 0 where inactive. Positions are cut into blocks of ``block``; each (row, head)'s
+    active queries of a block are packed; they attend the keys of earlier blocks without a mask (one
+    call per block, every row and head at once) and the keys of their own block under a small causal
+    mask (one call for all blocks); the two parts are merged by their log-sum-exps."""
+    flash = _flash_lse(q)
+    bsz, h, t, d = q.shape
+    n = -(-t // block)
+    if n * block != t:  # pad to whole blocks: padded positions are inactive and after every real one
+        q, k, v = (F.pad(y, (0, 0, 0, n * block - t)) for y in (q, k, v))
+        active = F.pad(active, (0, n * block - t))
+    act = active.view(bsz, h, n, block)
+    counts = act.sum(-1)  # (B, h, n)
+    slots = int(counts.max())
+    z = q.new_zeros(bsz, h, n * block, d)
+    if slots == 0:
+        return z[:, :, :t]
+    local = torch.sort((~act).to(torch.uint8), dim=-1, stable=True).indices[..., :slots]  # (B, h, n, S)
+    valid = torch.arange(slots, device=q.device) < counts[..., None]
+    pos = (local + torch.arange(n, device=q.device)[:, None] * block).view(bsz, h, n * slots)
+    qp = torch.gather(q, 2, pos[..., None].expand(-1, -1, -1, d)).view(bsz, h, n, slots, d)
+    # own block: key i' <= query i (padding slots see their block's first key: finite, dropped)
+    ahead = torch.arange(block, device=q.device) > torch.where(valid, local, 0)[..., None]
+    bias = torch.zeros(ahead.shape, dtype=q.dtype, device=q.device).masked_fill_(ahead, float("-inf"))
+    blocked = (bsz, h * n, -1, d)
+    out, lse = flash(qp.reshape(blocked), k.reshape(blocked), v.reshape(blocked), 0.0, False,
+                     attn_mask=bias.view(bsz, h * n, slots, block), scale=scale)
+    out, lse = out.view(bsz, h, n, slots, d), lse.view(bsz, h, n, slots)
+    for c in range(1, n):  # earlier blocks: every key visible
+        s = int(counts[:, :, c].max())
+        if s == 0:
+            continue
+        past, past_lse = flash(qp[:, :, c, :s], k[:, :, : c * block], v[:, :, : c * block], 0.0, False, scale=scale)
+        w = torch.sigmoid(past_lse - lse[:, :, c, :s])[..., None]  # the past keys' share of the softmax mass
+        out[:, :, c, :s] += w * (past - out[:, :, c, :s])
+    # distinct positions per (row, head): the active ones, then (padding, written 0) inactive ones
+    z.scatter_(2, pos[..., None].expand(-1, -1, -1, d), (out * valid[..., None]).view(bsz, h, n * slots, d))
+    return z[:, :, :t]
 
 
 def _packed_attention(layer, x, heads_on, cos, sin, cache, idx):
