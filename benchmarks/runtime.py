@@ -167,7 +167,8 @@ def main() -> None:
             variants = {"stock": lambda _: model(ids).logits,
                         "plan_dense": lambda _: gated_forward(model, ids, torch.ones(n, device=dev), "query")}
             for name, g in gates.items():
-                variants[name] = lambda _, g=g, mode=name.split("_")[0]: gated_forward(model, ids, g, mode)
+                mode = name.split("_")[0]
+                variants[name] = lambda _, g=g, mode=mode: gated_forward(model, ids, g, mode)
             max_diff = max(max_diff, (variants["plan_dense"](None).logits.float() - model(ids).logits.float()).abs().max().item())
             if t == min(seqs) and dev == "cpu":  # the plan against the general runtime on every variant
                 mask = allowed_mask(n_layers, n_heads).float()

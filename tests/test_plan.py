@@ -204,7 +204,7 @@ def test_staircase_attention_is_causal_attention_of_the_active_queries():
 def test_long_context_sparse_heads_take_the_staircase_and_stay_exact(model, monkeypatch):
     """At long context (here lowered to 8 positions, blocks of 4) heads that run rarely attend only
     their active queries: the plan still equals the plain reference."""
-    import lookahead.graph.plan as plan
+    from lookahead.graph import plan
 
     calls = []
     real = plan.staircase_attention

@@ -8,18 +8,17 @@ attention with some (head, position) pairs switched off, the function of
 :func:`lookahead.graph.runtime.forward_with_topology` with ``hard=True``. This module runs it the
 way a serving stack would:
 
-- fused projections: one matmul for Q/K/V (for a shared topology, only the rows of the heads that
-  run, plus every key row in ``query`` mode, whose k-norm spans all heads) and one for the MLP's
-  gate and up;
-- shared gates: the off heads are not computed at all (attention over the running heads only);
+- shared gates: the off heads are not computed at all — Q/V projections, attention and output
+  columns of the running heads only (keys of every head in ``query`` mode, whose k-norm spans them);
 - per-position gates, ``full`` mode: each (head, batch row)'s active positions packed in order and
   run through causal ``scaled_dot_product_attention`` (slot order = position order, so the slot-causal
   mask is exactly the head's causal mask over its own keys), Q/K/V projected for active pairs only;
 - per-position gates, ``query`` mode: every key and value exists, so K/V are computed once per
-  position for every head; heads that are off at every position of the batch are skipped, the
-  others attend causally and their outputs are zeroed where they are off (exact; a query-only
-  packing needs a staircase mask that stock attention kernels cannot skip work for — see
-  ``benchmarks/runtime.py``).
+  position for every head; heads off at every position of the batch are skipped; a busy head
+  attends every query causally and is zeroed where it is off; at long context a sparse head
+  attends only its active queries (:func:`staircase_attention`). Packing a busy head's queries does
+  not pay: each keeps every key up to its position, a staircase mask stock attention kernels
+  cannot skip work for (``benchmarks/runtime.py`` and the README measure it).
 
 Generation (:class:`KVCache`): a prefill stores, per layer, what later positions read — every
 head's key and value in ``query`` mode, and in ``full`` mode only the (head, position) pairs that ran
@@ -33,13 +32,20 @@ they must, or when the topology is not a standard-stream head-gate graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph.nodes import allowed_mask, head_graph
+from lookahead.graph.nodes import allowed_mask
 from lookahead.graph.runtime import SKIP_MODES, TopologyError, _validate, check_model, forward_with_topology
+
+
+@functools.lru_cache(maxsize=16)
+def _allowed(n_layers: int, n_heads: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``nodes.allowed_mask`` as 0/1 numbers on a device, made once (read only)."""
+    return allowed_mask(n_layers, n_heads).to(device, dtype)
 
 
 def _binary(gates: torch.Tensor) -> bool:
@@ -56,7 +62,7 @@ def standard_stream(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int,
     if not _binary(gates):
         return False
     n = gates.shape[-1]
-    allowed = allowed_mask(n_layers, n_heads).to(adjacency.device, adjacency.dtype)
+    allowed = _allowed(n_layers, n_heads, adjacency.device, adjacency.dtype)
     # Σ_i g_i (A_ij − 1)² over allowed i: a sum of non-negative terms, 0 exactly when every
     # active source feeds head j with weight 1
     miss = torch.bmm(gates.reshape(-1, 1, n).to(adjacency.dtype), (adjacency - allowed).square().reshape(-1, n, n))
@@ -73,7 +79,7 @@ def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torc
     if (gates is not None and not torch.is_grad_enabled() and skip in SKIP_MODES
             and adjacency.shape[:-1] == gates.shape and _binary(gates)):
         # what head-gate routers emit, ``nodes.head_graph``: valid by construction, checked in one pass
-        if torch.equal(adjacency, head_graph(gates, n_layers, n_heads)):
+        if torch.equal(adjacency, _allowed(n_layers, n_heads, gates.device, adjacency.dtype) * gates[..., :, None]):
             return gated_forward(model, input_ids, gates, skip).logits
         _validate(adjacency, gates, input_ids, n_layers, n_heads)
         if standard_stream(adjacency, gates, n_layers, n_heads, skip):
@@ -206,14 +212,11 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
 
 
 def _layer_parts(layer):
+    """(attention module, head dim, QK-norm eps, (q-norm, k-norm) weights as (H, D) views)."""
     attn = layer.self_attn
     d_head = attn.head_dim
-    qk_w = torch.stack([attn.q_norm.weight, attn.k_norm.weight]).view(2, -1, d_head)  # (2, H, D)
+    qk_w = (attn.q_norm.weight.view(-1, d_head), attn.k_norm.weight.view(-1, d_head))
     return attn, d_head, attn.q_norm.variance_epsilon, qk_w
-
-
-def _post(layer, s: torch.Tensor) -> torch.Tensor:
-    return layer.post_attention_layernorm(s)
 
 
 def _rows(weight: torch.Tensor, heads: torch.Tensor | None, d_head: int) -> torch.Tensor:
@@ -246,9 +249,9 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     q = F.linear(x, _rows(attn.q_proj.weight, _subset(run, n_heads), d_head)).view(shape)
     k = F.linear(x, _rows(attn.k_proj.weight, _subset(key_heads, n_heads), d_head)).view(shape)
     v = F.linear(x, _rows(attn.v_proj.weight, _subset(value_heads, n_heads), d_head)).view(shape)
-    q = _rope(_norm(q, q.float().pow(2).mean((-1, -2))[..., None].expand(q.shape[:-1]), eps, qk_w[0, run]),
+    q = _rope(_norm(q, q.float().pow(2).mean((-1, -2))[..., None].expand(q.shape[:-1]), eps, qk_w[0][run]),
               cos[:, :, None], sin[:, :, None])
-    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1, key_heads]),
+    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1][key_heads]),
               cos[:, :, None], sin[:, :, None])
     if cache is not None:  # the prefill: query mode keeps every head's key and value, full mode the running heads'
         cache.kv[idx, 0, :, :, :t].index_copy_(1, key_heads, k.transpose(1, 2))
@@ -262,7 +265,7 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                        scale=attn.scaling)
     w_o = _cols(attn.o_proj.weight, _subset(run, n_heads), d_head)
-    return _post(layer, F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
+    return layer.post_attention_layernorm(F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
 
 
 def _query_attention(layer, x, g, share, cos, sin, cache, idx):
@@ -292,7 +295,8 @@ def _query_attention(layer, x, g, share, cos, sin, cache, idx):
         g, k, v = g[..., sub], k[:, :, sub], v[:, :, sub]
     q = F.linear(x, _rows(attn.q_proj.weight, sub, d_head)).view(shape)
     ms = torch.einsum("bthd,bth->bt", q.float().square(), g.float()) / count.clamp_min(1)
-    q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, qk_w[0, run]), cos[:, :, None], sin[:, :, None])
+    w_q = qk_w[0] if sub is None else qk_w[0][sub]
+    q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, w_q), cos[:, :, None], sin[:, :, None])
     q, k, v, gt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)[..., None]  # (B, h, T, …)
     low = [i for i, h in enumerate(run) if share[h] <= STAIRCASE_BELOW]
     if t < STAIRCASE_FROM or not low or _flash_lse(q) is None:
@@ -305,7 +309,7 @@ def _query_attention(layer, x, g, share, cos, sin, cache, idx):
                                                         scale=attn.scaling) * gt[:, busy]
         z[:, low] = staircase_attention(q[:, low], k[:, low], v[:, low], gt[:, low, :, 0] > 0, attn.scaling)
     w_o = _cols(attn.o_proj.weight, sub, d_head)
-    return _post(layer, F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
+    return layer.post_attention_layernorm(F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
 
 
 STAIRCASE_FROM = 512
@@ -407,14 +411,14 @@ def _packed_attention(layer, x, heads_on, cos, sin, cache, idx):
     head = torch.arange(n_heads, device=x.device)[:, None, None].expand_as(tok)
     z_tok = z.new_zeros(bsz * t + 1, n_heads, d_head)
     z_tok[dst, head.reshape(-1)] = z.reshape(-1, d_head)
-    return _post(layer, F.linear(z_tok[:-1].view(bsz, t, -1), attn.o_proj.weight))
+    return layer.post_attention_layernorm(F.linear(z_tok[:-1].view(bsz, t, -1), attn.o_proj.weight))
 
 
 def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     """One new position per row against the cache: its key and value stored (``full``: only for the
     heads that run), attention of the running heads over their keys; outputs 0 where off."""
     attn, d_head, eps, qk_w = _layer_parts(layer)
-    bsz, _, d = x.shape
+    bsz = x.shape[0]
     g = (heads_on.expand(bsz, 1, -1) if heads_on.dim() == 1 else heads_on)[:, 0]  # (B, H) bool
     gf = g.to(x.dtype)
     q, k, v = F.linear(x[:, 0], _fused(layer)).view(bsz, 3, -1, d_head).unbind(1)  # (B, H, D)
@@ -443,4 +447,4 @@ def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
         z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
                                            attn_mask=bias[:, :, None], scale=attn.scaling)[:, :, 0]
     z = torch.where(g[..., None], z, 0.0)  # (B, H, D)
-    return _post(layer, F.linear(z.reshape(bsz, 1, -1), attn.o_proj.weight))
+    return layer.post_attention_layernorm(F.linear(z.reshape(bsz, 1, -1), attn.o_proj.weight))
