@@ -442,9 +442,11 @@ def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
         length = int(stored.max())
         if length == 0:
             return torch.zeros_like(x)
-        seen = torch.arange(length, device=x.device) < stored[..., None].clamp_min(1)  # (B, H, length)
-        bias = torch.zeros(seen.shape, dtype=q.dtype, device=x.device).masked_fill_(~seen, float("-inf"))
+        bias = None
+        if not bool((stored == length).logical_or_(~g).all()):  # some running head holds fewer keys
+            seen = torch.arange(length, device=x.device) < stored[..., None].clamp_min(1)  # (B, H, length)
+            bias = torch.zeros(seen.shape, dtype=q.dtype, device=x.device).masked_fill_(~seen, float("-inf"))[:, :, None]
         z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
-                                           attn_mask=bias[:, :, None], scale=attn.scaling)[:, :, 0]
+                                           attn_mask=bias, scale=attn.scaling)[:, :, 0]
     z = torch.where(g[..., None], z, 0.0)  # (B, H, D)
     return layer.post_attention_layernorm(F.linear(z.reshape(bsz, 1, -1), attn.o_proj.weight))
