@@ -190,6 +190,8 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         on = on.permute(2, 0, 1, 3).contiguous()
         shares = on.flatten(1, 2).float().mean(1).tolist()
         on_f = on.to(core.embed_tokens.weight.dtype)  # the same as gates
+        d_head = core.layers[0].self_attn.head_dim
+        inv_count = 1 / (on_f.sum(-1, dtype=torch.float32) * d_head).clamp_min(1)  # (L, B, T): the q-norm's mean
     stream = core.embed_tokens(input_ids)
     positions = torch.arange(start, start + t, device=input_ids.device)[None]
     cos, sin = core.rotary_emb(stream, positions)  # (1, T, D)
@@ -202,7 +204,7 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         elif skip == "full":
             total = _packed_attention(layer, stream, heads_on, cos, sin, cache, idx)
         else:
-            total = _query_attention(layer, stream, on_f[idx], shares[idx], cos, sin, cache, idx)
+            total = _query_attention(layer, stream, on_f[idx], inv_count[idx], shares[idx], cos, sin, cache, idx)
         stream = stream + total
         stream = stream + layer.post_feedforward_layernorm(layer.mlp(stream))
     if cache is not None:
@@ -268,12 +270,12 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     return layer.post_attention_layernorm(F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
 
 
-def _query_attention(layer, x, g, share, cos, sin, cache, idx):
+def _query_attention(layer, x, g, inv_count, share, cos, sin, cache, idx):
     """Per-position gates, ``query`` mode: K/V once per position for every head; queries and outputs
     of the heads that run somewhere in the batch (``share`` (H,): the share of positions each runs
     at, a list); a busy head attends every query causally, its outputs zeroed where it is off; at long
     context a sparse head attends only its active queries (:func:`staircase_attention`). g (B, T, H):
-    the layer's 0/1 gates."""
+    the layer's 0/1 gates; inv_count (B, T): 1 / (D · the heads running at each position)."""
     attn, d_head, eps, qk_w = _layer_parts(layer)
     bsz, t, _ = x.shape
     n_heads = len(share)
@@ -290,11 +292,10 @@ def _query_attention(layer, x, g, share, cos, sin, cache, idx):
     if not run:
         return torch.zeros_like(x)
     sub = None if len(run) == n_heads else torch.tensor(run, device=x.device)
-    count = g.sum(-1, dtype=torch.float32) * d_head  # (B, T)
     if sub is not None:
         g, k, v = g[..., sub], k[:, :, sub], v[:, :, sub]
     q = F.linear(x, _rows(attn.q_proj.weight, sub, d_head)).view(shape)
-    ms = torch.einsum("bthd,bth->bt", q.float().square(), g.float()) / count.clamp_min(1)
+    ms = torch.einsum("bthd,bth->bt", q.float().square(), g.float()) * inv_count
     w_q = qk_w[0] if sub is None else qk_w[0][sub]
     q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, w_q), cos[:, :, None], sin[:, :, None])
     q, k, v, gt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)[..., None]  # (B, h, T, …)

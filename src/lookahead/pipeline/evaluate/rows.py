@@ -188,33 +188,12 @@ def _seconds(call: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - tic
 
 
-def steady_allocator() -> None:
-    """Raise glibc's mmap and trim thresholds in this process (as ``benchmarks/runtime.py`` does by
-    environment): PyTorch's CPU allocator does not cache, and under glibc's adaptive default every
-    large intermediate may be mmapped and page-faulted anew, so the same forward's time moves by
-    5–30 % with the process's allocation history (measured on the phase-2 row); with the thresholds
-    raised, 3 processes agree within 1–2 %. Nothing happens where glibc is not the C library."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    for param, value in ((-3, 1 << 30), (-1, 1 << 30), (-2, 1 << 28)):  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD
-        mallopt(param, value)
-
-
 @torch.no_grad()
 def time_rows(specs: list[RowSpec], ids: torch.Tensor, topologies: dict[str, tuple], rounds: int,
               device: torch.device) -> dict[str, float]:
     """Forward tokens/s of each row's LM with its topology (``topologies[name]``, drawn beforehand for the
     batch ``ids``), over the stock dense forward of the same LM and batch (rounds interleaved; medians).
-    Models, ids and topologies are moved to ``device`` (and the models back where they were); on the
-    CPU the allocator is made steady first (:func:`steady_allocator`)."""
-    if device.type == "cpu":
-        steady_allocator()
+    Models, ids and topologies are moved to ``device`` (and the models back where they were)."""
     ids = ids.to(device)
     out = {}
     for spec in specs:
