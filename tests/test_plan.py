@@ -111,6 +111,8 @@ def test_cache_misuse_is_refused(model, ids):
         gated_forward(model, ids[:, :4], torch.ones(N), "full", KVCache(model, 2, 3, "full"))
     with pytest.raises(TopologyError, match="gates must be"):
         gated_forward(model, ids, torch.ones(2, 10, N - 1), "full")
+    with pytest.raises(TopologyError, match="0/1 head gates"):
+        gated_forward(model, ids, torch.full((N,), 0.5), "full")
 
 
 def head_router(model, input_kind="lm", keep=0.5, seed=0, **kw):

@@ -80,10 +80,10 @@ def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torc
             and adjacency.shape[:-1] == gates.shape and _binary(gates)):
         # what head-gate routers emit, ``nodes.head_graph``: valid by construction, checked in one pass
         if torch.equal(adjacency, _allowed(n_layers, n_heads, gates.device, adjacency.dtype) * gates[..., :, None]):
-            return gated_forward(model, input_ids, gates, skip).logits
+            return _gated_forward(model, input_ids, gates, skip, None).logits
         _validate(adjacency, gates, input_ids, n_layers, n_heads)
         if standard_stream(adjacency, gates, n_layers, n_heads, skip):
-            return gated_forward(model, input_ids, gates, skip).logits
+            return _gated_forward(model, input_ids, gates, skip, None).logits
     return forward_with_topology(model, input_ids, adjacency, gates, hard=True, skip=skip)
 
 
@@ -154,7 +154,6 @@ def _gated_ms(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
     return (total / count.clamp_min(1)).expand(on.shape)
 
 
-@torch.no_grad()
 def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str = "full",
                   cache: KVCache | None = None) -> Output:
     """Hard execution of the standard-stream head-gate topology ``gates`` (see the module docstring).
@@ -163,10 +162,19 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         model: a transformers ``Olmo2ForCausalLM``.
         input_ids: (B, T) the new positions (with a cache: the whole prompt when it is empty, then
             one position per call).
-        gates: 0/1 head gates, (N,) shared or (B, T, N) per position; entry 0 (the source) ignored.
+        gates: 0/1 head gates, (N,) shared or (B, T, N) per position, the source's (entry 0) 1.
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
         cache: continue (and fill) a :class:`KVCache`.
     """
+    if not _binary(gates):
+        raise TopologyError("gated_forward runs 0/1 head gates with the source's gate 1; soft gates run through "
+                            "lookahead.graph.runtime.forward_with_topology")
+    return _gated_forward(model, input_ids, gates, skip, cache)
+
+
+@torch.no_grad()
+def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str, cache: KVCache | None) -> Output:
+    """:func:`gated_forward` for gates already checked."""
     n_layers, n_heads = check_model(model)
     if skip not in SKIP_MODES:
         raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
