@@ -32,20 +32,14 @@ they must, or when the topology is not a standard-stream head-gate graph.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph.nodes import allowed_mask
-from lookahead.graph.runtime import SKIP_MODES, TopologyError, _validate, check_model, forward_with_topology
-
-
-@functools.lru_cache(maxsize=16)
-def _allowed(n_layers: int, n_heads: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``nodes.allowed_mask`` as 0/1 numbers on a device, made once (read only)."""
-    return allowed_mask(n_layers, n_heads).to(device, dtype)
+from lookahead.graph import attention
+from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_model,
+                                      forward_with_topology)
 
 
 def _binary(gates: torch.Tensor) -> bool:
@@ -62,7 +56,7 @@ def standard_stream(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int,
     if not _binary(gates):
         return False
     n = gates.shape[-1]
-    allowed = _allowed(n_layers, n_heads, adjacency.device, adjacency.dtype)
+    allowed = _allowed(n_layers, n_heads, adjacency.device).to(adjacency.dtype)
     # Σ_i g_i (A_ij − 1)² over allowed i: a sum of non-negative terms, 0 exactly when every
     # active source feeds head j with weight 1
     miss = torch.bmm(gates.reshape(-1, 1, n).to(adjacency.dtype), (adjacency - allowed).square().reshape(-1, n, n))
@@ -79,7 +73,7 @@ def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torc
     if (gates is not None and not torch.is_grad_enabled() and skip in SKIP_MODES
             and adjacency.shape[:-1] == gates.shape and _binary(gates)):
         # what head-gate routers emit, ``nodes.head_graph``: valid by construction, checked in one pass
-        if torch.equal(adjacency, _allowed(n_layers, n_heads, gates.device, adjacency.dtype) * gates[..., :, None]):
+        if torch.equal(adjacency, _allowed(n_layers, n_heads, gates.device).to(adjacency.dtype) * gates[..., :, None]):
             return _gated_forward(model, input_ids, gates, skip, None).logits
         _validate(adjacency, gates, input_ids, n_layers, n_heads)
         if standard_stream(adjacency, gates, n_layers, n_heads, skip):
@@ -146,12 +140,17 @@ def _norm(x: torch.Tensor, ms: torch.Tensor, eps: float, weight: torch.Tensor) -
     return weight * (x.float() * torch.rsqrt(ms + eps)[..., None]).to(x.dtype)
 
 
-def _gated_ms(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
-    """Mean square over the heads that are on: x (…, H, D), on (…, H) 0/1 → (…, H) (the same
-    value for each head of a position; 0 where none is on)."""
-    total = (x.float().pow(2).sum(-1) * on).sum(-1, keepdim=True)
-    count = on.sum(-1, keepdim=True) * x.shape[-1]
-    return (total / count.clamp_min(1)).expand(on.shape)
+def _mean_square(x: torch.Tensor) -> torch.Tensor:
+    """Mean square over every head's slice, as OLMo2's full-width QK-norm takes it: x (…, H, D) → (…, H)
+    (the same value for each head of a position)."""
+    return x.float().pow(2).mean((-1, -2))[..., None].expand(x.shape[:-1])
+
+
+def _gated_mean_square(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """Mean square over the slices of the heads that are on (``attention.gated_mean``, as the
+    runtime takes it): x (B, H, D), on (B, H) 0/1 → (B, H)."""
+    per_head = x.float().pow(2).sum(-1).T[..., None]  # (H, B, 1)
+    return (attention.gated_mean(per_head, on.T)[..., 0] / x.shape[-1])[:, None].expand(on.shape)
 
 
 def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str = "full",
@@ -194,9 +193,10 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
             raise TopologyError(f"the cache holds {cache.capacity} positions; {start + t} needed")
     core = model.model
     on = (gates[..., 1:] > 0).view(*gates.shape[:-1], n_layers, n_heads)  # (L, H) | (B, T, L, H)
-    if gates.dim() == 3:  # per layer: its (B, T, H) mask, contiguous, and each head's share of positions
+    if gates.dim() == 3:  # per layer: its (B, T, H) mask, contiguous
         on = on.permute(2, 0, 1, 3).contiguous()
-        shares = on.flatten(1, 2).float().mean(1).tolist()
+    if gates.dim() == 3 and skip == "query" and not start:  # what the query path reads, for every layer at once
+        shares = on.flatten(1, 2).float().mean(1).tolist()  # each head's share of positions
         on_f = on.to(core.embed_tokens.weight.dtype)  # the same as gates
         d_head = core.layers[0].self_attn.head_dim
         inv_count = 1 / (on_f.sum(-1, dtype=torch.float32) * d_head).clamp_min(1)  # (L, B, T): the q-norm's mean
@@ -259,9 +259,9 @@ def _shared_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     q = F.linear(x, _rows(attn.q_proj.weight, _subset(run, n_heads), d_head)).view(shape)
     k = F.linear(x, _rows(attn.k_proj.weight, _subset(key_heads, n_heads), d_head)).view(shape)
     v = F.linear(x, _rows(attn.v_proj.weight, _subset(value_heads, n_heads), d_head)).view(shape)
-    q = _rope(_norm(q, q.float().pow(2).mean((-1, -2))[..., None].expand(q.shape[:-1]), eps, qk_w[0][run]),
+    q = _rope(_norm(q, _mean_square(q), eps, qk_w[0][run]),
               cos[:, :, None], sin[:, :, None])
-    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1][key_heads]),
+    k = _rope(_norm(k, _mean_square(k), eps, qk_w[1][key_heads]),
               cos[:, :, None], sin[:, :, None])
     if cache is not None:  # the prefill: query mode keeps every head's key and value, full mode the running heads'
         cache.kv[idx, 0, :, :, :t].index_copy_(1, key_heads, k.transpose(1, 2))
@@ -290,7 +290,7 @@ def _query_attention(layer, x, g, inv_count, share, cos, sin, cache, idx):
     shape = (bsz, t, -1, d_head)
     k = F.linear(x, attn.k_proj.weight).view(shape)
     v = F.linear(x, attn.v_proj.weight).view(shape)
-    k = _rope(_norm(k, k.float().pow(2).mean((-1, -2))[..., None].expand(k.shape[:-1]), eps, qk_w[1]),
+    k = _rope(_norm(k, _mean_square(k), eps, qk_w[1]),
               cos[:, :, None], sin[:, :, None])
     if cache is not None:
         cache.kv[idx, 0, :, :, :t] = k.transpose(1, 2)
@@ -432,8 +432,8 @@ def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     gf = g.to(x.dtype)
     q, k, v = F.linear(x[:, 0], _fused(layer)).view(bsz, 3, -1, d_head).unbind(1)  # (B, H, D)
     c, s = cos[:, 0], sin[:, 0]
-    q = _rope(_norm(q, _gated_ms(q, gf), eps, qk_w[0]), c[:, None], s[:, None])
-    k_ms = k.float().pow(2).mean((-1, -2))[:, None].expand(k.shape[:-1]) if skip == "query" else _gated_ms(k, gf)
+    q = _rope(_norm(q, _gated_mean_square(q, gf), eps, qk_w[0]), c[:, None], s[:, None])
+    k_ms = _mean_square(k) if skip == "query" else _gated_mean_square(k, gf)
     k = _rope(_norm(k, k_ms, eps, qk_w[1]), c[:, None], s[:, None])
     keys, values = cache.kv[idx, 0], cache.kv[idx, 1]  # (B, H, C, D)
     stored = cache.stored[idx]  # (B, H)
