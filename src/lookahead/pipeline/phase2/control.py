@@ -190,9 +190,9 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     if mask is None:
         report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense_nll"]}
     else:
+        heads = config["mask"]["heads"]  # StaticMask.config's, listed once
         report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard_nll"], "dense_nll": final["dense_nll"],
-                  "active_head_fraction": len(mask.heads()) / mask.importance.numel(), "heads": mask.heads(),
-                  "skip": mask.skip}
+                  "active_head_fraction": len(heads) / mask.importance.numel(), "heads": heads, "skip": mask.skip}
     return {**report, **data}, result
 
 
