@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast verify bench check-params mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test test-fast verify replicate bench check-params mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -56,6 +56,13 @@ test-fast: setup
 # is outside its spread.
 verify: $(STAMP)
 	$(BIN)/python -m lookahead.tools.verify $(if $(REV),--rev $(REV))
+
+# A replicate that emulates a second machine (DESIGN §12): the stages from the base onwards rerun in a
+# scratch copy with the base's initial weights moved one float32 ulp in 0.01 % of entries, then every
+# claim and headline against this workspace's (the workspace must hold a complete run; nothing in it is
+# written but REPORT=<file>, e.g. REPORT=metrics/replicate.md). Exit 1: a claim or headline disagrees.
+replicate: setup
+	$(BIN)/python -m lookahead.tools.replicate $(if $(REPORT),--report $(REPORT))
 
 # The local MLflow store (DESIGN §8) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
 mlflow-ui: $(STAMP)

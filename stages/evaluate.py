@@ -1,6 +1,7 @@
 """DVC stage `evaluate`: the final table (held-out NLL, active fractions, FLOPs and measured speed of
 every LM and topology against dense baselines), the causality check and the explainer figure."""
 
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> None:
         "phase2": "phase-2 directory (input)",
         "control": "dense control LM directory (input)",
         "static-control": "static control LM directory (input)",
+        "phase2-scores": "phase 2's per-position val NLLs on the scoring set (input)",
+        "control-scores": "the dense control's per-position val NLLs on the scoring set (input)",
+        "static-control-scores": "the static control's per-position val NLLs on the scoring set (input)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "table": "the table as markdown (output)",
@@ -31,12 +35,15 @@ def main(argv: list[str] | None = None) -> None:
         "page": "explainer html (inline svg, self-contained) (output)",
     }, argv)
     cfg = load_section(args.params, "evaluate", EvaluateConfig)
+    scoring = load_section(args.params, "scoring", ScoringConfig)
     if args.dry_run:
-        return print_config({"evaluate": cfg})
+        return print_config({"evaluate": cfg, "scoring": scoring})
     check_inputs(args.inputs)
-    with stage_run("evaluate", {"evaluate": to_dict(cfg)}) as run:
+    with stage_run("evaluate", {"evaluate": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
-                                    args.diffusion, args.phase2, args.control, args.static_control)
+                                    args.diffusion, args.phase2, args.control, args.static_control, scoring,
+                                    {"phase2": args.phase2_scores, "control": args.control_scores,
+                                     "static_control": args.static_control_scores})
         write_evaluate_outputs(evaluation, args.outputs)
         write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

@@ -1,6 +1,7 @@
 """DVC stage `phase1`: train the lookahead structure predictor on the cached contexts with the LM
 and the encoder frozen; evaluate soft and hard topologies against dense and two pruning baselines."""
 
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -16,9 +17,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
         "contexts": "context cache directory (input)",
+        "tokens": "token streams directory (input: the scoring set's val windows)",
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input)",
         "out": "predictor safetensors (output)",
+        "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
@@ -33,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         "phase1": load_section(args.params, "phase1", Phase1Config),
         "predictor": load_section(args.params, "predictor", PredictorConfig),
         "runtime": load_section(args.params, "runtime", RuntimeConfig),
+        "scoring": load_section(args.params, "scoring", ScoringConfig),
     }
     if args.dry_run:
         return print_config(configs)
@@ -40,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
         metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
                                                      args.init, args.heads, args.out, args.checkpoints, tracker=run,
-                                                     runtime_cfg=configs["runtime"])
+                                                     runtime_cfg=configs["runtime"], scoring_cfg=configs["scoring"],
+                                                     tokens_dir=args.tokens, scores_file=args.scores)
         write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

@@ -2,6 +2,7 @@
 predictor trained jointly, or diffusion samples); its dense control is the `control` stage."""
 
 from lookahead.artifacts.phase2 import write_pruning
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -15,13 +16,14 @@ from lookahead.pipeline.phase2.plots import write_phase2_reports
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
-        "tokens": "token streams directory (input: replay windows)",
+        "tokens": "token streams directory (input: stream and replay windows, the scoring set's val windows)",
         "contexts": "context cache directory (input)",
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input: importance, for shared_heads)",
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
+        "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "pruning": "the final active-head fraction and skip mode the static control matches, json (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
@@ -31,12 +33,14 @@ def main(argv: list[str] | None = None) -> None:
         "figure": "curves png (output)",
     }, argv)
     cfg = load_section(args.params, "phase2", Phase2Config)
+    scoring = load_section(args.params, "scoring", ScoringConfig)
     if args.dry_run:
-        return print_config({"phase2": cfg})
+        return print_config({"phase2": cfg, "scoring": scoring})
     check_inputs(args.inputs)
-    with stage_run("phase2", {"phase2": to_dict(cfg)}) as run:
+    with stage_run("phase2", {"phase2": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
-                                            args.diffusion, args.out, args.checkpoints, tracker=run, heads_file=args.heads)
+                                            args.diffusion, args.out, args.checkpoints, tracker=run, heads_file=args.heads,
+                                            scoring=scoring, scores_file=args.scores)
         write_phase2_reports(result, args.outputs)
         write_pruning(args.out, args.pruning)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)

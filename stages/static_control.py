@@ -2,8 +2,9 @@
 the same order) under static importance pruning at phase 2's final active-head fraction — the fair
 baseline of learned per-token routing: "static pruning + continued pretraining"."""
 
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
-from lookahead.core.config import load_section
+from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
@@ -15,11 +16,12 @@ from lookahead.pipeline.phase2.plots import write_control_reports
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
-        "tokens": "token streams directory (input: the train stream)",
+        "tokens": "token streams directory (input: the train stream, the scoring set's val windows)",
         "contexts": "context cache directory (input: its val windows)",
         "heads": "probe head statistics safetensors (input: importance)",
         "pruning": "phase 2's final active-head fraction and skip mode, json (input)",
         "out": "static-control LM directory (output)",
+        "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
         "train-curve": "training curve csv (plot)",
@@ -27,13 +29,14 @@ def main(argv: list[str] | None = None) -> None:
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
     }, argv)
     cfg = load_section(args.params, "phase2", Phase2Config)
+    scoring = load_section(args.params, "scoring", ScoringConfig)
     if args.dry_run:
-        return print_config({"phase2 (the keys the static control reads)": control_config(cfg)})
+        return print_config({"phase2 (the keys the static control reads)": control_config(cfg), "scoring": scoring})
     check_inputs(args.inputs)
     mask = static_mask(args.heads, args.pruning)
-    with stage_run("static_control", {"phase2": control_config(cfg, mask)}) as run:
+    with stage_run("static_control", {"phase2": control_config(cfg, mask), "scoring": to_dict(scoring)}) as run:
         report, result = build_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
-                                             tracker=run, mask=mask)
+                                             tracker=run, mask=mask, scoring=scoring, scores_file=args.scores)
         write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
         write_metrics(report, STATIC_HEADLINE, args.metrics, args.report, run)
 

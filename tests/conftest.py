@@ -268,6 +268,7 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     from lookahead.artifacts.phase2 import write_pruning
     from lookahead.core.config import from_dict
     from lookahead.pipeline.phase2.build import build_phase2
+    from lookahead.pipeline.phase2.common import save_seed_scores
     from lookahead.pipeline.phase2.config import Phase2Config
     from lookahead.pipeline.phase2.control import build_control, static_mask
 
@@ -284,8 +285,12 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     write_pruning(d / "out", d / "pruning.json")
     static, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "static", d / "ckpt",
                               mask=static_mask(i["heads"], d / "pruning.json"))
+    scores = {name: d / f"{name}.safetensors" for name in ("phase2", "control", "static_control")}
+    for name, run in (("phase2", report), ("control", control), ("static_control", static)):
+        save_seed_scores(scores[name], [run])  # one seed's per-position NLLs, as the stages write them
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "control": control,
-            "control_dir": d / "control", "static_control": static, "static_control_dir": d / "static", "root": d}
+            "control_dir": d / "control", "static_control": static, "static_control_dir": d / "static", "root": d,
+            "scores": scores}
 
 
 @pytest.fixture(scope="session")

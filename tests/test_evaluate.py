@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.graph.nodes import allowed_mask
@@ -121,7 +122,8 @@ def evaluation(downstream_inputs, phase2_run):
     cfg = from_dict(EvaluateConfig, {"eval_batch_size": 2, "diffusion_samples": 3, "random_draws": 2, "timing_rounds": 1,
                                      "causality_windows": 1, "causality_cuts": 2, "explainer_tokens": 6})
     return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
-                               phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"])
+                               phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"],
+                               scoring=ScoringConfig(resamples=200), scores=phase2_run["scores"])
 
 
 def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phase2_run):
@@ -156,6 +158,11 @@ def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phas
     assert table["static_control"]["active_head_fraction"] == pytest.approx(k / 4)
     assert report["phase2_minus_static_control"] == pytest.approx(table["phase2_hard"]["nll"] - table["static_control"]["nll"])
     assert report["phase2_minus_control"] == pytest.approx(table["phase2_hard"]["nll"] - report["dense_control_nll"])
+    # each claim: the paired mean over seeds and positions, inside its interval
+    assert report["diffusion_best_of_k_minus_null"] == pytest.approx(report["diffusion_best_of_k_nll"]
+                                                                     - report["random_best_of_k_nll"], abs=1e-6)
+    for claim in ("phase2_minus_control", "phase2_minus_static_control", "diffusion_best_of_k_minus_null"):
+        assert report[f"{claim}_ci_low"] < report[claim] < report[f"{claim}_ci_high"], claim
     for name, row in table.items():
         assert 0.0 <= row["active_head_fraction"] <= 1.0 and len(row["active_head_fraction_per_layer"]) == 2, name
         assert row["ppl"] == pytest.approx(np.exp(row["nll"]))

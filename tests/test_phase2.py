@@ -17,6 +17,7 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, Phase2OutputError, load_phase2
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
+from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
 from lookahead.core.seeds import one_run
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor, save_predictor
 from lookahead.graph.runtime import forward_with_topology
@@ -200,7 +201,7 @@ def stream_run(downstream_inputs, tmp_path_factory):
         "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "device": "cpu"}})
     report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out",
-                                  heads_file=i["heads"])
+                                  heads_file=i["heads"], scoring=ScoringConfig(windows=8, batch_size=4))
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "router": router}
 
 
@@ -245,12 +246,15 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     assert report["passes_over_stream"] == pytest.approx(report["train_tokens"] / len(stream))
     assert {"nll", "kl"} <= set(stream_run["result"].train_curve[0])  # distill 0.5: the KL is trained on
     lm = AutoModelForCausalLM.from_pretrained(out / LM_DIR, dtype=torch.float32).eval()
-    windows = torch.from_numpy(cache.windows("val").astype(np.int64))
+    windows = scoring_windows(downstream_inputs["tokens"], ScoringConfig(windows=8), cache.context_length)
+    assert report["scored_positions"] == 8 * cache.context_length  # the scoring set, not the cache's val windows
     ids = windows[:, :-1]
     with torch.no_grad():
         adjacency, gates = after.eval()(router_context("lm", lm, ids, None), None, hard=True)
         logits = reference_forward(lm, ids, adjacency, gates, skip="query")  # the plain reference
-    assert report["hard_nll"] == pytest.approx(token_nll(logits, windows[:, 1:]).mean().item(), rel=1e-5)
+    reference = token_nll(logits, windows[:, 1:])
+    assert report["hard_nll"] == pytest.approx(reference.mean().item(), rel=1e-5)
+    np.testing.assert_allclose(report["token_nll"]["hard"], reference.flatten().numpy(), rtol=1e-4, atol=1e-5)
     assert (gates[..., 1] == 1).all() and (gates[..., 1:].sum(-1) == 2).all()  # the shared head, and one routed
     assert report["active_head_fraction"] == pytest.approx(0.5)
     assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"

@@ -45,8 +45,8 @@ def write(repo, name, figures):
 def test_a_rerun_on_the_same_bytes_is_within_everywhere(repo, capsys):
     assert main(["--repo", str(repo)]) == 0
     out = capsys.readouterr().out
-    assert "1 of 1 research headlines within their spread of HEAD (3 seed sd, at least 0.5%); 4 of 4 other figures " \
-           "within 2%." in out
+    assert "0 of 0 claims agree with HEAD in sign and interval; 1 of 1 research headlines within their spread " \
+           "(3 seed sd, at least 0.5%); 4 of 4 other figures within 2%." in out
     assert "a.seeds" not in out and "ratio_sd" not in out  # the spread and the seed count are not figures
 
 
@@ -87,3 +87,51 @@ def test_nothing_to_compare_is_an_error(tmp_path, capsys):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     assert main(["--repo", str(tmp_path)]) == 2
     assert "no metrics/<stage>.json" in capsys.readouterr().err
+
+
+def claim(value, low, high, sd=0.001):
+    return {"gap": value, "gap_sd": sd, "gap_se": (high - low) / 3.92, "gap_ci_low": low, "gap_ci_high": high}
+
+
+def test_a_claim_is_judged_by_its_interval_and_fails_on_a_flipped_sign(repo, capsys):
+    write(repo, "b", {"nll": 4.0, **claim(-0.009, -0.012, -0.006)})
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "a claim"], cwd=repo, check=True)
+    # far outside 3 seed sd (0.003) but the intervals overlap: the claim agrees
+    write(repo, "b", {"nll": 4.0, **claim(-0.004, -0.007, -0.001)})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.claim and row.within and not row.sign_flipped
+    assert not any(r.figure.startswith(("b.gap_ci", "b.gap_se", "b.gap_sd")) for r in verify(repo, "HEAD"))
+    assert main(["--repo", str(repo)]) == 0
+    assert "1 of 1 claims agree with HEAD" in capsys.readouterr().out
+    # the same size, the other sign: the committed interval excludes 0 and the value here is above it
+    write(repo, "b", {"nll": 4.0, **claim(0.002, -0.008, 0.012)})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.sign_flipped and not row.within
+    assert main(["--repo", str(repo)]) == 1
+    assert "CLAIMS FAILED: b.gap (sign flipped)" in capsys.readouterr().out
+    # the same sign, intervals apart
+    write(repo, "b", {"nll": 4.0, **claim(-0.03, -0.033, -0.027)})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert not row.sign_flipped and not row.within
+    assert main(["--repo", str(repo)]) == 1
+    assert "b.gap (intervals apart)" in capsys.readouterr().out
+    # a claim that lost its interval cannot be judged
+    write(repo, "b", {"nll": 4.0, "gap": -0.009})
+    assert main(["--repo", str(repo)]) == 1
+
+
+def test_an_unresolved_claim_makes_no_promise_of_sign(repo):
+    write(repo, "b", {"nll": 4.0, **claim(0.001, -0.002, 0.004)})
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "a claim"], cwd=repo, check=True)
+    write(repo, "b", {"nll": 4.0, **claim(-0.001, -0.004, 0.002)})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.within and not row.sign_flipped
+
+
+def test_against_another_workspace_instead_of_a_revision(repo, tmp_path_factory, capsys):
+    other = tmp_path_factory.mktemp("other")
+    (other / "metrics").mkdir()
+    (other / "metrics" / "a.json").write_text(json.dumps({**COMMITTED_A, "ratio": 2.0}))
+    assert main(["--repo", str(repo), "--against", str(other)]) == 1
+    out = capsys.readouterr().out
+    assert "OUTSIDE: a.ratio" in out and f"claims agree with {other}" in out

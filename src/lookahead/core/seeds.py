@@ -102,5 +102,9 @@ def seeded_headline(keys: Sequence[str], seeded: Sequence[str]) -> tuple[str, ..
 
 
 def one_run(headline: Sequence[str]) -> set[str]:
-    """The headline keys one run reports by itself (without ``_sd`` and ``seeds``)."""
-    return {key for key in headline if not key.endswith("_sd") and key != "seeds"}
+    """The headline keys one run reports by itself: without ``_sd``, ``seeds`` and the paired claims
+    (a key with ``_ci_low``/``_ci_high`` beside it, :mod:`lookahead.core.intervals`), which only the
+    seeds together give."""
+    claims = {key.removesuffix("_ci_low") for key in headline if key.endswith("_ci_low")}
+    return {key for key in headline
+            if not key.endswith(("_sd", "_ci_low", "_ci_high")) and key != "seeds" and key not in claims}

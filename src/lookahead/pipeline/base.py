@@ -36,6 +36,10 @@ class BaseConfig(ModelSource):
     """Val tokens scored at each periodic evaluation during training."""
     eval_batch_size: int = 16
     """Windows per forward pass when evaluating."""
+    init_perturbation: float = 0.0
+    """Share of a scratch model's initial weights moved by one float32 ulp (seeded, away from or
+    towards zero at random) before training: 0 leaves the initialisation untouched; ``make
+    replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (DESIGN §12)."""
     arch: ArchConfig = dataclasses.field(default_factory=ArchConfig)
     """Scratch architecture; with `path`/`hub`, context_length is the evaluation window."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=800, lr=3e-3))
@@ -46,6 +50,8 @@ class BaseConfig(ModelSource):
         require(self.eval_tokens >= 0, "eval_tokens", f"must be >= 0 (0 = all); got {self.eval_tokens}")
         require(self.periodic_eval_tokens >= 1, "periodic_eval_tokens", f"must be >= 1; got {self.periodic_eval_tokens}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
+        require(0.0 <= self.init_perturbation < 1.0, "init_perturbation",
+                f"must be in [0, 1) (a share of the weights); got {self.init_perturbation}")
 
 
 class LMTrainModule:
@@ -72,6 +78,30 @@ class LMTrainModule:
         return batch[:, 1:].numel()
 
 
+PERTURB_SALT = 7_919  # the perturbation's own generator: the init's global RNG stream is left as it was
+
+
+def perturb_ulp(model: torch.nn.Module, fraction: float, seed: int) -> int:
+    """Move a seeded ``fraction`` of ``model``'s float32 parameter entries by exactly one ulp, each
+    towards +inf or -inf at random; returns how many moved. ``fraction == 0`` touches nothing
+    (not even an RNG), so a default run stays byte-identical."""
+    if fraction == 0.0:
+        return 0
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + PERTURB_SALT)
+    moved = 0
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            require(param.dtype == torch.float32, "init_perturbation",
+                    f"a one-ulp move is defined here for float32 weights; got {param.dtype}")
+            flat = param.view(-1)
+            picked = torch.rand(flat.numel(), generator=gen) < fraction
+            up = torch.rand(flat.numel(), generator=gen) < 0.5
+            towards = torch.where(up, torch.tensor(math.inf), torch.tensor(-math.inf))
+            flat[picked] = torch.nextafter(flat[picked], towards[picked])
+            moved += int(picked.sum())
+    return moved
+
+
 def pretrain(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, checkpoint_root: str | Path | None, tracker=None):
     """Pretrain a scratch OLMo2 on the train stream. Returns (model, TrainResult)."""
     from transformers import Olmo2ForCausalLM
@@ -82,6 +112,7 @@ def pretrain(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, checkpoint_root
     periodic = data.eval_windows(val_stream, t, max_tokens=cfg.periodic_eval_tokens)
     torch.manual_seed(cfg.train.seed)
     model = Olmo2ForCausalLM(olmo2_config(cfg.arch, tokenizer))
+    perturb_ulp(model, cfg.init_perturbation, cfg.train.seed)
     module = LMTrainModule(model, train_stream, periodic, cfg)
     ckpt = checkpoint_dir(checkpoint_root, "base", to_dict(cfg),
                           [Path(tokens_dir) / f"{split}.npy" for split in ("train", "val")])

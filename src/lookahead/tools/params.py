@@ -34,6 +34,7 @@ SECTIONS: dict[str, str] = {
     "pairs": "lookahead.pipeline.pairs:PairsConfig",
     "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",
     "phase2": "lookahead.pipeline.phase2.config:Phase2Config",
+    "scoring": "lookahead.artifacts.val_scores:ScoringConfig",
     "evaluate": "lookahead.pipeline.evaluate.config:EvaluateConfig",
 }
 

@@ -10,9 +10,17 @@ revision, within a tolerance:
   — within ``--sd-factor`` (3) times its seed sd (the larger of the two runs'), and never tighter
   than ``--floor`` (0.5 %) of the committed value (a spread of 0 over seeds is no promise that
   another machine gives the same bits). One outside makes the command exit 1;
+- a **claim** — a paired difference with its interval, ``<name>_ci_low`` and ``<name>_ci_high``
+  beside it (:mod:`lookahead.core.intervals`) — by its interval: it fails where its sign flips (the
+  committed interval excludes 0 and the value here lies on the other side of 0) or where the two
+  runs' intervals do not overlap (the difference of the two estimates is outside what both intervals
+  together allow). One failing claim makes the command exit 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
   DESIGN §12) and are not research claims.
+
+``--against DIR`` compares with another workspace's ``metrics/`` instead of a git revision (the
+replicate, ``lookahead.tools.replicate``, does).
 
 On the machine that made the committed run, a from-scratch ``dvc repro`` is bitwise identical and
 every difference is 0; elsewhere float rounding differs and training amplifies it, and this command
@@ -33,6 +41,7 @@ from pathlib import Path
 from lookahead.core.config import flatten
 
 SD_SUFFIX = "_sd"
+LOW, HIGH = "_ci_low", "_ci_high"  # a claim's interval (lookahead.core.intervals): part of its row
 NOT_FIGURES = {"seeds"}  # how many seeds: part of the config, not a result
 
 
@@ -46,7 +55,10 @@ class Row:
     tolerance: float
     research: bool
     basis: str
-    """What the tolerance is: `3 sd`, `2 %` or `equal`."""
+    """What the tolerance is: `3 sd`, `2 %`, `equal` or `interval`."""
+    committed_interval: tuple[float, float] | None = None
+    here_interval: tuple[float, float] | None = None
+    """A claim's intervals (basis `interval`)."""
 
     @property
     def difference(self) -> float | None:
@@ -55,7 +67,24 @@ class Row:
         return None
 
     @property
+    def claim(self) -> bool:
+        return self.basis == "interval"
+
+    @property
+    def sign_flipped(self) -> bool:
+        """A claim whose committed interval excludes 0 and whose value here lies on the other side."""
+        if not (self.claim and self.committed_interval and _number(self.here)):
+            return False
+        low, high = self.committed_interval
+        return (low > 0 and float(self.here) <= 0) or (high < 0 and float(self.here) >= 0)
+
+    @property
     def within(self) -> bool:
+        if self.claim:
+            if self.committed_interval is None or self.here_interval is None or not _number(self.here):
+                return False  # a claim without its interval on one side cannot be judged
+            (a_low, a_high), (b_low, b_high) = self.committed_interval, self.here_interval
+            return not self.sign_flipped and a_low <= b_high and b_low <= a_high
         if _number(self.committed) and _number(self.here):
             if not (math.isfinite(float(self.committed)) and math.isfinite(float(self.here))):
                 return math.isnan(float(self.committed)) == math.isnan(float(self.here))
@@ -88,13 +117,17 @@ def read_at_revision(repo: Path, rev: str, relpath: str) -> dict | None:
 
 
 def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: float, floor: float) -> list[Row]:
-    """The rows of one stage: every figure of either side except the ``_sd`` columns themselves."""
+    """The rows of one stage: every figure of either side except the ``_sd`` columns and the
+    intervals themselves (a claim's row carries its intervals)."""
     old, new = flatten(committed), flatten(here)
     rows = []
     for name in list(old) + [k for k in new if k not in old]:
-        if name.endswith(SD_SUFFIX) or name in NOT_FIGURES:
+        if name.endswith((SD_SUFFIX, LOW, HIGH, "_se")) or name in NOT_FIGURES:
             continue
         a, b = old.get(name), new.get(name)
+        if name + LOW in old or name + LOW in new:
+            rows.append(Row(f"{stage}.{name}", a, b, 0.0, True, "interval", _interval(old, name), _interval(new, name)))
+            continue
         sds = [float(v) for v in (old.get(name + SD_SUFFIX), new.get(name + SD_SUFFIX)) if _number(v)]
         research = bool(sds)
         if not _number(a):
@@ -109,6 +142,11 @@ def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: 
     return rows
 
 
+def _interval(figures: dict, name: str) -> tuple[float, float] | None:
+    low, high = figures.get(name + LOW), figures.get(name + HIGH)
+    return (float(low), float(high)) if _number(low) and _number(high) else None
+
+
 def _fmt(value: object) -> str:
     if value is None:
         return "–"
@@ -117,11 +155,21 @@ def _fmt(value: object) -> str:
     return str(value)[:40]
 
 
+def _fmt_interval(interval: tuple[float, float] | None) -> str:
+    return "[–]" if interval is None else f"[{interval[0]:.4g}, {interval[1]:.4g}]"
+
+
 def render(rows: list[Row]) -> str:
     """One table: figure, committed, here, difference, tolerance, verdict."""
     header = ("figure", "committed", "here", "difference", "tolerance", "")
     lines = [header]
     for row in rows:
+        if row.claim:
+            verdict = "agrees" if row.within else ("SIGN FLIPPED" if row.sign_flipped else "INTERVALS APART")
+            committed = f"{_fmt(row.committed)} {_fmt_interval(row.committed_interval)}"
+            here = f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}"
+            lines.append((row.figure, committed, here, _fmt(row.difference), "interval", verdict))
+            continue
         verdict = "within" if row.within else ("OUTSIDE" if row.research else "outside (not a research headline)")
         tol = f"±{row.tolerance:.3g} ({row.basis})" if row.basis != "equal" else "equal"
         lines.append((row.figure, _fmt(row.committed), _fmt(row.here), _fmt(row.difference), tol, verdict))
@@ -129,12 +177,18 @@ def render(rows: list[Row]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, floor: float = 0.005) -> list[Row]:
-    """Every headline figure of the workspace's DVC metrics files against the same at ``rev``."""
+def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, floor: float = 0.005,
+           against: Path | None = None) -> list[Row]:
+    """Every headline figure of the workspace's DVC metrics files against the same at ``rev``, or in
+    the workspace ``against`` (its files stand for the committed run)."""
     rows: list[Row] = []
     for relpath in metrics_files(repo):
         path = repo / relpath
-        committed = read_at_revision(repo, rev, relpath)
+        if against is not None:
+            other = Path(against) / relpath
+            committed = json.loads(other.read_text(encoding="utf-8")) if other.is_file() else None
+        else:
+            committed = read_at_revision(repo, rev, relpath)
         if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
             continue
         rows += compare(committed, json.loads(path.read_text(encoding="utf-8")), Path(relpath).stem, sd_factor, rel_tol,
@@ -147,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rev", default="HEAD", help="git revision holding the run to compare with (default HEAD)")
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="repository root (default: here)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another workspace whose metrics/ stand for the committed run (instead of --rev)")
     parser.add_argument("--sd-factor", type=float, default=3.0,
                         help="research headlines: tolerance in seed sds (default 3)")
     parser.add_argument("--rel-tol", type=float, default=0.02,
@@ -156,20 +212,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sd_factor <= 0 or args.rel_tol < 0 or args.floor < 0:
         parser.error("--sd-factor must be > 0, --rel-tol and --floor >= 0")
-    rows = verify(args.repo, args.rev, sd_factor=args.sd_factor, rel_tol=args.rel_tol, floor=args.floor)
+    rows = verify(args.repo, args.rev, sd_factor=args.sd_factor, rel_tol=args.rel_tol, floor=args.floor,
+                  against=args.against)
+    where = args.rev if args.against is None else str(args.against)
     if not rows:
-        print(f"verify: no metrics/<stage>.json both here and at {args.rev}", file=sys.stderr)
+        print(f"verify: no metrics/<stage>.json both here and at {where}", file=sys.stderr)
         return 2
     print(render(rows))
-    research = [r for r in rows if r.research]
+    claims = [r for r in rows if r.claim]
+    research = [r for r in rows if r.research and not r.claim]
     outside = [r for r in research if not r.within]
+    failed = [r for r in claims if not r.within]
     other = [r for r in rows if not r.research and not r.within]
-    print(f"\n{len(research) - len(outside)} of {len(research)} research headlines within their spread of {args.rev} "
-          f"({args.sd_factor:g} seed sd, at least {args.floor:.1%}); {len(rows) - len(research) - len(other)} of "
-          f"{len(rows) - len(research)} other figures within {args.rel_tol:.0%}.")
+    print(f"\n{len(claims) - len(failed)} of {len(claims)} claims agree with {where} in sign and interval; "
+          f"{len(research) - len(outside)} of {len(research)} research headlines within their spread "
+          f"({args.sd_factor:g} seed sd, at least {args.floor:.1%}); {len(rows) - len(research) - len(claims) - len(other)} "
+          f"of {len(rows) - len(research) - len(claims)} other figures within {args.rel_tol:.0%}.")
+    if failed:
+        print("CLAIMS FAILED: " + ", ".join(f"{r.figure} ({'sign flipped' if r.sign_flipped else 'intervals apart'})"
+                                           for r in failed))
     if outside:
         print("OUTSIDE: " + ", ".join(r.figure for r in outside))
-    return 1 if outside else 0
+    return 1 if outside or failed else 0
 
 
 if __name__ == "__main__":

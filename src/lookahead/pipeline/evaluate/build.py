@@ -39,11 +39,14 @@ from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.core.intervals import SE, claim_keys
 from lookahead.core.seeds import seed_summary, seeded_headline
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
 from lookahead.pipeline.evaluate.causality import causality_check
+from lookahead.pipeline.evaluate.claims import CLAIMS, best_of_k_claim, trained_claims
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
 from lookahead.pipeline.evaluate.rows import (
     RowSpec,
@@ -70,11 +73,16 @@ from lookahead.pipeline.evaluate.rows import (
 # Rows drawn at random, scored over `seeds` seeds: their NLLs are the mean over seeds (`<row>_nll`,
 # with `<row>_nll_sd`); the table keeps the first seed's rows
 SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads", "random_best_of_k")
-HEADLINE = seeded_headline(("dense_base_nll", "dense_control_nll", "static_control_nll", "phase1_hard_nll",
-                            "phase2_soft_nll", "phase2_hard_nll", "phase2_minus_control", "phase2_minus_static_control", "phase2_active_head_fraction", "phase2_active_edge_fraction",
-                            "static_pruning_nll", "random_heads_nll", "diffusion_sample_nll", "diffusion_best_of_k_nll",
-                            "random_best_of_k_nll", "attention_flops_over_dense", "causality_max_change"),
-                           [f"{name}_nll" for name in SEEDED_ROWS])
+# The trained LMs' NLLs and their claims (phase 2 − each control: mean over the paired seeds of the
+# stages' per-position NLLs on the scoring set) and the best-of-K claim carry intervals
+# (lookahead.pipeline.evaluate.claims); the other figures are the table's (the cache's val windows).
+HEADLINE = (*seeded_headline(("dense_base_nll", "dense_control_nll", "static_control_nll", "phase1_hard_nll",
+                              "phase2_hard_nll", "phase2_active_head_fraction", "static_pruning_nll",
+                              "diffusion_sample_nll", "diffusion_best_of_k_nll", "random_best_of_k_nll",
+                              "attention_flops_over_dense", "causality_max_change"),
+                             ["dense_control_nll", "static_control_nll", "phase2_hard_nll",
+                              *[f"{name}_nll" for name in SEEDED_ROWS]])[:-1],
+            *[key for claim in CLAIMS for key in claim_keys(claim) if not key.endswith(SE)], "seeds")
 
 @dataclasses.dataclass
 class Evaluation:
@@ -266,8 +274,12 @@ def add_timings(cfg: EvaluateConfig, timed: list[RowSpec], results: dict, cache:
 
 
 def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads_file, predictor_file, diffusion_dir,
-                   phase2_dir, control_dir, static_control_dir) -> Evaluation:
-    """Score every row, time the hard ones, check causality; raise :class:`EvaluateError` if it fails."""
+                   phase2_dir, control_dir, static_control_dir, scoring: ScoringConfig | None = None,
+                   scores: dict | None = None) -> Evaluation:
+    """Score every row, time the hard ones, check causality, judge the claims; raise
+    :class:`EvaluateError` if it fails. ``scores``: the per-position NLL files of ``phase2``,
+    ``control`` and ``static_control`` (:mod:`lookahead.artifacts.val_scores`); None: the claims
+    of phase 2 are left out."""
     from transformers import AutoTokenizer
 
     from lookahead.core.devices import resolve_device
@@ -289,7 +301,8 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     causality = check_causality(cfg, d, cache, geo, tokenizer, base_dir, device)
 
     specs = row_specs(cfg, d, importance, device)
-    results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device)
+    best = {}  # best-of rows' per-position NLLs, seed by seed: the best-of-K claim
+    results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device, per_token=best)
     fraction = results["phase2_hard"]["active_head_fraction"]
     if abs(d.static_fraction - fraction) > 1e-4:  # every comparison at equal active fraction
         raise EvaluateError(f"the static control was trained at active-head fraction {d.static_fraction:.4f} but the "
@@ -297,12 +310,14 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     diffusion_fraction = results["diffusion_sample"]["active_head_fraction"]
     baselines = baseline_specs(cfg, d, importance, fraction, cfg.seed, device)
     baselines.append(null_best_of_k(cfg, d, diffusion_fraction, cfg.seed, device))
-    results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device))
+    results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device, per_token=best))
     per_seed = [seeded_figures(results)]
+    best_per_seed = [best]
     for offset in tqdm(range(1, cfg.seeds), desc="evaluate seeds", unit="seed", disable=cfg.seeds <= 1):
+        best_per_seed.append({})
         per_seed.append(seeded_figures(score_rows(seeded_rows(cfg, d, fraction, cfg.seed + offset, device,
                                                               diffusion_fraction), cache, geo,
-                                                  rows, cfg.eval_batch_size, device)))
+                                                  rows, cfg.eval_batch_size, device, per_token=best_per_seed[-1])))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
     static_curve = static_pruning_curve(d.control, windows, importance, d.skip)
@@ -311,6 +326,17 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
 
     explainer = explainer_data(cfg, cache, geo, tokenizer, d.lm2, d.predictor2, d.phase2_hard, device)
     report = evaluate_report(results, per_seed, causality, static_curve, fraction, d.decoder, cfg, cache, rows, device)
+    scoring = scoring or ScoringConfig()
+    flat = [{k: torch.cat(v).numpy() for k, v in seed.items()} for seed in best_per_seed]
+    figures, claims = best_of_k_claim(scoring, cache.context_length, [f["diffusion_best_of_k"] for f in flat],
+                                      [f["random_best_of_k"] for f in flat])
+    if scores is not None:
+        trained, more = trained_claims(scoring, cache.context_length, scores["phase2"], scores["control"],
+                                       scores["static_control"])
+        figures.update(trained)
+        claims.update(more)
+    report.update(figures)
+    report["claims"] = claims
     s = d.shapes
     router = (d.predictor2 or d.predictor1).cfg
     info = {"context_length": cache.context_length, "encoder": cache.meta["encoder"], "context_dim": cache.dim,

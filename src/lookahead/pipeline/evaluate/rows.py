@@ -144,8 +144,9 @@ def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[i
 
 @torch.no_grad()
 def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: np.ndarray, batch_size: int,
-               device) -> dict[str, dict]:
-    """Every row's figures over the val windows ``rows``."""
+               device, per_token: dict[str, list] | None = None) -> dict[str, dict]:
+    """Every row's figures over the val windows ``rows``; ``per_token`` (when given) gets each
+    best-of row's per-position NLLs, batch by batch (flat tensors in window order)."""
     totals = {}  # in the specs' order, a best-of row right after its row: the table's order
     for spec in specs:
         totals[spec.name] = RowTotals(Shapes.of(spec.lm))
@@ -177,6 +178,8 @@ def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: 
                 gathered = {k: v.gather(0, pick.view(1, b, t, *([1] * (v.dim() - 3))).expand(1, *v.shape[1:]))[0]
                             for k, v in chosen.items()}
                 totals[spec.best_of].add(nll.min(0).values, gathered)
+                if per_token is not None:
+                    per_token.setdefault(spec.best_of, []).append(nll.min(0).values.flatten().cpu())
     return {name: tot.row() for name, tot in totals.items()}
 
 

@@ -16,6 +16,14 @@ closed-form L0 penalty of hard-concrete gates, and a noise temperature annealed 
 router routes per token is measured, not assumed: ``dynamic_fraction`` and ``gate_entropy_bits``
 of its hard gates, ``context_shuffle_dnll`` (its router inputs permuted across val positions) and
 ``static_twin_gap`` (the same router trained on zeroed inputs, ``phase1.static_twin``).
+
+Two val sets (DESIGN §12): the periodic evaluation (the curves, the oracle, random heads, the context
+shuffle and the static twin) scores the context cache's val windows; the final dense, hard and
+static-pruning NLLs — the claim "the router beats static pruning" — score the ``scoring`` windows
+(:mod:`lookahead.artifacts.val_scores`, 32 k positions at the default) through the execution plan,
+every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors``: the claim
+``router_minus_static_pruning`` carries a 95 % interval over those positions and the seeds
+(:mod:`lookahead.core.intervals`).
 """
 
 from __future__ import annotations
@@ -30,13 +38,16 @@ import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, save_scores, scoring_windows
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import require
+from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
 from lookahead.core.seeds import final_evaluation_only, other_seeds, seeded_headline, with_spread
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
-from lookahead.graph.nodes import n_edges
+from lookahead.graph.nodes import n_edges, static_topology
 from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.plan import execute
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
 from lookahead.graph.router_inputs import input_dim, router_context
 from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
@@ -342,6 +353,59 @@ class Phase1Module:
         return metrics
 
 
+@dataclasses.dataclass
+class ScoringSet:
+    """The val windows the final figures score (``scoring``), in batches with the router's cached
+    contexts where it reads them (``predictor.input: cache`` scores the cache's val windows: the
+    scoring windows have no encodings), and what does not depend on the seed, computed once."""
+
+    cfg: ScoringConfig
+    batches: list[tuple[torch.Tensor, torch.Tensor | None]]
+    window: int
+    """Positions per window (the bootstrap's block)."""
+    shared: dict = dataclasses.field(default_factory=dict)
+    """``dense`` and (``static``, K) → per-position NLLs (P,) of the frozen LM."""
+
+
+def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, predictor_cfg: PredictorConfig,
+                device) -> ScoringSet:
+    """The scoring windows in batches (or, for a router that reads the cache, the cache's val windows)."""
+    if predictor_cfg.input == "cache":
+        rows = np.arange(len(cache.windows("val")))
+        out = [tuple(x.to(device) for x in cache.batch("val", rows[i : i + cfg.batch_size]))
+               for i in range(0, len(rows), cfg.batch_size)]
+        return ScoringSet(cfg, out, cache.context_length)
+    return ScoringSet(cfg, [(w, None) for w in batches(windows, cfg.batch_size, device)], windows.shape[1] - 1)
+
+
+@torch.no_grad()
+def score_final(module: Phase1Module, model, scoring: ScoringSet) -> dict[str, np.ndarray]:
+    """Per-position NLLs (P,) on the scoring set: the frozen LM dense, under the router's hard
+    topologies and under static pruning at the router's head count (both through the execution
+    plan, which skips the off heads' work), and the router's active-head fraction there."""
+    lm, skip = module.lm, module.skip
+    hard, kept = [], []
+    with eval_mode(model):
+        for windows, contexts in scoring.batches:
+            ids = windows[:, :-1]
+            context, geo = module.inputs(ids, contexts)
+            adjacency, gates = model(context, geo, tau=module.tau_now, hard=True)
+            hard.append(token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:]).flatten())
+            kept.append(gates[..., 1:].mean(-1).flatten())
+    fraction = torch.cat(kept).double().mean().item()
+    keep = round(fraction * module.n_layers * module.n_heads)
+    if "dense" not in scoring.shared:
+        scoring.shared["dense"] = torch.cat([token_nll(lm(input_ids=w[:, :-1]).logits, w[:, 1:]).flatten()
+                                             for w, _ in scoring.batches]).numpy()
+    if ("static", keep) not in scoring.shared:
+        adjacency, gates = (x.to(module.device) for x in static_topology(
+            module.importance, keep / (module.n_layers * module.n_heads), skip))
+        scoring.shared["static", keep] = torch.cat([token_nll(execute(lm, w[:, :-1], adjacency, gates, skip), w[:, 1:])
+                                                    .flatten() for w, _ in scoring.batches]).numpy()
+    return {"dense": scoring.shared["dense"], "hard": torch.cat(hard).numpy(),
+            "static": scoring.shared["static", keep], "active_head_fraction": fraction}
+
+
 def distill_loss(z: torch.Tensor, kl: torch.Tensor, keep: float, n_layers: int) -> torch.Tensor:
     """BCE of keep logits z (…, L·H), centred on their own top-K threshold, against the oracle's
     top-K heads by leave-one-out KL (…, L·H), K = round(keep · L·H)."""
@@ -363,11 +427,14 @@ def capture(static: float, router: float, oracle: float | None) -> float | None:
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
 SEEDED = ("hard_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase", "oracle_capture",
           "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
-HEADLINE = seeded_headline(("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
-                            "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "oracle_nll",
-                            "hard_nll_increase", "static_pruning_nll_increase", "increase_over_static_increase",
-                            "oracle_capture", "dynamic_fraction", "gate_entropy_bits", "context_shuffle_dnll",
-                            "static_twin_gap"), SEEDED)
+# dense_nll, hard_nll and static pruning (and the claim, with its interval) score the scoring set;
+# the rest, the cache's val windows (the module docstring); soft_nll, active_edge_fraction and
+# gate_entropy_bits stay in the report
+HEADLINE = (*seeded_headline(("dense_nll", "hard_nll", "active_head_fraction", "below_dense_fraction",
+                              "static_pruning_nll", "random_heads_nll", "oracle_nll", "hard_nll_increase",
+                              "static_pruning_nll_increase", "increase_over_static_increase", "oracle_capture",
+                              "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap"), SEEDED)[:-1],
+            *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
 
 
 def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, lm, importance) -> StructurePredictor:
@@ -381,10 +448,13 @@ def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, l
 
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
-                 oracle_targets: dict | None = None) -> tuple[dict, TrainResult, Phase1Module]:
+                 oracle_targets: dict | None = None, scoring: ScoringSet | None = None
+                 ) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
     ``oracle_targets``: the distillation targets by train window, shared between runs of the same
-    inputs (the stage's seeds); filled as they are computed."""
+    inputs (the stage's seeds); filled as they are computed. ``scoring``: the val set the final
+    dense, hard and static-pruning NLLs score (their per-position values in ``token_nll``); None:
+    the cache's val windows, as the periodic evaluation."""
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
@@ -415,16 +485,25 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     ckpt = checkpoint_dir(checkpoint_root, "phase1", config, files, [cache.fingerprint()])
     result = train(module, cfg.train, stage="phase1", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **initial})
+    final = module.last_eval
+    scored = score_final(module, module.model, scoring) if scoring is not None else None
     predictor = module.model.cpu()
     save_predictor(predictor, out_file, extra={"phase1": to_dict(cfg), "encoder": cache.meta["encoder"],
                                                "runtime": to_dict(runtime_cfg)})
-    final = module.last_eval
     metrics = {k: final[k] for k in ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction",
                                      "active_edge_fraction", "below_dense_fraction", "static_pruning_nll",
                                      "random_heads_nll", "oracle_nll", "oracle_capture", "dynamic_fraction",
                                      "gate_entropy_bits", "context_shuffle_dnll")}
-    increase = final["hard_nll"] - final["dense_nll"]
-    static_increase = final["static_pruning_nll"] - final["dense_nll"]
+    metrics["cache_val"] = {k: final[k] for k in ("dense_nll", "hard_nll", "static_pruning_nll", "active_head_fraction")}
+    metrics["scored_positions"] = len(module.val_rows) * module.cache.context_length
+    if scored is not None:  # the final figures on the scoring set
+        metrics.update({"dense_nll": float(scored["dense"].mean()), "hard_nll": float(scored["hard"].mean()),
+                        "static_pruning_nll": float(scored["static"].mean()),
+                        "router_minus_static_pruning": float((scored["hard"] - scored["static"]).mean()),
+                        "scored_positions": len(scored["hard"]), "scored_active_head_fraction": scored["active_head_fraction"],
+                        "token_nll": {k: scored[k] for k in ("dense", "hard", "static")}})
+    increase = metrics["hard_nll"] - metrics["dense_nll"]
+    static_increase = metrics["static_pruning_nll"] - metrics["dense_nll"]
     metrics.update({
         "hard_nll_increase": increase,
         "static_pruning_nll_increase": static_increase,
@@ -467,14 +546,35 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
 
 
 def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
-                       out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None
+                       out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
+                       scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None
                        ) -> tuple[dict, TrainResult, Phase1Module]:
     """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
-    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
+    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
+    With ``scoring_cfg``: the final figures score its windows of ``tokens_dir``'s val stream, every
+    seed's per-position NLLs go to ``scores_file``
+    (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense``, ``static`` (P,), ``hard``
+    (seeds, P)) and the claim ``router_minus_static_pruning`` gets its interval."""
     targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
+    scoring = None
+    if scoring_cfg is not None:
+        cache = ContextCache(contexts_dir)
+        scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
+                              predictor_cfg, resolve_device(cfg.train.device, "phase1.train.device"))
     metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker, runtime_cfg, targets)
+                                           checkpoint_root, tracker, runtime_cfg, targets, scoring)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
         c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets)[0], "phase1")
-    return with_spread(metrics, others, SEEDED), result, module
+        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring)[0], "phase1")
+    tokens = [run.pop("token_nll", None) for run in (metrics, *others)]
+    out = with_spread(metrics, others, SEEDED)
+    if scoring is not None:
+        scores = {"dense": tokens[0]["dense"], "static": tokens[0]["static"],
+                  "hard": np.stack([t["hard"] for t in tokens])}  # (seeds, P): seed i's router
+        if scores_file is not None:
+            save_scores(scores_file, scores)
+        interval = paired_interval(paired(scores["hard"], scores["static"], "router − static pruning"), scoring.window,
+                                   scoring.cfg.resamples, scoring.cfg.confidence, scoring.cfg.seed)
+        out.update(claim_figures("router_minus_static_pruning", interval))
+        out["router_minus_static_pruning_interval"] = interval
+    return out, result, module

@@ -41,17 +41,20 @@ from torch.nn.utils import parametrize
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
 from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.graph.plan import execute
 from lookahead.graph.predictor import budget_terms
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import forward_with_topology, recorded_skip
 from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, load_train_stream, routed_loss, save_lm
-from lookahead.pipeline.phase2.common import step_tokens, step_windows, teacher_lm, val_batches, val_rows, windows_loss
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
+from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
+from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
@@ -221,19 +224,45 @@ class Phase2Module:
         return metrics
 
 
-# metrics/phase2.json (lookahead.core.report)
-# and their spread over training seeds (lookahead.core.seeds)
+    @torch.no_grad()
+    def score(self, model, batches: list) -> dict[str, np.ndarray]:
+        """Per-position NLLs (P,) of the trained LM on the final val set ``batches``
+        (:func:`lookahead.pipeline.phase2.common.final_batches`): dense, and under its decoder's hard
+        topologies through the execution plan; and the mean active-head fraction there."""
+        dense, hard, heads = [], [], []
+        with eval_mode(model):
+            generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
+            for windows, contexts in batches:
+                ids, targets = windows[:, :-1], windows[:, 1:]
+                dense.append(token_nll(model.lm(input_ids=ids).logits, targets).flatten())
+                if self.denoiser is not None:
+                    adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
+                else:
+                    geo = self.geo(ids) if self.geo_used else None
+                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
+                hard.append(token_nll(execute(model.lm, ids, adjacency, gates, model.skip), targets).flatten())
+                heads.append(gates[..., 1:].mean(-1).flatten())
+        return {"dense": torch.cat(dense).cpu().numpy(), "hard": torch.cat(hard).cpu().numpy(),
+                "active_head_fraction": torch.cat(heads).double().mean().item()}
+
+
+# metrics/phase2.json (lookahead.core.report) and their spread over training seeds
+# (lookahead.core.seeds); dense_nll and hard_nll score the
+# final val set (scored_positions), the start_ figures and soft_nll (in the report) the cache's val windows
 SEEDED = ("dense_nll", "hard_nll", "soft_nll", "active_head_fraction")
-HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "soft_nll", "active_head_fraction",
-                            "start_active_head_fraction", "train_steps", "train_tokens", "passes_over_cache",
-                            "passes_over_stream"), SEEDED)
+HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "active_head_fraction",
+                            "start_active_head_fraction", "scored_positions", "train_steps", "train_tokens",
+                            "passes_over_cache", "passes_over_stream"), SEEDED)
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
-                 checkpoint_root=None, tracker=None, heads_file=None) -> tuple[dict, TrainResult]:
+                 checkpoint_root=None, tracker=None, heads_file=None, scoring: ScoringConfig | None = None
+                 ) -> tuple[dict, TrainResult]:
     """Train the phase-2 LM with its decoder; write the LM (and the predictor) to ``out_dir``;
     return the report and the training result. ``heads_file``: the probe's head importance
-    (``shared_heads`` picks the most important)."""
+    (``shared_heads`` picks the most important). ``scoring``: the final figures' val set
+    (:func:`lookahead.pipeline.phase2.common.final_batches`; None: the default one); the report's
+    ``token_nll`` holds its per-position NLLs."""
     from lookahead.core.atomic import atomic_dir
     from lookahead.graph.denoiser import load_denoiser, sampling_settings
     from lookahead.graph.predictor import load_init, load_predictor, save_predictor
@@ -283,6 +312,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     result = train(module, cfg.train, stage="phase2", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
     final = module.last_eval
+    scored = module.score(module.model, final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device))
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
               "encoder": cache.meta["encoder"], "skip": recorded_skip(meta),
               "active_head_fraction": final["active_head_fraction"]}  # what the static control prunes to
@@ -299,11 +329,15 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "base_val_nll": start["dense_nll"],
         "start_hard_nll": start["hard_nll"],
         "start_active_head_fraction": start["active_head_fraction"],
-        "dense_nll": final["dense_nll"],
-        "hard_nll": final["hard_nll"],
+        "dense_nll": float(scored["dense"].mean()),
+        "hard_nll": float(scored["hard"].mean()),
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
+        "scored_positions": len(scored["hard"]),
+        "scored_active_head_fraction": scored["active_head_fraction"],
+        "cache_val": {k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
+        "token_nll": {"dense": scored["dense"], "hard": scored["hard"]},
     }
     return report, result
 
@@ -320,14 +354,18 @@ def share_heads(predictor, count: int, heads_file, predictor_file) -> None:
 
 
 def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                       out_dir, checkpoint_root=None, tracker=None, heads_file=None) -> tuple[dict, TrainResult]:
+                       out_dir, checkpoint_root=None, tracker=None, heads_file=None,
+                       scoring: ScoringConfig | None = None, scores_file=None) -> tuple[dict, TrainResult]:
     """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds (their LMs
-    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
+    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds);
+    every seed's per-position NLLs on the final val set, ``dense`` and ``hard`` (seeds, P), go to
+    ``scores_file``."""
     report, result = build_phase2(cfg, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                                  out_dir, checkpoint_root, tracker, heads_file)
+                                  out_dir, checkpoint_root, tracker, heads_file, scoring)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase2(
         c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, scratch / "phase2",
-        checkpoint_root, heads_file=heads_file)[0], "phase2")
+        checkpoint_root, heads_file=heads_file, scoring=scoring)[0], "phase2")
+    save_seed_scores(scores_file, [report, *others])
     return with_spread(report, others, SEEDED), result
 
 

@@ -21,14 +21,17 @@ from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
 from lookahead.graph.nodes import static_gates, static_topology
+from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, load_train_stream, routed_loss, save_lm
-from lookahead.pipeline.phase2.common import step_tokens, step_windows, teacher_lm, val_batches, val_rows, windows_loss
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
+from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
+from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
@@ -140,6 +143,22 @@ class ControlModule:
             self.last_eval["hard_nll"] = totals.mean("hard")
         return self.last_eval
 
+    @torch.no_grad()
+    def score(self, model, batches: list) -> dict[str, np.ndarray]:
+        """Per-position NLLs (P,) of the trained LM on the final val set ``batches``
+        (:func:`lookahead.pipeline.phase2.common.final_batches`): ``dense`` and, for the static
+        control, ``hard`` under its mask (through the execution plan)."""
+        out: dict[str, list] = {"dense": [], "hard": []} if self.static else {"dense": []}
+        with eval_mode(model):
+            lm = model.lm if self.static else model
+            for windows, _ in batches:
+                ids, targets = windows[:, :-1], windows[:, 1:]
+                out["dense"].append(token_nll(lm(input_ids=ids).logits, targets).flatten())
+                if self.static:
+                    adjacency, gates = model.adjacency, model.gates
+                    out["hard"].append(token_nll(execute(lm, ids, adjacency, gates, self.mask.skip), targets).flatten())
+        return {k: torch.cat(v).cpu().numpy() for k, v in out.items()}
+
 
 def control_config(cfg: Phase2Config, mask: StaticMask | None = None) -> dict:
     """The keys of ``phase2`` a control reads (dvc.yaml lists the same), and the static control's mask."""
@@ -153,17 +172,21 @@ def control_config(cfg: Phase2Config, mask: StaticMask | None = None) -> dict:
 # metrics/control.json and metrics/static_control.json (lookahead.core.report)
 DATA_KEYS = ("train_steps", "train_tokens", "passes_over_cache", "passes_over_stream")
 CONTROL_SEEDED = ("val_nll",)
-CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", *DATA_KEYS), CONTROL_SEEDED)
+# val_nll and dense_nll score the final val set (scored_positions); base_val_nll and start_val_nll the
+# cache's val windows (the periodic evaluation's, like phase 2's start_ figures)
+CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "scored_positions", *DATA_KEYS), CONTROL_SEEDED)
 STATIC_SEEDED = ("val_nll", "dense_nll")
-STATIC_HEADLINE = seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", *DATA_KEYS),
-                                  STATIC_SEEDED)
+STATIC_HEADLINE = seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", "scored_positions",
+                                   *DATA_KEYS), STATIC_SEEDED)
 
 
 def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                  tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult]:
+                  tracker=None, mask: StaticMask | None = None, scoring: ScoringConfig | None = None
+                  ) -> tuple[dict, TrainResult]:
     """A control of phase 2: the base LM trained with phase 2's optimiser and schedule on the same
     windows in the same order, dense or (``mask``) under static pruning. Writes the LM to
-    ``out_dir``; returns the report and the training result."""
+    ``out_dir``; returns the report (``token_nll``: per-position NLLs on the final val set, as
+    phase 2's) and the training result."""
     from lookahead.core.atomic import atomic_dir
 
     cache = ContextCache(contexts_dir)
@@ -182,25 +205,31 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     start = module.evaluate(module.model)
     result = train(module, cfg.train, stage=stage, checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
-    final = module.last_eval
+    scored = module.score(module.model, final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device))
     lm = module.model.lm if mask is not None else module.model
     with atomic_dir(out_dir) as tmp:
         save_lm(lm.cpu(), base_dir, tmp, {stage: config})
     data = data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0)
+    final = {k: float(v.mean()) for k, v in scored.items()}
     if mask is None:
-        report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense_nll"]}
+        report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense"]}
     else:
         heads = config["mask"]["heads"]  # StaticMask.config's, listed once
-        report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard_nll"], "dense_nll": final["dense_nll"],
+        report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard"], "dense_nll": final["dense"],
                   "active_head_fraction": len(heads) / mask.importance.numel(), "heads": heads, "skip": mask.skip}
-    return {**report, **data}, result
+    return {**report, **data, "scored_positions": len(scored["dense"]), "cache_val": module.last_eval,
+            "token_nll": scored}, result
 
 
 def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                        tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult]:
-    """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`."""
-    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker, mask)
+                        tracker=None, mask: StaticMask | None = None, scoring: ScoringConfig | None = None,
+                        scores_file=None) -> tuple[dict, TrainResult]:
+    """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`
+    (every seed's per-position NLLs to ``scores_file``)."""
+    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker, mask,
+                                   scoring)
     stage = "control" if mask is None else "static_control"
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_control(
-        c, base_dir, tokens_dir, contexts_dir, scratch / stage, checkpoint_root, mask=mask)[0], stage)
+        c, base_dir, tokens_dir, contexts_dir, scratch / stage, checkpoint_root, mask=mask, scoring=scoring)[0], stage)
+    save_seed_scores(scores_file, [report, *others])
     return with_spread(report, others, CONTROL_SEEDED if mask is None else STATIC_SEEDED), result

@@ -1,0 +1,56 @@
+"""The research claims evaluate judges, each a paired difference with its interval (DESIGN §12).
+
+- ``phase2_minus_control``, ``phase2_minus_static_control``: the phase-2 LM under its router minus
+  the dense control, and minus the static control under its mask — seed i of phase 2 paired with
+  seed i of each control (the same training windows), on the same val positions: the per-position
+  NLLs phase 2 and both controls wrote for every seed on the scoring set
+  (:mod:`lookahead.artifacts.val_scores`);
+- ``diffusion_best_of_k_minus_null``: the diffusion head's best-of-K minus the best of K random head
+  sets at the same fraction (its null), seed by seed of evaluate's draws, on the context cache's val
+  windows (the diffusion head reads their encodings).
+
+Each claim's figure is the mean difference over seeds and positions (negative: the first model has
+the lower NLL), with ``_sd`` over seeds, ``_se`` and the 95 % interval ``_ci_low`` … ``_ci_high``
+(:func:`lookahead.core.intervals.paired_interval`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lookahead.artifacts.val_scores import ScoringConfig, load_scores, paired
+from lookahead.core.intervals import claim_figures, paired_interval
+
+CLAIMS = ("phase2_minus_control", "phase2_minus_static_control", "diffusion_best_of_k_minus_null")
+
+
+def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_scores,
+                   static_scores) -> tuple[dict, dict]:
+    """(headline figures, report) of phase 2 against both controls from the stages' score files: the
+    three LMs' mean NLLs over seeds (``phase2_hard_nll``, ``dense_control_nll``, ``static_control_nll``,
+    each with ``_sd``) and the two claims."""
+    phase2, control, static = (load_scores(Path(p)) for p in (phase2_scores, control_scores, static_scores))
+    figures, report = {}, {}
+    for name, scores in (("phase2_hard_nll", phase2["hard"]), ("dense_control_nll", control["dense"]),
+                         ("static_control_nll", static["hard"])):
+        per_seed = scores.mean(1)
+        figures[name], figures[f"{name}_sd"] = float(per_seed.mean()), float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0
+    for name, diffs in (("phase2_minus_control", paired(phase2["hard"], control["dense"], "phase 2 − control")),
+                        ("phase2_minus_static_control", paired(phase2["hard"], static["hard"],
+                                                               "phase 2 − static control"))):
+        interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
+        figures.update(claim_figures(name, interval))
+        report[name] = {**interval, "per_seed": diffs.mean(1).tolist()}
+    figures["scored_positions"] = int(phase2["hard"].shape[1])
+    return figures, report
+
+
+def best_of_k_claim(scoring: ScoringConfig, window: int, best: list[np.ndarray], null: list[np.ndarray]) -> tuple[dict, dict]:
+    """(headline figures, report) of the diffusion best-of-K against its null: per-position NLLs of
+    both best-of rows, one array (P,) per evaluate seed."""
+    diffs = np.stack(best) - np.stack(null)
+    interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
+    return (claim_figures("diffusion_best_of_k_minus_null", interval),
+            {"diffusion_best_of_k_minus_null": {**interval, "per_seed": diffs.mean(1).tolist()}})

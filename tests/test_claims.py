@@ -1,0 +1,130 @@
+"""Claims that survive another machine (DESIGN §12): paired intervals, the scoring set, the
+base's one-ulp init perturbation and the replicate's helpers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from lookahead.artifacts.val_scores import ScoresError, ScoringConfig, load_scores, paired, save_scores, scoring_windows
+from lookahead.core.config import from_dict
+from lookahead.core.errors import ConfigError
+from lookahead.core.intervals import claim_figures, paired_interval
+from lookahead.pipeline.base import BaseConfig, perturb_ulp
+from lookahead.tools.replicate import downstream_stages, set_perturbation
+
+
+def test_one_seed_of_independent_windows_gives_the_normal_interval_of_a_mean():
+    # i.i.d. window means: the block bootstrap's se is the closed form sd / sqrt(W) within sampling error
+    rng = np.random.default_rng(0)
+    window, n = 8, 400
+    diffs = np.repeat(rng.normal(0.05, 0.4, n), window)  # constant within a window: fully correlated blocks
+    out = paired_interval(diffs, window, resamples=4000)
+    closed = diffs.reshape(-1, window).mean(1).std(ddof=1) / math.sqrt(n)
+    assert out["mean"] == pytest.approx(diffs.mean()) and out["seeds"] == 1 and out["sd"] == 0.0
+    assert out["token_se"] == pytest.approx(closed, rel=0.05) and out["se"] == out["token_se"]
+    # the per-token se pretends the 8 copies are independent: sqrt(8) too small
+    assert out["naive_token_se"] == pytest.approx(closed / math.sqrt(window), rel=0.05)
+    assert out["ci_high"] - out["mean"] == pytest.approx(1.959964 * out["se"]) and out["ci_low"] < out["mean"]
+
+
+def test_the_seeds_add_their_spread_to_the_interval():
+    window = 4
+    base = np.random.default_rng(1).normal(0.0, 0.1, 64)
+    diffs = np.stack([base + shift for shift in (0.01, 0.02, 0.06)])  # the seeds shift every position alike
+    out = paired_interval(diffs, window, resamples=1000)
+    per_seed = diffs.mean(1)
+    assert out["sd"] == pytest.approx(per_seed.std(ddof=1)) and out["mean"] == pytest.approx(per_seed.mean())
+    tokens_only = paired_interval(diffs.mean(0), window, resamples=1000)["token_se"]
+    assert out["token_se"] == pytest.approx(tokens_only)  # the bootstrap resamples the seed-averaged windows
+    assert out["se"] == pytest.approx(math.sqrt(tokens_only ** 2 + out["sd"] ** 2 / 3))
+    assert paired_interval(diffs, window, resamples=1000) == out  # seeded: the same interval every time
+    figures = claim_figures("gap", out)
+    assert figures == {"gap": out["mean"], "gap_sd": out["sd"], "gap_se": out["se"], "gap_ci_low": out["ci_low"],
+                       "gap_ci_high": out["ci_high"]}
+
+
+def test_an_interval_refuses_ragged_or_diverged_differences():
+    with pytest.raises(ValueError, match="multiple of the window"):
+        paired_interval(np.zeros(10), 4)
+    with pytest.raises(ValueError, match="NaN"):
+        paired_interval(np.array([0.0, np.nan, 0.0, 0.0]), 2)
+
+
+def test_scores_pair_seed_by_seed_position_by_position(tmp_path):
+    a, b = np.arange(12.0).reshape(3, 4), np.ones(4)
+    save_scores(tmp_path / "s.safetensors", {"a": a, "b": b})
+    loaded = load_scores(tmp_path / "s.safetensors")
+    np.testing.assert_array_equal(paired(loaded["a"], loaded["b"], "a − b"), a - 1)  # one deterministic b
+    with pytest.raises(ScoresError, match="do not pair"):
+        paired(a, np.ones((2, 4)), "a − b")
+    with pytest.raises(ScoresError, match="do not pair"):
+        paired(a, np.ones(5), "a − b")
+    with pytest.raises(ScoresError, match="rerun `dvc repro`"):
+        load_scores(tmp_path / "missing.safetensors")
+
+
+def test_scoring_windows_are_a_seeded_choice_of_non_overlapping_val_windows(tmp_path):
+    stream = np.arange(1000, dtype=np.int32) % 997
+    np.save(tmp_path / "val.npy", stream)
+    cfg = ScoringConfig(windows=20, seed=3)
+    windows = scoring_windows(tmp_path, cfg, context_length=9)  # windows of 10 tokens, every 9: 111 of them
+    assert windows.shape == (20, 10) and windows.dtype == torch.int64
+    starts = windows[:, 0].numpy()
+    assert (np.diff(starts) >= 9).all() and (starts % 9 == 0).all()  # in stream order, no target scored twice
+    assert all(np.array_equal(w.numpy(), stream[s : s + 10]) for w, s in zip(windows, starts))
+    assert torch.equal(windows, scoring_windows(tmp_path, cfg, 9))
+    assert not torch.equal(windows, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=4), 9))
+    with pytest.raises(ConfigError, match="scoring.windows.*only 111"):
+        scoring_windows(tmp_path, ScoringConfig(windows=112), 9)
+
+
+def test_the_init_perturbation_moves_a_seeded_share_by_exactly_one_ulp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 100))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moved = perturb_ulp(model, 1e-3, seed=5)
+    changed = 0
+    for name, value in model.state_dict().items():
+        old, diff = before[name], value != before[name]
+        up = torch.nextafter(old, torch.full_like(old, math.inf))
+        down = torch.nextafter(old, torch.full_like(old, -math.inf))
+        assert ((value == up) | (value == down))[diff].all(), name  # one ulp, either way
+        changed += int(diff.sum())
+    total = sum(v.numel() for v in before.values())
+    assert changed == moved and abs(moved - 1e-3 * total) < 4 * math.sqrt(1e-3 * total)  # ~80 of 80 300
+    again = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 100))
+    again.load_state_dict(before)
+    assert perturb_ulp(again, 1e-3, seed=5) == moved
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())  # seeded
+    state = torch.random.get_rng_state()
+    assert perturb_ulp(again, 0.0, seed=5) == 0 and torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())  # 0: untouched
+    with pytest.raises(ConfigError, match="init_perturbation"):
+        from_dict(BaseConfig, {"init_perturbation": 1.0})
+
+
+def test_the_replicate_sets_only_the_base_perturbation(repo_root):
+    text = (repo_root / "params.yaml").read_text()
+    changed = set_perturbation(text, 1e-4)
+    old, new = yaml.safe_load(text), yaml.safe_load(changed)
+    assert new["base"]["init_perturbation"] == 1e-4 and old["base"]["init_perturbation"] == 0.0
+    new["base"]["init_perturbation"] = 0.0
+    assert new == old and changed.count("\n") == text.count("\n")  # comments and layout kept
+
+
+def test_the_replicate_reruns_what_the_base_feeds():
+    lock = {"stages": {
+        "tokenizer": {"deps": [{"path": "data/corpus"}], "outs": [{"path": "models/tokenizer"}]},
+        "base": {"deps": [{"path": "models/tokenizer"}], "outs": [{"path": "models/base"}, {"path": "metrics/base.json"}]},
+        "wordnet": {"deps": [{"path": "models/tokenizer"}], "outs": [{"path": "data/wordnet"}]},
+        "probe": {"deps": [{"path": "models/base"}, {"path": "data/wordnet"}], "outs": [{"path": "data/probe"}]},
+        "init": {"deps": [{"path": "data/probe/heads.safetensors"}], "outs": [{"path": "models/init"}]},
+        "contexts": {"deps": [{"path": "data/corpus"}], "outs": [{"path": "data/contexts"}]},
+        "basement": {"deps": [{"path": "models/based"}], "outs": [{"path": "x"}]},  # a prefix is not a path
+    }}
+    assert downstream_stages(lock) == {"base", "probe", "init"}
