@@ -4,6 +4,7 @@ base's one-ulp init perturbation and the replicate's helpers."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -115,6 +116,7 @@ def test_the_replicate_sets_only_the_base_perturbation(repo_root):
     assert new["base"]["init_perturbation"] == 1e-4 and old["base"]["init_perturbation"] == 0.0
     new["base"]["init_perturbation"] = 0.0
     assert new == old and changed.count("\n") == text.count("\n")  # comments and layout kept
+    assert yaml.safe_load(set_perturbation(text, 1e-7))["base"]["init_perturbation"] == 1e-7  # a float, not "1e-07"
 
 
 def test_the_replicate_reruns_what_the_base_feeds():
@@ -128,3 +130,89 @@ def test_the_replicate_reruns_what_the_base_feeds():
         "basement": {"deps": [{"path": "models/based"}], "outs": [{"path": "x"}]},  # a prefix is not a path
     }}
     assert downstream_stages(lock) == {"base", "probe", "init"}
+
+
+TOY_DVC = """stages:
+  corpus:
+    cmd: {py} -c "import random; open('data/corpus.txt', 'w').write(str(random.random()))"
+    deps:
+      - seed.txt
+    outs:
+      - data/corpus.txt
+  base:
+    cmd: {py} make_base.py
+    deps:
+      - data/corpus.txt
+      - make_base.py
+    params:
+      - base
+    outs:
+      - data/base.txt
+    metrics:
+      - metrics/base.json:
+          cache: false
+  evaluate:
+    cmd: {py} make_evaluate.py
+    deps:
+      - data/base.txt
+      - data/corpus.txt
+      - make_evaluate.py
+    metrics:
+      - metrics/evaluate.json:
+          cache: false
+"""
+TOY_BASE = """import json, yaml
+p = yaml.safe_load(open("params.yaml"))["base"]["init_perturbation"]
+open("data/base.txt", "w").write(str(p))
+json.dump({"val_nll": 4.0 + p}, open("metrics/base.json", "w"))
+"""
+# the claim moves with the perturbation: -0.009 at 0, +0.091 at 1e-4 (its sign flips)
+TOY_EVALUATE = """import json
+p, corpus = float(open("data/base.txt").read()), float(open("data/corpus.txt").read())
+gap = -0.009 + 1000 * p
+json.dump({"corpus": corpus, "gap": gap, "gap_sd": 0.001, "gap_ci_low": gap - 0.003, "gap_ci_high": gap + 0.003},
+          open("metrics/evaluate.json", "w"))
+"""
+
+
+@pytest.mark.slow
+def test_the_replicate_reruns_from_the_base_in_a_scratch_copy_and_judges_every_claim(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from lookahead.tools.replicate import main as replicate_main
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "metrics").mkdir()
+    (repo / "dvc.yaml").write_text(TOY_DVC.format(py=sys.executable))
+    (repo / "seed.txt").write_text("0\n")
+    (repo / "make_base.py").write_text(TOY_BASE)
+    (repo / "make_evaluate.py").write_text(TOY_EVALUATE)
+    (repo / "params.yaml").write_text("base:\n  eval_tokens: 10\n  init_perturbation: 0.0  # a comment\n  arch:\n    n: 1\n")
+    git = ["git", "-c", "user.email=t@e", "-c", "user.name=t"]
+    dvc = [sys.executable, "-m", "dvc"]
+    for cmd in (["git", "init", "-q"], [*dvc, "init", "-q"], [*dvc, "repro", "-q"], ["git", "add", "-A"],
+                [*git, "commit", "-qm", "run"]):
+        subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
+    def files():  # the workspace, less git's and DVC's own state (`dvc status` takes DVC's lock)
+        return {p: p.read_bytes() for p in repo.rglob("*")
+                if p.is_file() and ".git" not in p.parts and "tmp" not in p.relative_to(repo).parts[:2]}
+
+    before = files()
+    scratch = tmp_path / "scratch"
+    report = tmp_path / "replicate.md"
+    code = replicate_main(["--repo", str(repo), "--workdir", str(scratch), "--report", str(report)])
+    out = capsys.readouterr().out
+    assert code == 1  # the toy's claim flips its sign in the replicate
+    assert "SIGN FLIPPED" in out and "claims agreeing in sign and interval: 0 of 1 (failed: evaluate.gap)" in out
+    assert "the stages base, evaluate rerun with `base.init_perturbation: 0.0001`" in out
+    assert out == report.read_text() + "\n"  # the report is the table printed
+    assert not scratch.exists()  # removed at the end
+    assert files() == before  # nothing in the workspace written
+    # the corpus was copied, not rerun (its random draw is the same); the claim was judged by its interval
+    assert "evaluate.corpus" in out and re.search(r"evaluate\.corpus\s+(\S+)\s+\1\s+0\s", out)
+    # an incomplete run is refused before any work
+    (repo / "make_evaluate.py").write_text(TOY_EVALUATE + "\n")
+    assert replicate_main(["--repo", str(repo)]) == 2
+    assert "run `dvc repro` first" in capsys.readouterr().err

@@ -14,7 +14,8 @@ their intervals: sign and overlap; research headlines by their seed spread), and
 
 The workspace must hold a complete run (``dvc status`` clean). The scratch copy is the working
 tree's files (``git ls-files``: committed or not, ignored ones left out), the outputs of the stages
-upstream of the base copied from the workspace, its own DVC cache, checkpoints and MLflow store;
+upstream of the base copied from the workspace (and committed to the copy's own DVC cache, so that
+DVC does not rerun them), its own checkpoints and MLflow store;
 ``dvc repro --no-commit`` runs there, and the copy is removed at the end (``--keep``: kept). Nothing
 in the workspace is written, except the ``--report`` file where one is asked for.
 """
@@ -38,6 +39,9 @@ PERTURBATION = 1e-4
 FIRST_STAGE = "base"
 # what the emulation must move as much as another machine does (issue 41's table): name -> figure
 EMULATION_CHECKS = ("base.val_nll", "phase1.dense_nll", "probe.base_contextual_spearman")
+
+
+DVC = [sys.executable, "-m", "dvc"]  # the DVC of this environment, whatever PATH holds
 
 
 class ReplicateError(RuntimeError):
@@ -76,7 +80,10 @@ def downstream_stages(lock: dict, first: str = FIRST_STAGE) -> set[str]:
 def set_perturbation(params: str, fraction: float) -> str:
     """``params.yaml``'s text with ``base.init_perturbation`` set to ``fraction`` (comments kept)."""
     pattern = re.compile(r"^(base:\n(?:[ \t]+.*\n|\n)*?[ \t]+init_perturbation:[ \t]*)[^\s#]+", re.MULTILINE)
-    text, count = pattern.subn(lambda m: m.group(1) + repr(float(fraction)), params)
+    import yaml
+
+    value = yaml.safe_dump(float(fraction)).split("\n")[0]  # YAML's float (PyYAML reads "1e-07" as a string)
+    text, count = pattern.subn(lambda m: m.group(1) + value, params)
     if count != 1:
         raise ReplicateError("params.yaml has no `base.init_perturbation` line to set")
     return text
@@ -112,12 +119,15 @@ def scratch_copy(root: Path, scratch: Path, fraction: float) -> list[str]:
     for cmd in (["init", "-q"], ["add", "-A"],
                 ["-c", "user.email=replicate@localhost", "-c", "user.name=replicate", "commit", "-qm", "replicate"]):
         _run(["git", *cmd], scratch, quiet=True)
+    upstream = [name for name in lock["stages"] if name not in down]
+    if upstream:  # into the scratch cache: DVC reruns a stage whose outputs are not in its cache
+        _run([*DVC, "commit", "--force", "--quiet", *upstream], scratch, quiet=True)
     return sorted(down, key=list(lock["stages"]).index)
 
 
 def check_workspace(root: Path, env: dict) -> None:
     """Refuse a workspace whose run is incomplete or stale (the comparison needs its figures)."""
-    done = _run(["dvc", "status", "--json"], root, env, quiet=True)
+    done = _run([*DVC, "status", "--json"], root, env, quiet=True)
     stale = json.loads(done.stdout or "{}")
     if stale:
         raise ReplicateError(f"the workspace's run is not up to date ({', '.join(sorted(stale))}): run `dvc repro` first")
@@ -159,6 +169,8 @@ def report_text(rows: list[Row], fraction: float, wall_s: float, stages: list[st
         "## Claims", "", "```", render(claims), "```", "",
         "## Research headlines (seed spread)", "", "```", render(research), "```", "",
         "## How far the emulation moved the base", "", "```", render(emulation_rows(rows)), "```", "",
+        "## Every other figure (reported, not judged: 2 %)", "", "```",
+        render([r for r in rows if not r.research]), "```", "",
     ]
     return "\n".join(lines)
 
@@ -185,7 +197,7 @@ def replicate(root: Path, fraction: float = PERTURBATION, workdir: Path | None =
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(scratch / "src"), env.get("PYTHONPATH")]))})
         env.pop("DVC_EXP_NAME", None)
         start = time.perf_counter()
-        _run(["dvc", "repro", "--no-commit"], scratch, env)
+        _run([*DVC, "repro", "--no-commit"], scratch, env)
         wall = time.perf_counter() - start
         return verify(scratch, "HEAD", against=root), wall, stages
     finally:

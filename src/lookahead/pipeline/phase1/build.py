@@ -553,8 +553,9 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
     With ``scoring_cfg``: the final figures score its windows of ``tokens_dir``'s val stream, every
     seed's per-position NLLs go to ``scores_file``
-    (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense``, ``static`` (P,), ``hard``
-    (seeds, P)) and the claim ``router_minus_static_pruning`` gets its interval."""
+    (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), ``static`` and ``hard``
+    (seeds, P), static pruning at each seed's head count) and the claim
+    ``router_minus_static_pruning`` gets its interval."""
     targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
     scoring = None
     if scoring_cfg is not None:
@@ -569,7 +570,7 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     tokens = [run.pop("token_nll", None) for run in (metrics, *others)]
     out = with_spread(metrics, others, SEEDED)
     if scoring is not None:
-        scores = {"dense": tokens[0]["dense"], "static": tokens[0]["static"],
+        scores = {"dense": tokens[0]["dense"], "static": np.stack([t["static"] for t in tokens]),
                   "hard": np.stack([t["hard"] for t in tokens])}  # (seeds, P): seed i's router
         if scores_file is not None:
             save_scores(scores_file, scores)
