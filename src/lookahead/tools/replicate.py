@@ -15,7 +15,7 @@ their intervals: sign and overlap; research headlines by their seed spread), and
 The workspace must hold a complete run (``dvc status`` clean). The scratch copy is the working
 tree's files (``git ls-files``: committed or not, ignored ones left out), the outputs of the stages
 upstream of the base copied from the workspace (and committed to the copy's own DVC cache, so that
-DVC does not rerun them), its own checkpoints and MLflow store;
+DVC does not rerun them) and its project-local WordNet, its own checkpoints and MLflow store;
 ``dvc repro --no-commit`` runs there, and the copy is removed at the end (``--keep``: kept). Nothing
 in the workspace is written, except the ``--report`` file where one is asked for.
 """
@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from lookahead.semantics.wordnet_source import LOCAL_DATA_DIR
 from lookahead.tools.verify import Row, render, verify
 
 PERTURBATION = 1e-4
@@ -94,14 +95,19 @@ def scratch_copy(root: Path, scratch: Path, fraction: float) -> list[str]:
     ``scratch``, params set to ``fraction``; returns the stages that will rerun."""
     import yaml
 
+    lock = yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
+    down = downstream_stages(lock)
+    # the rerun's outputs are not copied, whether or not git sees them (a `cache: false` metrics file is in git)
+    rebuilt = [out["path"].rstrip("/") for name in down for out in lock["stages"][name].get("outs", [])]
     files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], root, quiet=True).stdout
     for rel in filter(None, files.split("\0")):
         src = root / rel
-        if src.is_file():  # a deleted tracked file is listed too
-            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, scratch / rel)
-    lock = yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
-    down = downstream_stages(lock)
+        if not src.is_file() or any(rel == out or rel.startswith(out + "/") for out in rebuilt):
+            continue  # a deleted tracked file is listed too
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, scratch / rel)
+    for out in rebuilt:  # where the rerun writes, as in the workspace
+        (scratch / out).parent.mkdir(parents=True, exist_ok=True)
     for name, spec in lock["stages"].items():
         if name in down:
             continue
@@ -114,6 +120,9 @@ def scratch_copy(root: Path, scratch: Path, fraction: float) -> list[str]:
                 shutil.copy2(src, dst)
             else:
                 raise ReplicateError(f"{out['path']} (an output of stage {name!r}) is missing: run `dvc repro` first")
+    words = root / LOCAL_DATA_DIR  # the project-local WordNet (git-ignored; `make wordnet`)
+    if words.is_dir():
+        shutil.copytree(words, scratch / LOCAL_DATA_DIR, dirs_exist_ok=True)
     params = scratch / "params.yaml"
     params.write_text(set_perturbation(params.read_text(encoding="utf-8"), fraction), encoding="utf-8")
     for cmd in (["init", "-q"], ["add", "-A"],
