@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,30 @@ def test_failed_stage_is_marked_failed_and_raises(project):
     _, found = runs(f"sqlite:///{project / 'mlflow.db'}")
     (stage,) = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "stage"]
     assert stage.info.status == "FAILED"
+
+
+def test_ctrl_c_inside_a_tracking_call_waits_for_it_then_marks_the_run_failed(project, monkeypatch):
+    """A SIGINT in the middle of a client call (here: raised from inside log_batch) is held until the
+    call has written, then stops the stage, whose run still ends FAILED: an interrupted SQL write
+    would leave the store locked and the run RUNNING (the Ctrl-C of tests/reliability/test_kills.py)."""
+    client_cls = type(MlflowClient("sqlite:///" + str(project / "mlflow.db")))
+    log_batch = client_cls.log_batch
+
+    def interrupted_log_batch(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while the write is under way
+        return log_batch(self, *args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.stage_run("phase1", {}) as run:
+            monkeypatch.setattr(client_cls, "log_batch", interrupted_log_batch)
+            run.log_metrics({"hard_nll": 4.25}, step=3)
+            pytest.fail("the held Ctrl-C did not stop the stage after the call")
+    monkeypatch.undo()
+    client, found = runs(f"sqlite:///{project / 'mlflow.db'}")
+    (stage,) = [r for r in found if r.data.tags[tracking.TAG_ROLE] == "stage"]
+    assert stage.info.status == "FAILED"
+    assert [(m.step, m.value) for m in client.get_metric_history(stage.info.run_id, "hard_nll")] == [(3, 4.25)]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
 
 
 def test_parent_stays_failed_when_a_later_stage_succeeds_until_the_failed_one_reruns(project):

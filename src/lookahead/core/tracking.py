@@ -17,7 +17,9 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -73,6 +75,29 @@ def pipeline_id(root: str | Path, params_file: str | Path = "params.yaml") -> st
     return f"{rev}-{digest}"
 
 
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until the block ends, then raise it.
+
+    A KeyboardInterrupt inside an MLflow client call stops the SQL store mid-transaction: the
+    database stays locked for this process, and the stage's run can no longer be marked FAILED.
+    Only the main thread may set a handler; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 class StageRun:
     """A child MLflow run for one stage. Every method warns instead of raising."""
 
@@ -90,7 +115,8 @@ class StageRun:
         if not self.active:
             return
         try:
-            call()
+            with _interrupt_deferred():
+                call()
         except Exception as err:  # tracking must never fail a stage (DESIGN §8)
             warnings.warn(f"MLflow {what} failed for stage {self.stage!r}: {err}; tracking disabled for this stage", stacklevel=3)
             self.run_id = None
@@ -204,22 +230,27 @@ def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None
     try:
         from mlflow.tracking import MlflowClient
 
-        uri = tracking_uri(root)
-        client = MlflowClient(tracking_uri=uri)
-        experiment_id = _experiment_id(client, root, uri)
-        pid = pipeline_id(root)
-        parent = _parent_run(client, experiment_id, pid)
-        run = client.create_run(
-            experiment_id,
-            run_name=stage,
-            tags={
-                "mlflow.parentRunId": parent,
-                TAG_PIPELINE: pid,
-                TAG_ROLE: "stage",
-                TAG_STAGE: stage,
-                "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
-            },
-        )
+        with _interrupt_deferred():  # a run half-created by Ctrl-C would stay RUNNING
+            uri = tracking_uri(root)
+            client = MlflowClient(tracking_uri=uri)
+            experiment_id = _experiment_id(client, root, uri)
+            pid = pipeline_id(root)
+            parent = _parent_run(client, experiment_id, pid)
+            run = client.create_run(
+                experiment_id,
+                run_name=stage,
+                tags={
+                    "mlflow.parentRunId": parent,
+                    TAG_PIPELINE: pid,
+                    TAG_ROLE: "stage",
+                    TAG_STAGE: stage,
+                    "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+                },
+            )
+    except KeyboardInterrupt:  # held until the run existed: close it before stopping
+        if run is not None:
+            StageRun(client, run.info.run_id, stage)._safely("set_terminated", lambda: client.set_terminated(run.info.run_id, "FAILED"))
+        raise
     except Exception as err:
         warnings.warn(f"MLflow tracking unavailable for stage {stage!r}: {err}; the stage runs untracked", stacklevel=3)
     tracker = StageRun(client, run.info.run_id if run else None, stage)
