@@ -1,8 +1,9 @@
 """`dvc repro` wall time of a profile (DESIGN §6), in a fresh temporary copy of the repository.
 
 Runs the stages one at a time in pipeline order (`dvc repro -s <stage>`, DVC's overhead included)
-and prints one JSON line: the wall time of each stage and in all, the no-op repro time and the base
-model's figures.
+and prints one JSON line: the wall time of each stage and in all, the no-op repro time, the base
+model's figures and, for params.yaml, how many of the run's outputs have the md5 the committed
+dvc.lock records (every stage bitwise on rerun: all of them, on the machine that made the lock).
 
     python benchmarks/pipeline_repro.py                 # the embedded default (params.yaml)
     python benchmarks/pipeline_repro.py --profile tiny
@@ -30,6 +31,13 @@ def run(cmd: list[str], cwd: Path, env: dict) -> float:
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     return time.perf_counter() - tic
+
+
+def lock_outs(lock_text: str) -> dict[str, str]:
+    """{output path: md5} of every stage's outputs in a dvc.lock's text."""
+    import yaml
+
+    return {out["path"]: out["md5"] for entry in yaml.safe_load(lock_text)["stages"].values() for out in entry.get("outs", [])}
 
 
 def main() -> None:
@@ -60,6 +68,9 @@ def main() -> None:
             print(f"{stage}: {stage_s[stage]} s", file=sys.stderr, flush=True)
         noop_s = run(["dvc", "repro"], dest, env)
         base = json.loads((dest / "metrics" / "base_report.json").read_text())
+        fresh = lock_outs((dest / "dvc.lock").read_text())
+    committed = lock_outs((REPO / "dvc.lock").read_text()) if not args.profile and (REPO / "dvc.lock").is_file() else {}
+    differing = sorted(p for p in fresh if p in committed and committed[p] != fresh[p])
     print(json.dumps({
         "profile": args.profile or "params.yaml",
         "cpu_count": os.cpu_count(),
@@ -71,6 +82,8 @@ def main() -> None:
         "base_val_nll_below_unigram": round(base["val_nll_below_unigram"], 4),
         "base_train_tokens_per_s": round(base["train_tokens_per_s"], 1) if base["train_tokens_per_s"] else None,
         "base_layers_x_heads": f"{base['n_layers']}x{base['n_heads']}",
+        **({"outs": len(fresh), "outs_as_committed": sum(committed.get(p) == m for p, m in fresh.items()),
+            "outs_differing": differing} if committed else {}),
     }))
 
 
