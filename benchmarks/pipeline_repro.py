@@ -68,6 +68,7 @@ def main() -> None:
             print(f"{stage}: {stage_s[stage]} s", file=sys.stderr, flush=True)
         noop_s = run(["dvc", "repro"], dest, env)
         base = json.loads((dest / "metrics" / "base_report.json").read_text())
+        base_timing = json.loads((dest / "metrics" / "base_timing.json").read_text())
         fresh = lock_outs((dest / "dvc.lock").read_text())
     committed = lock_outs((REPO / "dvc.lock").read_text()) if not args.profile and (REPO / "dvc.lock").is_file() else {}
     differing = sorted(p for p in fresh if p in committed and committed[p] != fresh[p])
@@ -80,7 +81,7 @@ def main() -> None:
         "base_val_nll": round(base["val_nll"], 4),
         "base_val_unigram_nll": round(base["val_unigram_nll"], 4),
         "base_val_nll_below_unigram": round(base["val_nll_below_unigram"], 4),
-        "base_train_tokens_per_s": round(base["train_tokens_per_s"], 1) if base["train_tokens_per_s"] else None,
+        "base_train_tokens_per_s": round(base_timing["train_tokens_per_s"], 1) if base_timing.get("train_tokens_per_s") else None,
         "base_layers_x_heads": f"{base['n_layers']}x{base['n_heads']}",
         **({"outs": len(fresh), "outs_as_committed": sum(committed.get(p) == m for p, m in fresh.items()),
             "outs_differing": differing} if committed else {}),
