@@ -82,8 +82,8 @@ def _interrupt_deferred() -> Iterator[None]:
     A KeyboardInterrupt inside an MLflow client call stops the SQL store mid-transaction: the
     database stays locked for this process, and the stage's run can no longer be marked FAILED.
     Only the main thread may set a handler; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # (None: a handler set outside Python, which Python cannot put back)
         return
     caught: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
