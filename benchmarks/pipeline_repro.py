@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lookahead.tools.faults import lock_outs
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,13 +33,6 @@ def run(cmd: list[str], cwd: Path, env: dict) -> float:
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     return time.perf_counter() - tic
-
-
-def lock_outs(lock_text: str) -> dict[str, str]:
-    """{output path: md5} of every stage's outputs in a dvc.lock's text."""
-    import yaml
-
-    return {out["path"]: out["md5"] for entry in yaml.safe_load(lock_text)["stages"].values() for out in entry.get("outs", [])}
 
 
 def main() -> None:
@@ -69,8 +64,8 @@ def main() -> None:
         noop_s = run(["dvc", "repro"], dest, env)
         base = json.loads((dest / "metrics" / "base_report.json").read_text())
         base_timing = json.loads((dest / "metrics" / "base_timing.json").read_text())
-        fresh = lock_outs((dest / "dvc.lock").read_text())
-    committed = lock_outs((REPO / "dvc.lock").read_text()) if not args.profile and (REPO / "dvc.lock").is_file() else {}
+        fresh = lock_outs(dest)
+    committed = lock_outs(REPO) if not args.profile and (REPO / "dvc.lock").is_file() else {}
     differing = sorted(p for p in fresh if p in committed and committed[p] != fresh[p])
     print(json.dumps({
         "profile": args.profile or "params.yaml",

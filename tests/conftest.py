@@ -19,7 +19,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
+
+from lookahead.tools.faults import lock_outs  # noqa: E402,F401  (the tests' name for it)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,13 +118,6 @@ def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
         return run(cmd, cwd, env, check)
     except RuntimeError as err:
         raise AssertionError(str(err)) from None
-
-
-def lock_outs(repo: Path, lock: bytes | str | None = None) -> dict[str, str]:
-    """{output path: md5} of every stage in ``repo``'s dvc.lock (or in ``lock``, its text), metrics
-    and plots included."""
-    data = yaml.safe_load(lock if lock is not None else (repo / "dvc.lock").read_bytes())
-    return {out["path"]: out["md5"] for entry in data["stages"].values() for out in entry.get("outs", [])}
 
 
 class BackgroundRepro:

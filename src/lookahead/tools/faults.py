@@ -187,6 +187,13 @@ def _saves(root: Path, seen: set) -> int:
     return len(seen)
 
 
+def lock_outs(repo: Path, lock: bytes | str | None = None) -> dict[str, str]:
+    """{output path: md5} of every stage in ``repo``'s dvc.lock (or in ``lock``, its text), metrics
+    and plots included."""
+    data = yaml.safe_load(lock if lock is not None else (Path(repo) / "dvc.lock").read_bytes())
+    return {out["path"]: out["md5"] for entry in data["stages"].values() for out in entry.get("outs", [])}
+
+
 def after_checkpoints(root: str | Path, n: int = 1) -> Callable[[], bool]:
     """True once ``n`` checkpoints have been written under ``root`` (a stage's checkpoints
     directory) since this call: earlier runs' checkpoints do not count."""
