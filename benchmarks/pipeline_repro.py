@@ -8,6 +8,7 @@ dvc.lock records (every stage bitwise on rerun: all of them, on the machine that
     python benchmarks/pipeline_repro.py                 # the embedded default (params.yaml)
     python benchmarks/pipeline_repro.py --profile tiny
     python benchmarks/pipeline_repro.py --profile graph16x16
+    python benchmarks/pipeline_repro.py --lock-to run.lock   # also keep the dvc.lock the run wrote
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def run(cmd: list[str], cwd: Path, env: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="profiles/<name>.yaml instead of params.yaml")
+    parser.add_argument("--lock-to", type=Path, default=None, help="copy the dvc.lock the fresh run wrote here")
     args = parser.parse_args()
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     with tempfile.TemporaryDirectory(prefix="lookahead-bench-") as tmp:
@@ -65,6 +67,8 @@ def main() -> None:
         base = json.loads((dest / "metrics" / "base_report.json").read_text())
         base_timing = json.loads((dest / "metrics" / "base_timing.json").read_text())
         fresh = lock_outs(dest)
+        if args.lock_to:
+            shutil.copy(dest / "dvc.lock", args.lock_to)
     committed = lock_outs(REPO) if not args.profile and (REPO / "dvc.lock").is_file() else {}
     differing = sorted(p for p in fresh if p in committed and committed[p] != fresh[p])
     print(json.dumps({

@@ -176,6 +176,14 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def logs_step(step: int, cfg: TrainConfig) -> bool:
+    """Whether :func:`train` writes a training-curve row after step ``step`` (0-based): every
+    ``log_every`` steps and the last. A module whose loss computes a figure only for the curve can
+    skip it on the other steps (the row holds the logged step's figures alone)."""
+    done = step + 1
+    return done % cfg.log_every == 0 or done == cfg.steps
+
+
 def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
     """Process ``rank``'s share of a global batch: rows ``[rank * rows / world, (rank + 1) * rows / world)``
     of every tensor with ``rows`` rows; other values as they are."""
@@ -349,7 +357,7 @@ def train(
         tokens_done += module.tokens(batch) * world
 
         done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
+        if logs_step(step, cfg):
             seconds_now = seconds_done + time.perf_counter() - tic
             row = {"step": done, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, **parts}
             train_curve.append(row)

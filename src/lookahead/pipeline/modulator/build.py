@@ -199,9 +199,12 @@ def field_validity(lm, modulator, val_windows: torch.Tensor, batch_size: int) ->
 
 
 def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
-                    init_file, out_dir, checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult | None, list[dict]]:
+                    init_file, out_dir, checkpoint_root=None, tracker=None,
+                    base_measures: dict | None = None) -> tuple[dict, TrainResult | None, list[dict]]:
     """Measure the base model, train the modulator, measure the modulated model; write
-    ``out_dir/modulator.safetensors``. Returns (report, training result or None, α curve rows)."""
+    ``out_dir/modulator.safetensors``. Returns (report, training result or None, α curve rows).
+    ``base_measures``, when given, holds the base model's measures across calls (they depend on no
+    seed): filled by the first call, read by the next."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -231,8 +234,13 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     device = torch.device(resolve_device(cfg.train.device, "modulator.train.device"))
     lm.to(device)
 
-    before, ctx = alignment(lm, tokenizer, wn, anchors, pairs, path_sim, acfg)
-    nll_before = evaluate_nll(lm, val_windows, cfg.eval_batch_size)
+    if not base_measures:  # no cache, or the first call of several
+        before, ctx = alignment(lm, tokenizer, wn, anchors, pairs, path_sim, acfg)
+        measured = {"before": before, "ctx": ctx, "nll_before": evaluate_nll(lm, val_windows, cfg.eval_batch_size)}
+        if base_measures is not None:
+            base_measures.update(measured)
+        base_measures = measured
+    before, ctx, nll_before = (base_measures[key] for key in ("before", "ctx", "nll_before"))
     pcs = (ctx.astype(np.float64) - init["pca_mean"].double().numpy()) @ init["pca_components"].double().numpy().T
     geo_scale = float(np.linalg.norm(pcs, axis=1).mean())
 
@@ -300,10 +308,12 @@ def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir,
                           init_file, out_dir, checkpoint_root=None,
                           tracker=None) -> tuple[dict, TrainResult | None, list[dict]]:
     """:func:`build_modulator`, then ``cfg.seeds - 1`` more trainings on other seeds (their
-    modulators discarded): the report carries the :data:`SEEDED` figures' mean and sd."""
+    modulators discarded): the report carries the :data:`SEEDED` figures' mean and sd. The base
+    model is measured once, for every seed."""
+    base_measures: dict = {}
     report, result, alpha_rows = build_modulator(cfg, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file,
-                                                 out_dir, checkpoint_root, tracker)
+                                                 out_dir, checkpoint_root, tracker, base_measures)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_modulator(
-        c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator", checkpoint_root)[0],
-        "modulator")
+        c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator", checkpoint_root,
+        base_measures=base_measures)[0], "modulator")
     return with_spread(report, others, SEEDED), result, alpha_rows

@@ -54,7 +54,7 @@ from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.train.checkpoints import checkpoint_dir
-from lookahead.train.loop import TrainConfig, TrainResult, train
+from lookahead.train.loop import TrainConfig, TrainResult, logs_step, train
 from lookahead.train.schedule import check_budget_schedule, tau_at
 
 
@@ -195,7 +195,7 @@ class Phase1Module:
         self.tau_now = self.cfg.tau(step)
         hard = 0 <= self.cfg.hard_from_step <= step
         return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard,
-                "noise": self.cfg.noise(step), "rows": rows}
+                "noise": self.cfg.noise(step), "rows": rows, "logged": logs_step(step, t)}
 
     def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
         """The oracle's scores (B, T, L·H) of training windows — leave-one-out KL, or 1 for the greedy
@@ -218,17 +218,24 @@ class Phase1Module:
         context, geo = self.inputs(ids, batch["contexts"])
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
-        # soft execution: every head's output exists; without an NLL term, no gradient through the LM
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.nll_weight > 0):
-            logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
-            nll = token_nll(logits, windows[:, 1:]).mean()
+        # soft execution: every head's output exists. Without an NLL term (pure distillation) the LM
+        # runs, without gradient, only for the training curve's NLL: on the steps the curve logs
+        nll = None
+        if self.cfg.nll_weight > 0 or batch.get("logged", True):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.nll_weight > 0):
+                logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
+                nll = token_nll(logits, windows[:, 1:]).mean()
         head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
         pcfg = model.cfg
         penalty = l0_penalty(z).mean() if z is not None and pcfg.estimator == "hard_concrete" else head
-        loss = self.cfg.nll_weight * nll + self.cfg.lambda_head * penalty
+        loss = self.cfg.lambda_head * penalty
+        if self.cfg.nll_weight > 0:
+            loss = loss + self.cfg.nll_weight * nll
         if pcfg.gate == "cascade" or pcfg.edges == "learned":  # head gates with every edge: nothing to prune
             loss = loss + self.cfg.lambda_edge * edge
-        figures = {"nll": nll.item(), "head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
+        figures = {"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
+        if nll is not None:
+            figures = {"nll": nll.item(), **figures}
         if z is not None:
             if self.cfg.z_loss:
                 loss = loss + self.cfg.z_loss * z_loss(z)
@@ -437,6 +444,12 @@ HEADLINE = (*seeded_headline(("dense_nll", "hard_nll", "active_head_fraction", "
             *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
 
 
+VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "static_curve")
+"""What a :class:`Phase1Module`'s periodic evaluation computes once and no seed changes: the val
+batches and the router's inputs there, the frozen LM's dense NLL, the leave-one-out oracle (its KL
+and its NLL per head count) and the static-pruning curve."""
+
+
 def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, lm, importance) -> StructurePredictor:
     """A fresh predictor for this cache and base LM (head gates start at static importance)."""
     predictor = StructurePredictor.from_init(predictor_cfg, init_file,
@@ -448,13 +461,15 @@ def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, l
 
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
-                 oracle_targets: dict | None = None, scoring: ScoringSet | None = None
-                 ) -> tuple[dict, TrainResult, Phase1Module]:
+                 oracle_targets: dict | None = None, scoring: ScoringSet | None = None,
+                 val_state: dict | None = None) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
     ``oracle_targets``: the distillation targets by train window, shared between runs of the same
     inputs (the stage's seeds); filled as they are computed. ``scoring``: the val set the final
     dense, hard and static-pruning NLLs score (their per-position values in ``token_nll``); None:
-    the cache's val windows, as the periodic evaluation."""
+    the cache's val windows, as the periodic evaluation. ``val_state``: the periodic evaluation's
+    seed-independent figures (:data:`VAL_STATE`), shared between runs of the same inputs: read when
+    filled, filled otherwise."""
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
@@ -477,6 +492,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     oracle_targets = {} if oracle_targets is None else oracle_targets
     module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip, oracle_targets=oracle_targets)
+    for name, value in (val_state or {}).items():
+        setattr(module, name, value)
 
     module.place(resolve_device(cfg.train.device, "phase1.train.device"))  # before the first evaluation
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
@@ -486,6 +503,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     result = train(module, cfg.train, stage="phase1", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **initial})
     final = module.last_eval
+    if val_state is not None and not val_state:
+        val_state.update({name: getattr(module, name) for name in VAL_STATE})
     scored = score_final(module, module.model, scoring) if scoring is not None else None
     predictor = module.model.cpu()
     save_predictor(predictor, out_file, extra={"phase1": to_dict(cfg), "encoder": cache.meta["encoder"],
@@ -557,16 +576,18 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     (seeds, P), static pruning at each seed's head count) and the claim
     ``router_minus_static_pruning`` gets its interval."""
     targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
+    val_state: dict = {}  # nor does the periodic evaluation's reference work
     scoring = None
     if scoring_cfg is not None:
         cache = ContextCache(contexts_dir)
         scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
                               predictor_cfg, resolve_device(cfg.train.device, "phase1.train.device"))
     metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker, runtime_cfg, targets, scoring)
+                                           checkpoint_root, tracker, runtime_cfg, targets, scoring, val_state)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
         c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring)[0], "phase1")
+        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring, val_state=val_state)[0],
+        "phase1")
     tokens = [run.pop("token_nll", None) for run in (metrics, *others)]
     out = with_spread(metrics, others, SEEDED)
     if scoring is not None:
