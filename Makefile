@@ -43,8 +43,12 @@ check-params: $(STAMP)
 repro: setup check-params
 	$(BIN)/dvc repro
 
+# Two pytest-xdist workers: the tests of each tiny pipeline run form one group, run in order by one
+# worker (tests/conftest.py), so the two runs' tests go side by side; the unit tests go to whichever
+# worker is free. WORKERS=0: one process.
+WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
 
 # The inner loop: the unit tests alone (no DVC repository, no tiny pipeline run: the tests marked
 # `slow` are left out). `make test` runs everything, as CI does.

@@ -10,6 +10,7 @@ import os
 # with 2 threads beside one busy process, 0.027 s with 1; the probe stage's took half a minute.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import json  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -23,6 +24,28 @@ import torch  # noqa: E402
 from lookahead.tools.faults import lock_outs  # noqa: E402,F401  (the tests' name for it)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_itemcollected(item):
+    """The tests of one tiny run change its repository one after the other: under pytest-xdist
+    (`make test`: ``-n 2 --dist loadgroup``) each run's tests are one group, run in order by one
+    worker, while the other worker takes the other run's tests and the unit tests. (Marked as each
+    test is collected: pytest-xdist reads the groups in its own ``pytest_collection_modifyitems``.)"""
+    run = next((run for run in TINY_RUNS if set(TINY_FIXTURES[run]) & set(item.fixturenames)), None)
+    if run is not None:
+        item.add_marker(pytest.mark.xdist_group(run))
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` a grouped test's node id ends in ``@<group>``: where it does not,
+    this pytest and pytest-xdist do not group (pytest-dev/pytest-xdist#1386), and the tests of a
+    tiny run would change its repository from two workers at once."""
+    if session.config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist does not group tests under "
+                                    f"--dist loadgroup ({lost[0]} has no @group): install pytest<9.2 "
+                                    "(`pip install -e '.[dev]'`) or run one process (`make test WORKERS=0`)")
 
 
 def pytest_collection_modifyitems(items):
@@ -122,36 +145,74 @@ def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
 
 class BackgroundRepro:
     """`dvc repro` of the tiny profile in a fresh git + DVC repository holding the project's files
-    (:func:`lookahead.tools.faults.scratch_repo`), run in a process of its own beside the tests."""
+    (:func:`lookahead.tools.faults.scratch_repo`), run in a process of its own beside the tests.
 
-    def __init__(self, dest: Path):
+    One run per session, whichever pytest-xdist workers the session has: the first worker to ask
+    for it (an atomic ``mkdir`` of ``home``) makes the repository and starts the run; every worker
+    then reads it from ``home``: ``env.json`` (the run's environment), ``repro.log``, and, once the
+    run has ended, ``dvc.lock.done`` (the lock file it wrote: tests change the repository
+    afterwards) and ``rc`` (its exit code)."""
+
+    def __init__(self, home: Path):
         from lookahead.tools.faults import scratch_repo
 
-        self.path, self.env = scratch_repo(REPO, dest)
-        self.log = dest.parent / "repro.log"
-        self.lock: str | None = None
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(["dvc", "repro"], cwd=self.path, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+        self.home, self.path, self.log = home, home / "repo", home / "repro.log"
+        self.proc: subprocess.Popen | None = None
+        try:
+            home.mkdir(parents=True)
+        except FileExistsError:  # another worker started it
+            deadline = time.time() + 300
+            while not (home / "env.json").exists():
+                if time.time() > deadline:
+                    raise AssertionError(f"the tiny run in {home} was never started") from None
+                time.sleep(0.5)
+            self.env = json.loads((home / "env.json").read_text())
+            return
+        self.path.mkdir()
+        _, self.env = scratch_repo(REPO, self.path)
+        done = "rc=$?; cp dvc.lock ../dvc.lock.done 2>/dev/null; echo $rc > ../rc.tmp && mv ../rc.tmp ../rc"
+        self.proc = subprocess.Popen(["sh", "-c", f"dvc repro > ../repro.log 2>&1; {done}"], cwd=self.path, env=self.env)
+        tmp = home / "env.json.tmp"
+        tmp.write_text(json.dumps(self.env))
+        tmp.rename(home / "env.json")
 
     def output(self) -> str:
-        """Wait for the run; its output (an AssertionError with its tail when it failed). The lock
-        file it wrote is kept as :attr:`lock` (tests change the repository afterwards)."""
-        code = self.proc.wait(timeout=1800)
-        out = self.log.read_text()
+        """Wait for the run; its output (an AssertionError with its tail when it failed)."""
+        deadline = time.time() + 1800
+        while not (self.home / "rc").exists():
+            if time.time() > deadline:
+                raise AssertionError(f"the tiny run in {self.path} did not end in 30 min")
+            time.sleep(0.5)
+        code, out = int((self.home / "rc").read_text()), self.log.read_text()
         if code != 0:
             raise AssertionError(f"dvc repro failed ({code}) in {self.path}:\n{out[-4000:]}")
-        if self.lock is None:
-            self.lock = (self.path / "dvc.lock").read_text()
         return out
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
+    @property
+    def lock(self) -> str:
+        """The dvc.lock the run wrote, as it ended."""
+        self.output()
+        return (self.home / "dvc.lock.done").read_text()
+
+    def close(self) -> None:
+        """In the worker that started it: wait for the run (a worker may end its tests while another
+        still needs it)."""
+        if self.proc is not None:
+            self.proc.wait(timeout=1800)
 
 
 TINY_RUNS = ("pipeline_repo", "second_tiny_run")
+"""The tiny runs, by the fixture that gives each; the xdist group of the tests that read it
+(:func:`pytest_collection_modifyitems`)."""
+TINY_FIXTURES = {"pipeline_repo": ("pipeline_repo", "pipeline_repro_output", "queued_experiments", "pushed_repo"),
+                 "second_tiny_run": ("second_tiny_run", "reproduced")}
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """This session's directory that all its pytest-xdist workers share (each has a basetemp of its
+    own inside it); the basetemp itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -160,10 +221,11 @@ def tiny_runs(request, tmp_path_factory):
     stage's work is mostly one-threaded start-up (imports, DVC), so two runs and the unit tests share
     2 cores with little loss, where one after the other they took most of the suite's time."""
     wanted = {name for item in request.session.items for name in item.fixturenames if name in TINY_RUNS}
-    runs = {name: BackgroundRepro(tmp_path_factory.mktemp(name) / "repo") for name in TINY_RUNS if name in wanted}
+    runs = {name: BackgroundRepro(shared_root(tmp_path_factory) / "tiny_runs" / name)
+            for name in TINY_RUNS if name in wanted}
     yield runs
     for run in runs.values():
-        run.stop()
+        run.close()
 
 
 @pytest.fixture(scope="session")
