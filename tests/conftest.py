@@ -36,16 +36,19 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.xdist_group(run))
 
 
-def pytest_collection_finish(session):
-    """Under ``--dist loadgroup`` a grouped test's node id ends in ``@<group>``: where it does not,
-    this pytest and pytest-xdist do not group (pytest-dev/pytest-xdist#1386), and the tests of a
-    tiny run would change its repository from two workers at once."""
-    if session.config.getvalue("loadgroup"):
-        lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
-        if lost:
-            raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist does not group tests under "
-                                    f"--dist loadgroup ({lost[0]} has no @group): install pytest<9.2 "
-                                    "(`pip install -e '.[dev]'`) or run one process (`make test WORKERS=0`)")
+def pytest_configure(config):
+    """Under ``--dist loadgroup`` pytest-xdist 3.8 marks a grouped test by its node id, which pytest
+    9.2 no longer lets it change: the groups are lost (pytest-dev/pytest-xdist#1386), and the tests
+    of a tiny run would change its repository from two workers at once. Refused before any work."""
+    from importlib.metadata import version
+
+    if config.getoption("dist", "no") != "loadgroup" or not config.getoption("numprocesses", None):
+        return
+    major_minor = lambda name: tuple(int(x) for x in version(name).split(".")[:2])  # noqa: E731
+    if major_minor("pytest") >= (9, 2) and major_minor("pytest-xdist") <= (3, 8):
+        raise pytest.UsageError(f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} does not "
+                                "group tests under --dist loadgroup (pytest-dev/pytest-xdist#1386): install "
+                                "pytest<9.2 (`pip install -e '.[dev]'`) or run one process (`make test WORKERS=0`)")
 
 
 def pytest_collection_modifyitems(items):
