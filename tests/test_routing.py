@@ -117,6 +117,37 @@ def test_oracle_gates_and_the_greedy_oracle_agree_on_the_first_removal():
     assert two[..., 1:].sum(-1).eq(2).all() and two[..., 0].eq(1).all()
 
 
+def reference_greedy(model, ids, n_layers, n_heads, k, skip):
+    """The greedy oracle written out plainly: one forward per head and step, through the reference
+    forward (tests/reference_head_graph.py)."""
+    dense_logp = F.log_softmax(model(ids).logits, -1)
+    total = n_layers * n_heads
+    gates = torch.ones(*ids.shape, 1 + total)
+    for _ in range(total - k):
+        cost = torch.full((*ids.shape, total), float("inf"))
+        for h in range(total):
+            trial = gates.clone()
+            trial[..., 1 + h] = 0
+            logq = F.log_softmax(reference_forward(model, ids, head_graph(trial, n_layers, n_heads), trial, skip), -1)
+            kl = (dense_logp.exp() * (dense_logp - logq)).sum(-1)
+            cost[..., h] = torch.where(gates[..., 1 + h] > 0, kl, cost[..., h])
+        gates.scatter_(-1, 1 + cost.argmin(-1)[..., None], 0.0)
+    return gates
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_the_batched_greedy_oracle_keeps_the_reference_heads(skip):
+    """Every candidate removal of a step in one forward (or several, ``max_rows``) keeps, at every
+    position, the heads the plain one-removal-per-forward greedy keeps."""
+    model = tiny_olmo2(n_layers=2, n_heads=3, hidden=36, ffn=32)
+    ids = torch.randint(0, 61, (3, 7), generator=torch.Generator().manual_seed(11))
+    for k in (4, 2):
+        want = reference_greedy(model, ids, 2, 3, k, skip)
+        assert want[..., 1:].sum(-1).eq(k).all()
+        for max_rows in (128, 3, 1):  # all candidates at once; one per forward; fewer rows than windows
+            assert torch.equal(greedy_gates(model, ids, 2, 3, k, skip, max_rows=max_rows), want), (k, max_rows)
+
+
 def test_lm_router_inputs_are_the_stock_states_shifted_and_causal():
     model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(6))

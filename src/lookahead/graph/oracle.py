@@ -6,7 +6,8 @@ label: a head's **leave-one-out KL** at t is KL(dense ‖ the model without that
 the head removed at every position at once (one forward per head); the oracle keeps each
 position's K heads of largest KL. The **greedy** oracle removes heads one at a time, each position
 dropping the head whose removal (on top of that position's earlier removals) moves its output the
-least; it costs (L·H − K) · L·H forwards.
+least; it costs (L·H − K) · L·H forwards of a window, which it stacks along the batch (every
+candidate removal of a step in one pass, :func:`greedy_gates`).
 
 Routing statistics of hard gates (positions, L·H): ``dynamic_fraction`` = (1/N) Σ_h min(p_h,
 1 − p_h), p_h the share of positions where head h runs (0 for any static mask, 0.5 at most), and
@@ -52,20 +53,36 @@ def top_k_gates(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([torch.ones_like(keep[..., :1]), keep], -1)
 
 
+GREEDY_ROWS = 128
+"""Sequences per forward of :func:`greedy_gates` (windows × candidate removals): its memory is about
+this many times a window's logits, several times over."""
+
+
 @torch.no_grad()
-def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str) -> torch.Tensor:
-    """The greedy label-free oracle's gates (B, T, N) keeping k heads per position."""
-    dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)
+def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
+                 max_rows: int = GREEDY_ROWS) -> torch.Tensor:
+    """The greedy label-free oracle's gates (B, T, N) keeping k heads per position.
+
+    Each of its L·H − k steps tries every head's removal at once: the candidate removals are
+    stacked along the batch (``max_rows`` sequences per forward), the dense distribution is the one
+    pass made first, and each position drops the head still on whose removal moves its output the
+    least (the first such head on a tie)."""
+    batch, length = ids.shape
+    dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)  # (B, T, V)
     total = n_layers * n_heads
-    gates = torch.ones(*ids.shape, 1 + total, device=ids.device)
+    gates = torch.ones(batch, length, 1 + total, device=ids.device)
+    per = max(1, max_rows // batch)  # candidate removals per forward
     for _ in range(total - k):
-        cost = torch.full((*ids.shape, total), math.inf, device=ids.device)
-        for h in range(total):
-            trial = gates.clone()
-            trial[..., 1 + h] = 0
-            logits = forward_with_topology(lm, ids, head_graph(trial, n_layers, n_heads), trial, hard=True, skip=skip)
-            on = gates[..., 1 + h] > 0
-            cost[..., h] = torch.where(on, _kl(dense_logp, logits), cost[..., h])
+        cost = torch.empty(batch, length, total, device=ids.device)
+        for start in range(0, total, per):
+            heads = torch.arange(start, min(start + per, total), device=ids.device)
+            trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
+            trial[torch.arange(len(heads)), ..., 1 + heads] = 0
+            trial = trial.reshape(-1, length, 1 + total)
+            logits = forward_with_topology(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads),
+                                           trial, hard=True, skip=skip)
+            cost[..., heads] = _kl(dense_logp, logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
+        cost[gates[..., 1:] == 0] = math.inf  # a head already off cannot be dropped again
         drop = cost.argmin(-1)  # (B, T)
         gates.scatter_(-1, 1 + drop[..., None], 0.0)
     return gates
