@@ -14,6 +14,7 @@ import json  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -173,11 +174,21 @@ class BackgroundRepro:
             return
         self.path.mkdir()
         _, self.env = scratch_repo(REPO, self.path)
-        done = "rc=$?; cp dvc.lock ../dvc.lock.done 2>/dev/null; echo $rc > ../rc.tmp && mv ../rc.tmp ../rc"
-        self.proc = subprocess.Popen(["sh", "-c", f"dvc repro > ../repro.log 2>&1; {done}"], cwd=self.path, env=self.env)
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(["dvc", "repro"], cwd=self.path, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        threading.Thread(target=self._record_end, daemon=True).start()
         tmp = home / "env.json.tmp"
         tmp.write_text(json.dumps(self.env))
         tmp.rename(home / "env.json")
+
+    def _record_end(self) -> None:
+        """(In the worker that started the run.) Once it ends: its lock file, then its exit code."""
+        code = self.proc.wait()
+        if (self.path / "dvc.lock").exists():
+            shutil.copy(self.path / "dvc.lock", self.home / "dvc.lock.done")
+        (self.home / "rc.tmp").write_text(str(code))
+        (self.home / "rc.tmp").rename(self.home / "rc")
 
     def output(self) -> str:
         """Wait for the run; its output (an AssertionError with its tail when it failed)."""
@@ -198,15 +209,19 @@ class BackgroundRepro:
         return (self.home / "dvc.lock.done").read_text()
 
     def close(self) -> None:
-        """In the worker that started it: wait for the run (a worker may end its tests while another
-        still needs it)."""
-        if self.proc is not None:
-            self.proc.wait(timeout=1800)
+        """In the process that started it, at the session's end: in one process, stop a run still
+        going (no test is left to read it); under pytest-xdist, wait for it (the other worker's
+        tests may still read it; a Ctrl-C reaches the run as it reaches the workers)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            self.proc.terminate()
+        self.proc.wait(timeout=1800)
 
 
 TINY_RUNS = ("pipeline_repo", "second_tiny_run")
 """The tiny runs, by the fixture that gives each; the xdist group of the tests that read it
-(:func:`pytest_collection_modifyitems`)."""
+(:func:`pytest_itemcollected`)."""
 TINY_FIXTURES = {"pipeline_repo": ("pipeline_repo", "pipeline_repro_output", "queued_experiments", "pushed_repo"),
                  "second_tiny_run": ("second_tiny_run", "reproduced")}
 
