@@ -32,7 +32,7 @@ def pytest_itemcollected(item):
     (`make test`: ``-n 2 --dist loadgroup``) each run's tests are one group, run in order by one
     worker, while the other worker takes the other run's tests and the unit tests. (Marked as each
     test is collected: pytest-xdist reads the groups in its own ``pytest_collection_modifyitems``.)"""
-    run = next((run for run in TINY_RUNS if set(TINY_FIXTURES[run]) & set(item.fixturenames)), None)
+    run = next((run for run in TINY_RUNS if run in item.fixturenames), None)  # the closure: fixtures' fixtures too
     if run is not None:
         item.add_marker(pytest.mark.xdist_group(run))
 
@@ -222,8 +222,6 @@ class BackgroundRepro:
 TINY_RUNS = ("pipeline_repo", "second_tiny_run")
 """The tiny runs, by the fixture that gives each; the xdist group of the tests that read it
 (:func:`pytest_itemcollected`)."""
-TINY_FIXTURES = {"pipeline_repo": ("pipeline_repo", "pipeline_repro_output", "queued_experiments", "pushed_repo"),
-                 "second_tiny_run": ("second_tiny_run", "reproduced")}
 
 
 def shared_root(tmp_path_factory) -> Path:
