@@ -3,12 +3,13 @@ frozen context encoder, cached as a few big fp16 files for phase 1 and the pairs
 
 from transformers import AutoTokenizer
 
+from lookahead.artifacts.contexts import read_context_length
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.contexts import HEADLINE, ContextsConfig, build_contexts, read_context_length
+from lookahead.pipeline.contexts import HEADLINE, ContextsConfig, build_contexts
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": "token streams directory (input: the scoring set's val windows)",
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input)",
+        "oracle": "oracle targets directory (input: the train windows and distillation targets)",
         "out": "predictor safetensors (output)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
                                                      args.init, args.heads, args.out, args.checkpoints, tracker=run,
                                                      runtime_cfg=configs["runtime"], scoring_cfg=configs["scoring"],
-                                                     tokens_dir=args.tokens, scores_file=args.scores)
+                                                     tokens_dir=args.tokens, scores_file=args.scores,
+                                                     oracle_dir=args.oracle)
         write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from lookahead.artifacts.contexts import ContextCache
@@ -306,3 +307,81 @@ def test_greedy_distillation_targets_are_the_greedy_oracles_heads(phase_inputs):
     want = greedy_gates(lm, batch["windows"][:1, :-1], 2, 2, 2, "query")[0, :, 1:]
     assert torch.equal(targets[0], want) and targets.sum(-1).eq(2).all()
     assert set(shared) == {int(r) for r in batch["rows"]}  # filled for the stage's other seeds to reuse
+
+
+@pytest.fixture(scope="module")
+def oracle_dir(phase_inputs, tmp_path_factory):
+    """The oracle stage's targets for the tiny inputs: 3 train windows, 2 of 4 heads kept."""
+    from lookahead.pipeline.oracle import OracleConfig, build_oracle
+
+    out = tmp_path_factory.mktemp("oracle") / "oracle"
+    metrics = build_oracle(OracleConfig(windows=3, rows=3, device="cpu"), 0.5, "query", 12, phase_inputs["base"],
+                           phase_inputs["tokens"], out)
+    assert metrics["positions"] == 36 and metrics["heads_kept"] == 2 and 0 <= metrics["loo_greedy_agreement"] <= 1
+    return out
+
+
+def test_the_oracle_stage_holds_the_greedy_and_leave_one_out_targets_of_stream_windows(phase_inputs, oracle_dir, tmp_path):
+    from lookahead.artifacts.oracle_targets import TARGETS_FILE, OracleTargets, OracleTargetsError
+    from lookahead.graph.oracle import greedy_gates, greedy_keep, leave_one_out_kl
+    from lookahead.pipeline.oracle import OracleConfig, build_oracle
+    from lookahead.train import data
+
+    targets = OracleTargets(oracle_dir)
+    stream = data.load_stream(phase_inputs["tokens"], "train")
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    assert len(targets) == 3 and targets.windows.shape == (3, 13)
+    for window in targets.windows:  # windows of the train stream, 12 positions + the next token
+        starts = [s for s in range(len(stream) - 12) if np.array_equal(stream[s : s + 13], window.numpy())]
+        assert starts, "a window that is not in the train stream"
+    ids = targets.windows[:, :-1]
+    assert torch.equal(greedy_keep(targets.greedy_order, 2), greedy_gates(lm, ids, 2, 2, 2, "query"))
+    assert torch.equal(greedy_keep(targets.greedy_order, 3), greedy_gates(lm, ids, 2, 2, 3, "query"))
+    assert torch.allclose(targets.loo_kl, leave_one_out_kl(lm, ids, 2, 2, "query"), atol=1e-6)
+    kept = targets.scores("greedy", [2, 0]).topk(2, -1).indices.sort(-1).values
+    assert torch.equal(kept, greedy_gates(lm, ids[[2, 0]], 2, 2, 2, "query")[..., 1:].nonzero()[:, -1].view(2, 12, 2))
+    # deterministic: the same inputs, the same bytes
+    build_oracle(OracleConfig(windows=3, rows=3, device="cpu"), 0.5, "query", 12, phase_inputs["base"],
+                 phase_inputs["tokens"], tmp_path / "again")
+    assert (tmp_path / "again" / TARGETS_FILE).read_bytes() == (oracle_dir / TARGETS_FILE).read_bytes()
+    for skip, keep, length in (("full", 2, 12), ("query", 3, 12), ("query", 2, 16)):
+        with pytest.raises(OracleTargetsError, match="rerun `dvc repro oracle`"):
+            targets.check(skip, keep, 4, length)
+    with pytest.raises(OracleTargetsError, match="dvc repro oracle"):
+        OracleTargets(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("loss", ["bce", "listwise"])
+def test_phase1_trains_on_the_oracle_stages_windows_and_targets(phase_inputs, oracle_dir, loss):
+    from safetensors.torch import load_file
+
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.pipeline.phase1.build import distill_loss
+
+    targets = OracleTargets(oracle_dir)
+    cache = ContextCache(phase_inputs["contexts"])
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    init = load_file(str(phase_inputs["init"]))
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, keep=0.5), phase_inputs["init"],
+                                             2 * lm.config.hidden_size)
+    cfg = Phase1Config(distill_target="greedy", loss=loss, train_windows=2, train=TrainConfig(steps=4, batch_size=4))
+    module = Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
+                          load_file(str(phase_inputs["heads"]))["importance"], cfg, "query", oracle=targets)
+    batch = module.batch(0)
+    assert set(batch["rows"].tolist()) <= {0, 1} and batch["contexts"] is None  # the first train_windows of the file
+    assert torch.equal(batch["windows"], targets.windows[batch["rows"]])
+    scores = module._oracle_targets(batch["windows"], batch["rows"])
+    assert torch.equal(scores, targets.greedy_order[batch["rows"]].float()) and not module._train_loo
+    z = torch.randn(4, 12, 4, generator=torch.Generator().manual_seed(0))
+    keep = greedy_keep_set = (targets.greedy_order[batch["rows"]] == 4).float()
+    assert greedy_keep_set.sum(-1).eq(2).all()
+    if loss == "listwise":  # −(1/K) Σ_{h kept} log softmax(z)_h, averaged over positions
+        want = -(torch.log_softmax(z, -1) * keep).sum(-1).mean() / 2
+    else:  # BCE of z centred on its top-2 threshold (midway between the 2nd and 3rd largest)
+        top = z.sort(-1, descending=True).values
+        want = F.binary_cross_entropy_with_logits(z - (top[..., 1:2] + top[..., 2:3]) / 2, keep)
+    assert distill_loss(z, scores, 0.5, 2, loss).item() == pytest.approx(want.item(), rel=1e-6)
+    loss_value, figures = module.loss(predictor, batch)
+    assert math.isfinite(loss_value.item()) and figures["distill"] > 0
+    with pytest.raises(ConfigError, match="loss"):
+        Phase1Config(loss="ranknet")

@@ -28,7 +28,7 @@ from lookahead.core.report import MAX_HEADLINE
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "phase1", "pairs", "diffusion",
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "phase1", "pairs", "diffusion",
           "phase2", "control", "static_control", "evaluate")
 
 

@@ -13,7 +13,8 @@ from lookahead.core.errors import ConfigError
 from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, keep_count, l0_penalty,
                                     logistic_noise, topk_mask)
 from lookahead.graph.nodes import head_graph, n_nodes
-from lookahead.graph.oracle import greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, leave_one_out_kl, routing_stats,
+                                     top_k_gates)
 from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
 from lookahead.graph.router_inputs import lm_states
 from lookahead.graph.runtime import RuntimeConfig
@@ -222,3 +223,14 @@ def test_shared_heads_run_at_every_token_and_the_router_fills_the_rest_of_the_bu
         StructurePredictor(PredictorConfig.cascade(rank=2, hidden=8, geo_features=False), 3, 4, 6).set_always_on([1])
     with pytest.raises(ConfigError, match="always_on"):
         PredictorConfig(always_on=[1, 1])
+
+
+def test_the_greedy_removal_order_gives_the_keep_set_at_every_larger_budget():
+    """Run down to k heads, the greedy oracle's removal order holds its keep set at every k' >= k
+    (the greedy steps to k' are the first steps to k)."""
+    model = tiny_olmo2(n_layers=2, n_heads=3, hidden=36, ffn=32)
+    ids = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(12))
+    order = greedy_order(model, ids, 2, 3, 1, "query")
+    assert torch.equal(torch.sort(order, -1).values, torch.tensor([0, 1, 2, 3, 4, 6]).expand(2, 5, 6))
+    for k in (1, 2, 4, 6):
+        assert torch.equal(greedy_keep(order, k), greedy_gates(model, ids, 2, 3, k, "query")), k

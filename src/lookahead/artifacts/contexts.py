@@ -76,3 +76,17 @@ class ContextCache:
         where = self.dir / META_FILE
         return (int(recorded(self.meta, "config", "window", stage="contexts", source=where)),
                 bool(recorded(self.meta, "config", "trust_remote_code", stage="contexts", source=where)))
+
+
+def read_context_length(params_path: str | Path) -> int:
+    """``base.arch.context_length`` of a params file: the window length of the cache and of the
+    oracle stage's windows (validated here, so the stages that read it do not import the base
+    stage's module)."""
+    from lookahead.core.config import read_params
+    from lookahead.core.errors import ConfigError
+
+    arch = (read_params(params_path).get("base") or {}).get("arch") or {}
+    value = arch.get("context_length") if isinstance(arch, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("base.arch.context_length", f"must be an integer >= 1; got {value!r}")
+    return value

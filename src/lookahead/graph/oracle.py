@@ -60,10 +60,20 @@ vocabulary are bound by memory (benchmarks/greedy_oracle.py: at one 128-token wi
 the default base, 177 positions/s with 8 rows, 141 with 32, 126 with 128)."""
 
 
-@torch.no_grad()
-def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
+def greedy_order(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
                  max_rows: int = GREEDY_ROWS) -> torch.Tensor:
-    """The greedy label-free oracle's gates (B, T, N) keeping k heads per position.
+    """The greedy label-free oracle's removal order (B, T, L·H) down to k heads per position: the
+    step at which each head was dropped, L·H for the k heads it keeps. Its keep set at any budget
+    k' >= k is the heads of order >= L·H − k' (:func:`greedy_keep`)."""
+    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows)[0]
+
+
+@torch.no_grad()
+def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
+                   max_rows: int = GREEDY_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy oracle's removal order (:func:`greedy_order`) and the cost of its first step,
+    which is every head's leave-one-out KL (B, T, L·H) (:func:`leave_one_out_kl`, from batched
+    forwards: equal to float rounding).
 
     Each of its L·H − k steps tries every head's removal at once: the candidate removals are
     stacked along the batch (``max_rows`` sequences per forward), the dense distribution is the one
@@ -73,8 +83,10 @@ def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, ski
     dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)  # (B, T, V)
     total = n_layers * n_heads
     gates = torch.ones(batch, length, 1 + total, device=ids.device)
+    order = torch.full((batch, length, total), total, dtype=torch.long, device=ids.device)
+    first = None
     per = max(1, max_rows // batch)  # candidate removals per forward
-    for _ in range(total - k):
+    for step in range(total - k):
         cost = torch.empty(batch, length, total, device=ids.device)
         for start in range(0, total, per):
             heads = torch.arange(start, min(start + per, total), device=ids.device)
@@ -84,10 +96,26 @@ def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, ski
             logits = forward_with_topology(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads),
                                            trial, hard=True, skip=skip)
             cost[..., heads] = _kl(dense_logp, logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
+        if first is None:
+            first = cost.clone()
         cost[gates[..., 1:] == 0] = math.inf  # a head already off cannot be dropped again
         drop = cost.argmin(-1)  # (B, T)
         gates.scatter_(-1, 1 + drop[..., None], 0.0)
-    return gates
+        order.scatter_(-1, drop[..., None], step)
+    return order, first
+
+
+def greedy_keep(order: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-position gates (…, N) of the greedy oracle's keep set of k heads from its removal order
+    (…, L·H) (:func:`greedy_order`, run down to k heads or fewer); the source on."""
+    keep = (order >= order.shape[-1] - k).float()
+    return torch.cat([torch.ones_like(keep[..., :1]), keep], -1)
+
+
+def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
+                 max_rows: int = GREEDY_ROWS) -> torch.Tensor:
+    """The greedy label-free oracle's gates (B, T, N) keeping k heads per position (:func:`greedy_order`)."""
+    return greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows), k)
 
 
 @torch.no_grad()

@@ -60,18 +60,6 @@ class ContextsConfig:
         require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
 
 
-def read_context_length(params_path: str | Path) -> int:
-    """``base.arch.context_length`` of a params file: the window length (validated here, so this
-    stage does not import the base stage's module)."""
-    from lookahead.core.config import read_params
-
-    arch = (read_params(params_path).get("base") or {}).get("arch") or {}
-    value = arch.get("context_length") if isinstance(arch, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError("base.arch.context_length", f"must be an integer >= 1; got {value!r}")
-    return value
-
-
 def draw_windows(tokens_dir: str | Path, cfg: ContextsConfig, context_length: int) -> dict[str, np.ndarray]:
     """{split: (n, T+1) int64 windows}: seeded random train windows, a seeded choice of the val
     stream's non-overlapping windows."""

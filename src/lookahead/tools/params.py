@@ -30,6 +30,7 @@ SECTIONS: dict[str, str] = {
     "predictor": "lookahead.graph.predictor:PredictorConfig",
     "runtime": "lookahead.graph.runtime:RuntimeConfig",
     "contexts": "lookahead.pipeline.contexts:ContextsConfig",
+    "oracle": "lookahead.pipeline.oracle:OracleConfig",
     "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
     "pairs": "lookahead.pipeline.pairs:PairsConfig",
     "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",

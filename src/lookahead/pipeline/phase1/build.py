@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.oracle_targets import TARGETS_FILE, OracleTargets
 from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, save_scores, scoring_windows
 from lookahead.core.config import to_dict
@@ -103,8 +104,17 @@ class Phase1Config:
     stay causal)."""
     distill_target: str = "loo"
     """The oracle distilled from: loo (each position's top-K by leave-one-out KL) or greedy (the
-    greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window, computed
-    once per stage run and shared by its seeds)."""
+    greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window). Both
+    come from the oracle stage's train windows (``data/oracle``) for routers that read the LM; a
+    router that reads the context cache trains on the cache's windows, its targets computed once
+    per stage run and shared by its seeds."""
+    loss: str = "bce"
+    """Distillation loss: bce (each head's keep logit, centred on the router's top-K threshold,
+    against the oracle's keep set) or listwise (softmax cross-entropy of the keep set over the
+    router's scores: −mean over kept heads of log softmax(z), a ListNet-style ranking loss)."""
+    train_windows: int = 0
+    """Oracle windows trained on, the first ones of the oracle stage's draw (0 = all of them): the
+    curve of router quality against oracle windows without recomputing the oracle."""
     static_twin: bool = True
     """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
@@ -127,6 +137,8 @@ class Phase1Config:
         require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
         require(self.distill_target in ("loo", "greedy"), "distill_target",
                 f"must be loo or greedy; got {self.distill_target!r}")
+        require(self.loss in ("bce", "listwise"), "loss", f"must be bce or listwise; got {self.loss!r}")
+        require(self.train_windows >= 0, "train_windows", f"must be >= 0 (0 = all); got {self.train_windows}")
         require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
                 "is 0 and so is distill: nothing would train the router (set one of them > 0)")
 
@@ -149,11 +161,12 @@ class Phase1Module:
     """The phase's step object for :func:`lookahead.train.loop.train`: the predictor trains, the LM is frozen.
 
     ``zero_inputs``: the router sees zeros instead of its context and geometric features (the
-    static twin: whatever it learns is one mask for every position)."""
+    static twin: whatever it learns is one mask for every position). ``oracle``: the oracle stage's
+    targets; its windows are the training windows of a router that does not read the cache."""
 
     def __init__(self, predictor: StructurePredictor, lm, cache: ContextCache, geo: GeoLookup,
                  importance: torch.Tensor, cfg: Phase1Config, skip: str = "full", zero_inputs: bool = False,
-                 oracle_targets: dict | None = None):
+                 oracle_targets: dict | None = None, oracle: OracleTargets | None = None):
         self.model = predictor
         self.lm = lm.eval().requires_grad_(False)
         self.cache, self.geo, self.cfg = cache, geo, cfg
@@ -171,6 +184,13 @@ class Phase1Module:
         self._oracle: dict[int, float] = {}  # heads kept per position -> the oracle's NLL
         # train window -> its oracle scores (T, L·H): leave-one-out KL, or the greedy oracle's 0/1 heads
         self._train_loo: dict[int, torch.Tensor] = {} if oracle_targets is None else oracle_targets
+        self.oracle = oracle if predictor.cfg.input != "cache" else None
+        if self.oracle is not None:
+            self.oracle.check(skip, self.keep_k(), self.n_layers * self.n_heads, cache.context_length)
+            self.n_train = len(self.oracle) if cfg.train_windows == 0 else min(cfg.train_windows, len(self.oracle))
+        else:
+            self.n_train = len(cache.windows("train"))
+        self._greedy: dict[int, list[torch.Tensor]] = {}  # heads kept -> per-batch greedy oracle gates (B, T, N)
         self.static_curve: list[dict] | None = None
         self.last_eval: dict = {}
 
@@ -188,10 +208,17 @@ class Phase1Module:
         context = router_context(self.model.cfg.input, self.lm, ids, contexts)
         return context, (self.geo(ids) if self.model.geo_dim else None)
 
+    def keep_k(self) -> int:
+        """Heads the router keeps per position (its top-K budget)."""
+        return keep_count(self.n_layers * self.n_heads, self.n_layers, self.model.cfg.keep, per_layer=False)
+
     def batch(self, step: int) -> dict:
         t = self.cfg.train
-        rows = np.random.default_rng([t.seed, step, 0, 50]).integers(0, len(self.cache.windows("train")), t.batch_size)
-        windows, contexts = self.cache.batch("train", rows)
+        rows = np.random.default_rng([t.seed, step, 0, 50]).integers(0, self.n_train, t.batch_size)
+        if self.oracle is not None:
+            windows, contexts = self.oracle.windows[torch.from_numpy(rows)], None
+        else:
+            windows, contexts = self.cache.batch("train", rows)
         self.tau_now = self.cfg.tau(step)
         hard = 0 <= self.cfg.hard_from_step <= step
         return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard,
@@ -199,14 +226,16 @@ class Phase1Module:
 
     def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
         """The oracle's scores (B, T, L·H) of training windows — leave-one-out KL, or 1 for the greedy
-        oracle's heads —, computed once per window and one window at a time (the same numbers
-        whichever batch first needs a window: a resumed run trains on the same targets)."""
+        oracle's heads —, read from the oracle stage's file, or (a router that reads the cache)
+        computed once per window and one window at a time (the same numbers whichever batch first
+        needs a window: a resumed run trains on the same targets)."""
+        if self.oracle is not None:
+            return self.oracle.scores(self.cfg.distill_target, rows).to(self.device)
         for i, r in enumerate(int(x) for x in rows):
             if r not in self._train_loo:
                 ids = windows[i : i + 1, :-1].to(self.device)
                 if self.cfg.distill_target == "greedy":
-                    k = keep_count(self.n_layers * self.n_heads, self.n_layers, self.model.cfg.keep, per_layer=False)
-                    scores = greedy_gates(self.lm, ids, self.n_layers, self.n_heads, k, self.skip)[..., 1:]
+                    scores = greedy_gates(self.lm, ids, self.n_layers, self.n_heads, self.keep_k(), self.skip)[..., 1:]
                 else:
                     scores = leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)
                 self._train_loo[r] = scores[0].cpu()
@@ -242,7 +271,8 @@ class Phase1Module:
             if self.cfg.balance:
                 loss = loss + self.cfg.balance * balance_loss(gates[..., 1:], pcfg.keep)
             if self.cfg.distill:
-                distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers)
+                distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers,
+                                       self.cfg.loss)
                 loss = loss + self.cfg.distill * distill
                 figures["distill"] = distill.item()
             figures["logit_abs"] = z.detach().abs().mean().item()
@@ -277,11 +307,19 @@ class Phase1Module:
         return self._oracle[keep]
 
     @torch.no_grad()
+    def greedy_val_gates(self, keep: int) -> list[torch.Tensor]:
+        """The greedy label-free oracle's gates (B, T, N) keeping ``keep`` heads, per val batch
+        (computed once per head count: the LM is frozen)."""
+        if keep not in self._greedy:
+            self._greedy[keep] = [greedy_gates(self.lm, w[:, :-1], self.n_layers, self.n_heads, keep, self.skip)
+                                  for w, _, _ in self._val_batches()]
+        return self._greedy[keep]
+
+    @torch.no_grad()
     def greedy_oracle_nll(self, keep: int) -> float:
         """NLL of the greedy label-free oracle keeping ``keep`` heads at every position."""
         total, count = 0.0, 0
-        for windows, _, _ in self._val_batches():
-            gates = greedy_gates(self.lm, windows[:, :-1], self.n_layers, self.n_heads, keep, self.skip)
+        for (windows, _, _), gates in zip(self._val_batches(), self.greedy_val_gates(keep)):
             nll = gates_nll(self.lm, windows, gates, self.n_layers, self.n_heads, self.skip)
             total, count = total + nll.sum().item(), count + nll.numel()
         return total / count
@@ -341,6 +379,10 @@ class Phase1Module:
         hard = totals.mean("hard")
         keep = round(fraction * self.n_layers * self.n_heads)
         oracle = self.oracle_nll(keep) if self.cfg.oracle != "none" else None
+        recall = None
+        if self.cfg.oracle == "greedy" and keep > 0:  # |router's heads ∩ the greedy oracle's| / K per position
+            greedy = torch.cat([g[..., 1:].reshape(-1, self.n_layers * self.n_heads) for g in self.greedy_val_gates(keep)])
+            recall = ((greedy > 0) & on).sum(-1).double().mean().item() / keep
         metrics = {
             "dense_nll": totals.mean("dense"),
             "soft_nll": totals.mean("soft"),
@@ -352,6 +394,7 @@ class Phase1Module:
             "random_heads_nll": random_nll,
             "oracle_nll": oracle,
             "oracle_capture": capture(static, hard, oracle),
+            "oracle_recall_at_k": recall,
             "context_shuffle_dnll": shuffled - hard,
             **routing_stats(on, self.n_layers),
             "tau": self.tau_now,
@@ -413,12 +456,15 @@ def score_final(module: Phase1Module, model, scoring: ScoringSet) -> dict[str, n
             "static": scoring.shared["static", keep], "active_head_fraction": fraction}
 
 
-def distill_loss(z: torch.Tensor, kl: torch.Tensor, keep: float, n_layers: int) -> torch.Tensor:
-    """BCE of keep logits z (…, L·H), centred on their own top-K threshold, against the oracle's
-    top-K heads by leave-one-out KL (…, L·H), K = round(keep · L·H)."""
+def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce") -> torch.Tensor:
+    """Distillation of keep logits z (…, L·H) toward the oracle's keep set, the top-K of its
+    ``scores`` (…, L·H), K = round(keep · L·H): ``bce`` of z centred on its own top-K threshold
+    against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h."""
     k = keep_count(z.shape[-1], n_layers, keep, per_layer=False)
+    target = top_k_gates(scores, k)[..., 1:]
+    if loss == "listwise":
+        return -(target * F.log_softmax(z, -1)).sum(-1).mean() / k
     _, theta = topk_mask(z, k, n_layers, per_layer=False)
-    target = top_k_gates(kl, k)[..., 1:]
     return F.binary_cross_entropy_with_logits(z - theta, target)
 
 
@@ -433,21 +479,22 @@ def capture(static: float, router: float, oracle: float | None) -> float | None:
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
 SEEDED = ("hard_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase", "oracle_capture",
-          "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
+          "greedy_capture", "oracle_recall_at_k", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
 # dense_nll, hard_nll and static pruning (and the claim, with its interval) score the scoring set;
 # the rest, the cache's val windows (the module docstring); soft_nll, active_edge_fraction and
 # gate_entropy_bits stay in the report
 HEADLINE = (*seeded_headline(("dense_nll", "hard_nll", "active_head_fraction", "below_dense_fraction",
-                              "static_pruning_nll", "random_heads_nll", "oracle_nll", "hard_nll_increase",
-                              "static_pruning_nll_increase", "increase_over_static_increase", "oracle_capture",
-                              "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap"), SEEDED)[:-1],
+                              "static_pruning_nll", "random_heads_nll", "oracle_nll", "greedy_oracle_nll",
+                              "hard_nll_increase", "static_pruning_nll_increase", "increase_over_static_increase",
+                              "oracle_capture", "greedy_capture", "oracle_recall_at_k", "dynamic_fraction",
+                              "context_shuffle_dnll", "static_twin_gap"), SEEDED)[:-1],
             *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
 
 
-VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "static_curve")
+VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "_greedy", "static_curve")
 """What a :class:`Phase1Module`'s periodic evaluation computes once and no seed changes: the val
 batches and the router's inputs there, the frozen LM's dense NLL, the leave-one-out oracle (its KL
-and its NLL per head count) and the static-pruning curve."""
+and its NLL per head count), the greedy oracle's gates per head count and the static-pruning curve."""
 
 
 def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, lm, importance) -> StructurePredictor:
@@ -462,14 +509,16 @@ def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, l
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
                  oracle_targets: dict | None = None, scoring: ScoringSet | None = None,
-                 val_state: dict | None = None) -> tuple[dict, TrainResult, Phase1Module]:
+                 val_state: dict | None = None, oracle: OracleTargets | None = None
+                 ) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
     ``oracle_targets``: the distillation targets by train window, shared between runs of the same
     inputs (the stage's seeds); filled as they are computed. ``scoring``: the val set the final
     dense, hard and static-pruning NLLs score (their per-position values in ``token_nll``); None:
     the cache's val windows, as the periodic evaluation. ``val_state``: the periodic evaluation's
     seed-independent figures (:data:`VAL_STATE`), shared between runs of the same inputs: read when
-    filled, filled otherwise."""
+    filled, filled otherwise. ``oracle``: the oracle stage's targets, the training windows of a
+    router that does not read the cache (None: the cache's train windows, targets computed here)."""
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
@@ -491,7 +540,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                          "rerun `dvc repro` from the probe stage")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     oracle_targets = {} if oracle_targets is None else oracle_targets
-    module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip, oracle_targets=oracle_targets)
+    module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip, oracle_targets=oracle_targets,
+                          oracle=oracle)
     for name, value in (val_state or {}).items():
         setattr(module, name, value)
 
@@ -499,6 +549,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     initial = module.evaluate(predictor.to(module.device))  # the starting point: near the dense graph
     config = {"phase1": to_dict(cfg), "predictor": to_dict(predictor_cfg), "runtime": to_dict(runtime_cfg)}
     files = [init_file, Path(base_dir) / "model.safetensors"]
+    if module.oracle is not None:  # its windows and targets are what the router trains on
+        files.append(module.oracle.dir / TARGETS_FILE)
     ckpt = checkpoint_dir(checkpoint_root, "phase1", config, files, [cache.fingerprint()])
     result = train(module, cfg.train, stage="phase1", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **initial})
@@ -533,10 +585,10 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
-    if cfg.oracle == "greedy":
+    if cfg.oracle == "greedy":  # on the cache's val windows, like oracle_capture
         greedy = module.greedy_oracle_nll(final["oracle_heads_kept"])
-        metrics.update({"greedy_oracle_nll": greedy,
-                        "greedy_oracle_capture": capture(final["static_pruning_nll"], final["hard_nll"], greedy)})
+        metrics.update({"greedy_oracle_nll": greedy, "oracle_recall_at_k": final["oracle_recall_at_k"],
+                        "greedy_capture": capture(final["static_pruning_nll"], final["hard_nll"], greedy)})
     if cfg.static_twin:
         metrics.update(_static_twin(cfg, predictor_cfg, module, init_file, files, checkpoint_root, final))
     return metrics, result, module
@@ -548,7 +600,7 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
     torch.manual_seed(cfg.train.seed)
     twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
     twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
-                               zero_inputs=True, oracle_targets=module._train_loo)
+                               zero_inputs=True, oracle_targets=module._train_loo, oracle=module.oracle)
     twin_module.static_curve = module.static_curve
     twin_module._loo, twin_module._dense = module._loo, module._dense
     twin_module.place(module.device)
@@ -566,7 +618,7 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
 
 def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                        out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
-                       scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None
+                       scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None, oracle_dir=None
                        ) -> tuple[dict, TrainResult, Phase1Module]:
     """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
@@ -574,7 +626,9 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     seed's per-position NLLs go to ``scores_file``
     (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), ``static`` and ``hard``
     (seeds, P), static pruning at each seed's head count) and the claim
-    ``router_minus_static_pruning`` gets its interval."""
+    ``router_minus_static_pruning`` gets its interval. ``oracle_dir``: the oracle stage's targets
+    (:mod:`lookahead.artifacts.oracle_targets`)."""
+    oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
     targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
     val_state: dict = {}  # nor does the periodic evaluation's reference work
     scoring = None
@@ -583,10 +637,11 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
         scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
                               predictor_cfg, resolve_device(cfg.train.device, "phase1.train.device"))
     metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker, runtime_cfg, targets, scoring, val_state)
+                                           checkpoint_root, tracker, runtime_cfg, targets, scoring, val_state, oracle)
     others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
         c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring, val_state=val_state)[0],
+        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring, val_state=val_state,
+        oracle=oracle)[0],
         "phase1")
     tokens = [run.pop("token_nll", None) for run in (metrics, *others)]
     out = with_spread(metrics, others, SEEDED)

@@ -1,0 +1,88 @@
+"""The oracle stage (issue: a router that gets most of the greedy oracle): label-free per-position
+targets for phase 1, computed once per base LM, budget and skip mode.
+
+For ``windows`` train windows drawn from the train token stream (a seeded draw of its own, not only
+the context cache's), the frozen base LM gives, at every position, the greedy oracle's removal
+order down to the configured budget (:func:`lookahead.graph.oracle.greedy_order`: its keep set at
+that budget and at any larger one) and every head's leave-one-out KL (the cost of the greedy
+oracle's first step: no extra forward). The layout is
+:mod:`lookahead.artifacts.oracle_targets`'s. Deterministic: the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from lookahead.artifacts.oracle_targets import META_FILE, TARGETS_FILE
+from lookahead.core.atomic import atomic_dir
+from lookahead.core.config import to_dict
+from lookahead.core.devices import resolve_device
+from lookahead.core.errors import require
+from lookahead.graph.gating import keep_count
+from lookahead.graph.oracle import GREEDY_ROWS, greedy_targets, top_k_gates
+from lookahead.train import data
+
+
+@dataclasses.dataclass
+class OracleConfig:
+    """Train windows of the oracle's targets (issue: a router that gets most of the greedy oracle)."""
+
+    windows: int = 256
+    """Train windows of ``base.arch.context_length`` tokens drawn from the train stream (seeded)."""
+    seed: int = 0
+    """Seed of the draw."""
+    rows: int = GREEDY_ROWS
+    """Sequences per forward of the greedy oracle (one window × candidate removals)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` = CUDA when available."""
+
+    def __post_init__(self) -> None:
+        require(self.windows >= 1, "windows", f"must be >= 1; got {self.windows}")
+        require(self.rows >= 1, "rows", f"must be >= 1; got {self.rows}")
+        require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
+
+
+# metrics/oracle.json (lookahead.core.report); timings stay in the report
+HEADLINE = ("windows", "positions", "heads_kept", "skip", "loo_greedy_agreement")
+
+
+def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_length: int, base_dir, tokens_dir,
+                 out_dir) -> dict:
+    """Compute the targets and write them atomically to ``out_dir``; return the stage's metrics."""
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(cfg.device, "oracle.device")
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().to(device)
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    total = n_layers * n_heads
+    k = keep_count(total, n_layers, keep_fraction, per_layer=False)
+    windows = data.train_batch(data.load_stream(tokens_dir, "train"), step=0, batch_size=cfg.windows,
+                               seq_len=context_length, seed=cfg.seed, salt=43)
+    order, loo = [], []
+    tic = time.perf_counter()
+    for window in tqdm(windows, desc="oracle (greedy; its first step: leave-one-out)", unit="window", mininterval=5):
+        steps, first = greedy_targets(lm, window[None, :-1].to(device), n_layers, n_heads, k, skip, cfg.rows)
+        order.append(steps[0].to(torch.int16).cpu())
+        loo.append(first[0].float().cpu())
+    seconds = time.perf_counter() - tic
+    order_t, loo_t = torch.stack(order), torch.stack(loo)
+    # how often the two oracles keep the same heads: |loo top-K ∩ greedy keep set| / K
+    agreement = (top_k_gates(loo_t, k)[..., 1:] * (order_t.long() == total)).sum(-1).double().mean().item() / k
+    with atomic_dir(out_dir) as tmp:
+        save_file({"windows": windows.contiguous(), "greedy_order": order_t.contiguous(), "loo_kl": loo_t.contiguous()},
+                  str(tmp / TARGETS_FILE))
+        meta = {"skip": skip, "keep": k, "keep_fraction": keep_fraction, "n_layers": n_layers, "n_heads": n_heads,
+                "windows": cfg.windows, "context_length": context_length, "config": to_dict(cfg)}
+        (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    positions = cfg.windows * context_length
+    return {"windows": cfg.windows, "positions": positions, "heads_kept": k, "skip": skip,
+            "loo_greedy_agreement": agreement,
+            "positions_per_s": positions / max(seconds, 1e-9), "oracle_seconds": seconds}

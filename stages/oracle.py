@@ -1,0 +1,42 @@
+"""DVC stage `oracle`: per-position label-free oracle targets (the greedy oracle's removal order and
+every head's leave-one-out KL) of train windows from the token stream, under the frozen base LM at
+the configured budget and skip mode, for phase 1 to distil from."""
+
+from lookahead.artifacts.contexts import read_context_length
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.graph.predictor import PredictorConfig
+from lookahead.graph.runtime import RuntimeConfig
+from lookahead.pipeline.oracle import HEADLINE, OracleConfig, build_oracle
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_stage_args(__doc__, {
+        "base": "base model directory (input)",
+        "tokens": "token streams directory (input)",
+        "out": "oracle targets directory (output)",
+        "metrics": "headline metrics json",
+        "report": "full report json",
+    }, argv)
+    configs = {
+        "oracle": load_section(args.params, "oracle", OracleConfig),
+        "predictor": load_section(args.params, "predictor", PredictorConfig),
+        "runtime": load_section(args.params, "runtime", RuntimeConfig),
+    }
+    context_length = read_context_length(args.params)
+    if args.dry_run:
+        return print_config({**configs, "base.arch.context_length": context_length})
+    check_inputs(args.inputs)
+    params = {"oracle": to_dict(configs["oracle"]), "predictor.keep": configs["predictor"].keep,
+              "runtime.skip": configs["runtime"].skip, "base.arch": {"context_length": context_length}}
+    with stage_run("oracle", params) as run:
+        metrics = build_oracle(configs["oracle"], configs["predictor"].keep, configs["runtime"].skip, context_length,
+                               args.base, args.tokens, args.out)
+        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
+
+
+if __name__ == "__main__":
+    cli(main)
