@@ -88,7 +88,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert timing["contexts"]["positions_per_s"] > 0
     assert np.load(path / "data" / "contexts" / "train_contexts.npy", mmap_mode="r").shape == (8, 32, 384)
     phase1 = headline["phase1"]
-    assert {"dense_nll", "hard_nll", "active_head_fraction", "below_dense_fraction", "static_pruning_nll", "random_heads_nll",
+    assert {"dense_nll", "hard_nll", "active_head_fraction", "static_pruning_nll", "random_heads_nll", "deployed_nll",
             "router_minus_static_pruning", "router_minus_static_pruning_ci_low", "router_minus_static_pruning_ci_high"} <= set(phase1)
     assert {"soft_nll", "active_edge_fraction"} <= set(report["phase1"])
     # the headline NLLs are the scoring set's; what later stages compare with is the cache's val windows

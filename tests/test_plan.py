@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from lookahead.graph.generate import GenerateError, Router, generate, generate_dense, main
+from lookahead.graph.generate import GenerateError, Router, generate, generate_dense, main, self_consistent
 from lookahead.graph.nodes import baseline_graph, head_graph, n_nodes
 from lookahead.graph.plan import KVCache, execute, gated_forward, standard_stream
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
@@ -143,6 +143,30 @@ def test_generation_with_the_cache_equals_the_loop_without(model, skip, temperat
     assert not torch.equal(runs[0].gates[:, 0], runs[0].gates[:, -1])  # the topology moves along the sequence
     # the prompt's gates are the router's on the dense pass over it (the pipeline's contract)
     assert torch.equal(runs[0].gates[:, :5], router.gates(prompt))
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_self_consistent_routing_is_the_fixed_point_of_routing_on_its_own_states(model, skip):
+    """The router as deployed (its input at t from the routed forward at t − 1) is the unique fixed
+    point of "route on the states of the routed model": a plain reference iterates whole forwards
+    until the gates stop changing (position t is final after t + 1 rounds); the cached decoding
+    reaches the same gates and logits in one pass. It is not the dense-state routing."""
+    router = Router(head_router(model), model)
+    ids = torch.randint(0, 61, (3, 9), generator=torch.Generator().manual_seed(6))
+    logits, gates = self_consistent(model, router, ids, skip)
+    want = router.gates(ids)  # round 0: the dense pass's states
+    for _ in range(ids.shape[1] + 1):
+        hidden = gated_forward(model, ids, want, skip).hidden
+        again = router.gates(ids, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1))
+        if torch.equal(again, want):
+            break
+        want = again
+    assert torch.equal(gates, want)
+    assert torch.allclose(logits, gated_forward(model, ids, want, skip).logits, atol=TOL)
+    assert not torch.equal(gates, router.gates(ids))
+    # a router that reads no state: the same gates as over the whole window
+    embedding = Router(head_router(model, "embedding"), model)
+    assert torch.equal(self_consistent(model, embedding, ids, skip)[1], embedding.gates(ids))
 
 
 def test_dense_generation_is_stock_greedy_decoding(model):

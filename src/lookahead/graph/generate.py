@@ -123,6 +123,27 @@ def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip
 
 
 @torch.no_grad()
+def self_consistent(lm, router: Router, ids: torch.Tensor, skip: str = "query") -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, T, V) and gates (B, T, N) of windows ``ids`` (B, T) routed as deployed: position
+    by position through the KV cache, the router at t reading the final hidden state of the routed
+    forward that ran at t − 1 (zeros at t = 0), not a dense pass's. Teacher-forced (the next input
+    is the window's token), so its NLL is what generation's routed model assigns the window; for
+    an ``embedding`` router, the same gates as :meth:`Router.gates` over the whole window."""
+    check_model(lm)
+    batch, length = ids.shape
+    cache = KVCache(lm, batch, length, skip)
+    previous = torch.zeros(batch, 1, lm.config.hidden_size, device=ids.device)
+    logits, gates = [], []
+    for t in range(length):
+        step = router.gates(ids[:, t : t + 1], previous)
+        out = gated_forward(lm, ids[:, t : t + 1], step, skip, cache)
+        previous = out.hidden
+        logits.append(out.logits)
+        gates.append(step)
+    return torch.cat(logits, 1), torch.cat(gates, 1)
+
+
+@torch.no_grad()
 def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
                    generator: torch.Generator | None = None) -> Generation:
     """Dense generation with the stock forward and its preallocated KV cache (``StaticCache``: the

@@ -44,7 +44,8 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import require
 from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
-from lookahead.core.seeds import final_evaluation_only, other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import final_evaluation_only, other_seeds, with_spread
+from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
 from lookahead.graph.nodes import n_edges, static_topology
 from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
@@ -453,7 +454,31 @@ def score_final(module: Phase1Module, model, scoring: ScoringSet) -> dict[str, n
         scoring.shared["static", keep] = torch.cat([token_nll(execute(lm, w[:, :-1], adjacency, gates, skip), w[:, 1:])
                                                     .flatten() for w, _ in scoring.batches]).numpy()
     return {"dense": scoring.shared["dense"], "hard": torch.cat(hard).numpy(),
-            "static": scoring.shared["static", keep], "active_head_fraction": fraction}
+            "static": scoring.shared["static", keep], "active_head_fraction": fraction,
+            "deployed": deployed_nll(module, model, scoring)}
+
+
+DEPLOYED_WINDOWS = 64
+"""Windows decoded together by :func:`deployed_nll` (one cached step of each per forward)."""
+
+
+@torch.no_grad()
+def deployed_nll(module: Phase1Module, model, scoring: ScoringSet) -> np.ndarray | None:
+    """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
+    routed model's own states (:func:`lookahead.graph.generate.self_consistent`, position by
+    position), not from a dense pass. None for routers that read no LM state (the dense-state
+    figure is already theirs: ``embedding``) or cannot run that way (``cache``, the cascade)."""
+    cfg = model.cfg
+    if cfg.input != "lm" or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
+        return None
+    router = Router(model, module.lm, module.geo if model.geo_dim else None)
+    windows = torch.cat([w for w, _ in scoring.batches])
+    out = []
+    with eval_mode(model):
+        for chunk in windows.split(DEPLOYED_WINDOWS):
+            logits, _ = self_consistent(module.lm, router, chunk[:, :-1], module.skip)
+            out.append(token_nll(logits, chunk[:, 1:]).flatten())
+    return torch.cat(out).numpy()
 
 
 def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce") -> torch.Tensor:
@@ -478,17 +503,19 @@ def capture(static: float, router: float, oracle: float | None) -> float | None:
 
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
-SEEDED = ("hard_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase", "oracle_capture",
+SEEDED = ("hard_nll", "deployed_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase",
+          "deployed_increase_over_static_increase", "oracle_capture",
           "greedy_capture", "oracle_recall_at_k", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
 # dense_nll, hard_nll and static pruning (and the claim, with its interval) score the scoring set;
 # the rest, the cache's val windows (the module docstring); soft_nll, active_edge_fraction and
 # gate_entropy_bits stay in the report
-HEADLINE = (*seeded_headline(("dense_nll", "hard_nll", "active_head_fraction", "below_dense_fraction",
-                              "static_pruning_nll", "random_heads_nll", "oracle_nll", "greedy_oracle_nll",
-                              "hard_nll_increase", "static_pruning_nll_increase", "increase_over_static_increase",
-                              "oracle_capture", "greedy_capture", "oracle_recall_at_k", "dynamic_fraction",
-                              "context_shuffle_dnll", "static_twin_gap"), SEEDED)[:-1],
+HEADLINE = ("dense_nll", "hard_nll", "hard_nll_sd", "deployed_nll", "deployed_nll_sd", "active_head_fraction",
+            "static_pruning_nll", "random_heads_nll", "oracle_nll", "greedy_oracle_nll",
+            "increase_over_static_increase", "increase_over_static_increase_sd", "deployed_increase_over_static_increase",
+            "deployed_increase_over_static_increase_sd", "oracle_capture", "greedy_capture", "greedy_capture_sd",
+            "oracle_recall_at_k", "oracle_recall_at_k_sd", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap",
             *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
+"""The headline (28 keys at most); every other figure, and every ``_sd``, is in the report."""
 
 
 VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "_greedy", "static_curve")
@@ -572,7 +599,13 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                         "static_pruning_nll": float(scored["static"].mean()),
                         "router_minus_static_pruning": float((scored["hard"] - scored["static"]).mean()),
                         "scored_positions": len(scored["hard"]), "scored_active_head_fraction": scored["active_head_fraction"],
-                        "token_nll": {k: scored[k] for k in ("dense", "hard", "static")}})
+                        "token_nll": {k: scored[k] for k in ("dense", "hard", "static", "deployed")
+                                      if scored[k] is not None}})
+        if scored["deployed"] is not None:  # the router as deployed (inputs from its own routed states)
+            deployed = float(scored["deployed"].mean())
+            static_up = metrics["static_pruning_nll"] - metrics["dense_nll"]
+            metrics.update({"deployed_nll": deployed, "deployed_increase_over_static_increase":
+                            (deployed - metrics["dense_nll"]) / static_up if static_up > 0 else None})
     increase = metrics["hard_nll"] - metrics["dense_nll"]
     static_increase = metrics["static_pruning_nll"] - metrics["dense_nll"]
     metrics.update({
@@ -648,6 +681,8 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     if scoring is not None:
         scores = {"dense": tokens[0]["dense"], "static": np.stack([t["static"] for t in tokens]),
                   "hard": np.stack([t["hard"] for t in tokens])}  # (seeds, P): seed i's router
+        if "deployed" in tokens[0]:
+            scores["deployed"] = np.stack([t["deployed"] for t in tokens])
         if scores_file is not None:
             save_scores(scores_file, scores)
         interval = paired_interval(paired(scores["hard"], scores["static"], "router − static pruning"), scoring.window,
