@@ -385,3 +385,41 @@ def test_phase1_trains_on_the_oracle_stages_windows_and_targets(phase_inputs, or
     assert math.isfinite(loss_value.item()) and figures["distill"] > 0
     with pytest.raises(ConfigError, match="loss"):
         Phase1Config(loss="ranknet")
+
+
+def test_the_fine_tune_steps_train_the_router_on_kl_to_dense_through_the_hard_gates(phase_inputs, oracle_dir):
+    from safetensors.torch import load_file
+
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.graph.plan import execute
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    init = load_file(str(phase_inputs["init"]))
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, keep=0.5), phase_inputs["init"],
+                                             2 * lm.config.hidden_size)
+    cfg = Phase1Config(finetune_steps=2, train=TrainConfig(steps=5, batch_size=2))
+    module = Phase1Module(predictor, lm, ContextCache(phase_inputs["contexts"]), GeoLookup(init["geo_table"], init["geo_mask"]),
+                          load_file(str(phase_inputs["heads"]))["importance"], cfg, "query", oracle=OracleTargets(oracle_dir))
+    assert [module.batch(s)["finetune"] for s in range(5)] == [False, False, False, True, True]
+    batch = module.batch(3)
+    loss, figures = module.loss(predictor, batch)
+    assert "distill" not in figures and figures["finetune_kl"] == loss.item()
+    ids = batch["windows"][:, :-1]
+    with torch.no_grad():  # the value: KL to dense of the hard execution of the router's top-K
+        adjacency, gates = predictor(*module.inputs(ids, None), hard=True)
+        dense = F.log_softmax(lm(input_ids=ids).logits, -1)
+        routed = F.log_softmax(execute(lm, ids, adjacency, gates, "query"), -1)
+    assert loss.item() == pytest.approx((dense.exp() * (dense - routed)).sum(-1).mean().item(), abs=1e-5)
+    loss.backward()  # the gradient: through the straight-through gates into the router
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in predictor.parameters())
+    assert all(p.grad is None for p in lm.parameters())
+    with pytest.raises(ConfigError, match="finetune_steps"):
+        Phase1Config(finetune_steps=6, train=TrainConfig(steps=5))
+
+
+def test_the_cascades_static_twin_is_refused_before_any_work(phase_inputs, tmp_path):
+    cfg = Phase1Config(nll_weight=1.0, distill=0.0, static_twin=True, train=TrainConfig(steps=2, batch_size=2))
+    with pytest.raises(ConfigError, match="phase1.static_twin"):
+        build_phase1(cfg, PredictorConfig.cascade(rank=2, hidden=8), phase_inputs["base"], phase_inputs["contexts"],
+                     phase_inputs["init"], phase_inputs["heads"], tmp_path / "p.safetensors")
+    assert not (tmp_path / "p.safetensors").exists()

@@ -52,6 +52,17 @@ def baseline_graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) 
     return allowed_mask(n_layers, n_heads).to(gates.device, gates.dtype) * gates[..., :, None] * gates[..., None, :]
 
 
+def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, ...],
+                    generator: torch.Generator | None, skip: str = "full", device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random per-position heads, the null of every per-token choice (phase 1, pairs, evaluate):
+    gates (*shape, N), each head on with probability ``fraction`` at each position (the source
+    always), and the baseline graph among them (:func:`baseline_graph`). Draws ``torch.rand`` of
+    shape (*shape, N) from ``generator`` on ``device``."""
+    gates = (torch.rand(*shape, 1 + n_layers * n_heads, generator=generator, device=device) < fraction).float()
+    gates[..., 0] = 1.0
+    return baseline_graph(gates, n_layers, n_heads, skip), gates
+
+
 def static_gates(importance: torch.Tensor, k: int) -> torch.Tensor:
     """Static pruning's gates (1 + L·H,): the source and the ``k`` most important heads of ``importance``
     (L, H) (the probe's, ties in node order)."""

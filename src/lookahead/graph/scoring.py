@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from lookahead.graph.nodes import head_graph, static_gates
+from lookahead.graph.nodes import baseline_graph, random_topology, static_gates
 from lookahead.graph.predictor import geo_features
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import token_nll
@@ -33,13 +33,13 @@ class GeoLookup:
 
 def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tensor, skip: str = "full") -> list[dict]:
     """NLL of the LM with only its k most important heads (probe importance, (L, H)), for every
-    k = 0 … L·H: a shared topology, all edges out of the heads kept (:func:`head_graph`). Rows of
-    k, fraction, nll."""
+    k = 0 … L·H: a shared topology, the baseline graph among the heads kept
+    (:func:`lookahead.graph.nodes.baseline_graph`). Rows of k, fraction, nll."""
     n_layers, n_heads = importance.shape
     rows = []
     for k in range(n_layers * n_heads + 1):
         gates = static_gates(importance, k)
-        adjacency = head_graph(gates, n_layers, n_heads)
+        adjacency = baseline_graph(gates, n_layers, n_heads, skip)
         total, count = 0.0, 0
         for windows in batches:
             ids = windows[:, :-1]
@@ -61,19 +61,16 @@ def interpolate_curve(curve: list[dict], fraction: float) -> float:
 def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers: int, n_heads: int,
                      draws: int, seed: int, skip: str = "full") -> float:
     """Mean NLL over ``draws`` draws of random per-position heads, each head on with probability
-    ``fraction`` at each position (all edges out of the heads that are on)."""
+    ``fraction`` at each position (:func:`lookahead.graph.nodes.random_topology`)."""
     results = []
     for draw in range(draws):
         gen = torch.Generator().manual_seed(seed * 1000 + draw)
         total, count = 0.0, 0
         for windows in batches:
             ids = windows[:, :-1]
-            b, t = ids.shape
-            gates = (torch.rand(b, t, 1 + n_layers * n_heads, generator=gen) < fraction).float()
-            gates[..., 0] = 1.0
-            gates = gates.to(ids.device)
-            nll = token_nll(forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True,
-                                                  skip=skip), windows[:, 1:])
+            adjacency, gates = (x.to(ids.device) for x in random_topology(n_layers, n_heads, fraction,
+                                                                           tuple(ids.shape), gen, skip))
+            nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         results.append(total / count)
     return float(np.mean(results))

@@ -38,7 +38,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
-from lookahead.graph.nodes import allowed_mask, baseline_graph, n_edges, pack_bits, unpack_bits
+from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, random_topology, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import forward_with_topology, recorded_skip
@@ -125,7 +125,6 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
     rows, bits_out, nll_out, dense_out, heads_out, edges_out = [], [], [], [], [], []
     distinct, kept_counts, null_counts = [], [], []
     null_gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + 7)  # apart from the samples' stream
-    n_nodes = 1 + predictor.n_layers * predictor.n_heads
     tic = time.perf_counter()
     with torch.no_grad():
         for start in tqdm(range(0, cfg.sequences, cfg.batch_size), desc="pairs", unit="batch", mininterval=2.0):
@@ -153,9 +152,8 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
             fraction = float(heads.mean())
             null_bits, null_nll = [], []
             for _ in range(cfg.samples):
-                gates = (torch.rand(*ids.shape, n_nodes, generator=null_gen, device=device) < fraction).float()
-                gates[..., 0] = 1.0
-                adjacency = baseline_graph(gates, predictor.n_layers, predictor.n_heads, skip)
+                adjacency, gates = random_topology(predictor.n_layers, predictor.n_heads, fraction, tuple(ids.shape),
+                                                   null_gen, skip, device)
                 null_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
                                           targets).flatten())
                 null_bits.append(stored_edges(adjacency, gates, mask).flatten(0, 1))

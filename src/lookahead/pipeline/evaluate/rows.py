@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.graph.nodes import baseline_graph, static_topology
+from lookahead.graph.nodes import random_topology, static_topology
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
@@ -132,14 +132,6 @@ def run_topology(spec: RowSpec, ids: torch.Tensor, adjacency: torch.Tensor, gate
     if spec.hard:
         return execute(spec.lm, ids, adjacency, gates, spec.skip)
     return forward_with_topology(spec.lm, ids, adjacency, gates, skip=spec.skip)
-
-
-def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, int],
-                    generator: torch.Generator, skip: str = "full") -> tuple[torch.Tensor, torch.Tensor]:
-    """Random per-position heads (each on with probability ``fraction``), all edges among them."""
-    gates = (torch.rand(*shape, 1 + n_layers * n_heads, generator=generator) < fraction).float()
-    gates[..., 0] = 1.0
-    return baseline_graph(gates, n_layers, n_heads, skip), gates
 
 
 @torch.no_grad()

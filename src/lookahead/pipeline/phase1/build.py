@@ -42,7 +42,7 @@ from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, save_scores, scoring_windows
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
-from lookahead.core.errors import require
+from lookahead.core.errors import ConfigError, require
 from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
 from lookahead.core.seeds import final_evaluation_only, other_seeds, with_spread
 from lookahead.graph.generate import Router, self_consistent
@@ -113,6 +113,10 @@ class Phase1Config:
     """Distillation loss: bce (each head's keep logit, centred on the router's top-K threshold,
     against the oracle's keep set) or listwise (softmax cross-entropy of the keep set over the
     router's scores: −mean over kept heads of log softmax(z), a ListNet-style ranking loss)."""
+    finetune_steps: int = 0
+    """The last ``finetune_steps`` of ``train.steps`` fine-tune the distilled router end to end: the
+    loss is KL(dense ‖ routed) at every position through the straight-through top-K (hard gates in
+    the forward, the soft gates' gradient), the LM frozen; distillation and the other terms off."""
     train_windows: int = 0
     """Oracle windows trained on, the first ones of the oracle stage's draw (0 = all of them): the
     curve of router quality against oracle windows without recomputing the oracle."""
@@ -140,6 +144,8 @@ class Phase1Config:
                 f"must be loo or greedy; got {self.distill_target!r}")
         require(self.loss in ("bce", "listwise"), "loss", f"must be bce or listwise; got {self.loss!r}")
         require(self.train_windows >= 0, "train_windows", f"must be >= 0 (0 = all); got {self.train_windows}")
+        require(0 <= self.finetune_steps <= self.train.steps, "finetune_steps",
+                f"must be in [0, train.steps = {self.train.steps}]; got {self.finetune_steps}")
         require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
                 "is 0 and so is distill: nothing would train the router (set one of them > 0)")
 
@@ -222,8 +228,9 @@ class Phase1Module:
             windows, contexts = self.cache.batch("train", rows)
         self.tau_now = self.cfg.tau(step)
         hard = 0 <= self.cfg.hard_from_step <= step
-        return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard,
-                "noise": self.cfg.noise(step), "rows": rows, "logged": logs_step(step, t)}
+        finetune = step >= t.steps - self.cfg.finetune_steps
+        return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard or finetune,
+                "noise": self.cfg.noise(step), "rows": rows, "logged": logs_step(step, t), "finetune": finetune}
 
     def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
         """The oracle's scores (B, T, L·H) of training windows — leave-one-out KL, or 1 for the greedy
@@ -242,7 +249,24 @@ class Phase1Module:
                 self._train_loo[r] = scores[0].cpu()
         return torch.stack([self._train_loo[int(r)] for r in rows]).to(self.device)
 
+    def finetune_loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """KL(dense ‖ routed) per position, mean, through the straight-through hard gates (the LM frozen)."""
+        windows = batch["windows"]
+        ids = windows[:, :-1]
+        context, geo = self.inputs(ids, batch["contexts"])
+        model.noise_scale = batch["noise"]
+        adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=True)
+        with torch.no_grad():
+            dense_logp = F.log_softmax(self.lm(input_ids=ids).logits.float(), -1)
+        logq = F.log_softmax(forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip).float(), -1)
+        kl = (dense_logp.exp() * (dense_logp - logq)).sum(-1).mean()
+        nll = -logq.detach().gather(-1, windows[:, 1:, None]).mean()
+        return kl, {"nll": nll.item(), "head_gate": gates[..., 1:].mean().item(), "tau": batch["tau"],
+                    "finetune_kl": kl.item()}
+
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        if batch.get("finetune"):
+            return self.finetune_loss(model, batch)
         windows = batch["windows"]
         ids = windows[:, :-1]
         context, geo = self.inputs(ids, batch["contexts"])
@@ -549,6 +573,10 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
+    if predictor_cfg.gate == "cascade" and cfg.static_twin:  # zeroed inputs collapse its soft edges (~3 s/step)
+        raise ConfigError("phase1.static_twin", "is for head-gate routers: the cascade trained on zeroed inputs "
+                          "collapses (every edge logit the same: ~3 s/step for nothing); set it to false for "
+                          "predictor.gate: cascade")
     if predictor_cfg.gate != "head":
         for name in ("distill", "z_loss", "balance"):
             require(getattr(cfg, name) == 0, name, f"acts on head gates' keep logits: set it to 0 for "

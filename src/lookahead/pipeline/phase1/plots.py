@@ -37,8 +37,10 @@ def plot_curves(train_curve: list[dict], eval_curve: list[dict], path: str | Pat
     steps = [r["step"] for r in train_curve]
     ax.plot(steps, [r["loss"] for r in train_curve], lw=1, label="loss (the objective: weighted NLL, distillation, penalties)")
     ax.plot(steps, [r["nll"] for r in train_curve], lw=1, label="train NLL (soft execution)")
-    if all("distill" in r for r in train_curve):
-        ax.plot(steps, [r["distill"] for r in train_curve], lw=1, label="oracle distillation (BCE)")
+    for key, label in (("distill", "oracle distillation"), ("finetune_kl", "fine-tune: KL(dense ‖ routed)")):
+        rows = [r for r in train_curve if r.get(key) is not None]
+        if rows:
+            ax.plot([r["step"] for r in rows], [r[key] for r in rows], lw=1, label=label)
     ax.set(xlabel="step", ylabel="nats / token", title="phase 1 - training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -84,7 +86,8 @@ def plot_pareto(rows: list[dict], path: str | Path, extra_points: list[dict] | N
 
 def write_phase1_reports(result, module, metrics: dict, outputs: dict) -> None:
     """Write every plot file of the phase1 stage (paths in ``outputs``)."""
-    write_csv(outputs["train_curve"], result.train_curve)
+    columns = list(dict.fromkeys(k for row in result.train_curve for k in row))  # fine-tune rows add their KL
+    write_csv(outputs["train_curve"], result.train_curve, columns)
     write_csv(outputs["eval_curve"], [{k: r[k] for k in EVAL_COLUMNS} for r in result.eval_curve])
     rows = pareto_rows(result.eval_curve, module.static_curve)
     write_csv(outputs["pareto"], rows)
