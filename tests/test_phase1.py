@@ -423,3 +423,34 @@ def test_the_cascades_static_twin_is_refused_before_any_work(phase_inputs, tmp_p
         build_phase1(cfg, PredictorConfig.cascade(rank=2, hidden=8), phase_inputs["base"], phase_inputs["contexts"],
                      phase_inputs["init"], phase_inputs["heads"], tmp_path / "p.safetensors")
     assert not (tmp_path / "p.safetensors").exists()
+
+
+def test_input_rounds_feed_the_router_the_states_of_the_lm_it_routes(phase_inputs, oracle_dir):
+    from safetensors.torch import load_file
+
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.graph.generate import Router, self_consistent
+    from lookahead.graph.plan import gated_forward
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    init = load_file(str(phase_inputs["init"]))
+    torch.manual_seed(3)
+    predictor = StructurePredictor.from_init(PredictorConfig(rank=2, hidden=8, keep=0.5), phase_inputs["init"],
+                                             2 * lm.config.hidden_size)
+    with torch.no_grad():  # a router whose gates move with its inputs
+        for p in predictor.parameters():
+            p.normal_(0, 1)
+    geo = GeoLookup(init["geo_table"], init["geo_mask"])
+    module = Phase1Module(predictor, lm, ContextCache(phase_inputs["contexts"]), geo,
+                          load_file(str(phase_inputs["heads"]))["importance"], Phase1Config(input_rounds=1), "query",
+                          oracle=OracleTargets(oracle_dir))
+    ids = module.batch(0)["windows"][:, :-1]
+    dense, g = module.inputs(ids, None)
+    routed = module.routed_inputs(predictor, ids, dense, g)
+    hidden = gated_forward(lm, ids, predictor(dense, g, hard=True)[1], "query").hidden
+    assert torch.equal(routed[..., :32], dense[..., :32]) and torch.equal(routed[:, 0, 32:], torch.zeros(len(ids), 32))
+    assert torch.allclose(routed[:, 1:, 32:], hidden[:, :-1], atol=1e-6)
+    # enough rounds reach the router as deployed (the fixed point: position t is final after t + 1 rounds)
+    module.cfg = Phase1Config(input_rounds=ids.shape[1] + 1)
+    _, deployed = self_consistent(lm, Router(predictor, lm, geo), ids, "query")
+    assert torch.equal(predictor(module.routed_inputs(predictor, ids, dense, g), g, hard=True)[1], deployed)

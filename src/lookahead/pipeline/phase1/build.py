@@ -49,7 +49,7 @@ from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
 from lookahead.graph.nodes import n_edges, static_topology
 from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
-from lookahead.graph.plan import execute
+from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
 from lookahead.graph.router_inputs import input_dim, router_context
 from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
@@ -117,6 +117,11 @@ class Phase1Config:
     """The last ``finetune_steps`` of ``train.steps`` fine-tune the distilled router end to end: the
     loss is KL(dense ‖ routed) at every position through the straight-through top-K (hard gates in
     the forward, the soft gates' gradient), the LM frozen; distillation and the other terms off."""
+    input_rounds: int = 0
+    """``predictor.input: lm``: training inputs from the router's own routed model, not only the
+    dense pass — this many rounds of "route on the dense states, run the routed LM, route again on
+    its final hidden states at t − 1" per batch (no gradient; each a forward of the LM), toward the
+    states the router reads as deployed (``deployed_nll``: the fixed point of those rounds)."""
     train_windows: int = 0
     """Oracle windows trained on, the first ones of the oracle stage's draw (0 = all of them): the
     curve of router quality against oracle windows without recomputing the oracle."""
@@ -144,6 +149,7 @@ class Phase1Config:
                 f"must be loo or greedy; got {self.distill_target!r}")
         require(self.loss in ("bce", "listwise"), "loss", f"must be bce or listwise; got {self.loss!r}")
         require(self.train_windows >= 0, "train_windows", f"must be >= 0 (0 = all); got {self.train_windows}")
+        require(self.input_rounds >= 0, "input_rounds", f"must be >= 0; got {self.input_rounds}")
         require(0 <= self.finetune_steps <= self.train.steps, "finetune_steps",
                 f"must be in [0, train.steps = {self.train.steps}]; got {self.finetune_steps}")
         require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
@@ -215,6 +221,20 @@ class Phase1Module:
         context = router_context(self.model.cfg.input, self.lm, ids, contexts)
         return context, (self.geo(ids) if self.model.geo_dim else None)
 
+    @torch.no_grad()
+    def routed_inputs(self, model, ids: torch.Tensor, context: torch.Tensor, geo: torch.Tensor | None) -> torch.Tensor:
+        """``phase1.input_rounds`` rounds of routing on the states of the LM routed by the router's
+        hard gates (``predictor.input: lm``; other inputs come back unchanged)."""
+        if self.model.cfg.input != "lm" or self.zero_inputs or not self.cfg.input_rounds:
+            return context
+        emb = context[..., : context.shape[-1] // 2]
+        for _ in range(self.cfg.input_rounds):
+            with eval_mode(model):
+                _, gates = model(context, geo, hard=True)
+            hidden = gated_forward(self.lm, ids, gates, self.skip).hidden.float()
+            context = torch.cat([emb, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)], -1)
+        return context
+
     def keep_k(self) -> int:
         """Heads the router keeps per position (its top-K budget)."""
         return keep_count(self.n_layers * self.n_heads, self.n_layers, self.model.cfg.keep, per_layer=False)
@@ -254,6 +274,7 @@ class Phase1Module:
         windows = batch["windows"]
         ids = windows[:, :-1]
         context, geo = self.inputs(ids, batch["contexts"])
+        context = self.routed_inputs(model, ids, context, geo)
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=True)
         with torch.no_grad():
@@ -270,6 +291,7 @@ class Phase1Module:
         windows = batch["windows"]
         ids = windows[:, :-1]
         context, geo = self.inputs(ids, batch["contexts"])
+        context = self.routed_inputs(model, ids, context, geo)
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
         # soft execution: every head's output exists. Without an NLL term (pure distillation) the LM
