@@ -91,7 +91,7 @@ class Phase1Config:
     """Head gates: scale of the training noise on the keep scores at step 0."""
     noise_end: float = 1.0
     """Its scale at the last step (geometric in between; 0 < noise_end <= noise_start)."""
-    oracle: str = "loo"
+    oracle: str = "greedy"
     """The label-free oracle in the report: loo (leave-one-out KL), greedy (also the greedy one,
     (L·H − K)·L·H forwards) or none."""
     nll_weight: float = 0.0
@@ -103,7 +103,7 @@ class Phase1Config:
     router's own top-K threshold) against the leave-one-out-KL oracle's top-K heads at each training
     position (the oracle reads the dense model at t, a training target only; the router's inputs
     stay causal)."""
-    distill_target: str = "loo"
+    distill_target: str = "greedy"
     """The oracle distilled from: loo (each position's top-K by leave-one-out KL) or greedy (the
     greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window). Both
     come from the oracle stage's train windows (``data/oracle``) for routers that read the LM; a
@@ -665,6 +665,11 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "init_soft_nll_minus_dense": initial["soft_nll"] - initial["dense_nll"],
         "oracle_heads_kept": final["oracle_heads_kept"],
         "static_twin_gap": None,
+        # null unless measured: the greedy oracle (phase1.oracle: greedy), the router as deployed
+        # (predictor.input: lm, head gates, the scoring set)
+        "greedy_oracle_nll": None, "greedy_capture": None, "oracle_recall_at_k": None,
+        "deployed_nll": metrics.get("deployed_nll"),
+        "deployed_increase_over_static_increase": metrics.get("deployed_increase_over_static_increase"),
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
