@@ -99,17 +99,16 @@ class Phase1Config:
     the LM runs without gradient (the NLL is still logged) and the router learns from the other
     terms alone, e.g. pure oracle distillation (needs ``distill`` > 0)."""
     distill: float = 1.0
-    """Head gates: weight of the oracle distillation, BCE of the keep logits (centred on the
-    router's own top-K threshold) against the leave-one-out-KL oracle's top-K heads at each training
-    position (the oracle reads the dense model at t, a training target only; the router's inputs
-    stay causal)."""
+    """Head gates: weight of the oracle distillation (``loss``) of the keep logits toward the
+    oracle's keep set at each training position (``distill_target``; the oracle reads the dense
+    model at t, a training target only; the router's inputs stay causal)."""
     distill_target: str = "greedy"
     """The oracle distilled from: loo (each position's top-K by leave-one-out KL) or greedy (the
     greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window). Both
     come from the oracle stage's train windows (``data/oracle``) for routers that read the LM; a
     router that reads the context cache trains on the cache's windows, its targets computed once
     per stage run and shared by its seeds."""
-    loss: str = "bce"
+    loss: str = "listwise"
     """Distillation loss: bce (each head's keep logit, centred on the router's top-K threshold,
     against the oracle's keep set) or listwise (softmax cross-entropy of the keep set over the
     router's scores: −mean over kept heads of log softmax(z), a ListNet-style ranking loss)."""
