@@ -269,7 +269,7 @@ def test_without_the_nll_term_the_router_learns_from_the_oracle_alone(phase_inpu
     torch.nn.init.normal_(predictor.to_gate.weight, std=0.5)
     module = Phase1Module(predictor, lm, cache, GeoLookup(init["geo_table"], init["geo_mask"]),
                           load_file(str(phase_inputs["heads"]))["importance"],
-                          Phase1Config(nll_weight=0.0, distill=1.0, distill_target="loo", loss="bce",
+                          Phase1Config(nll_weight=0.0, distill=1.0, distill_target="loo", loss="bce", input_rounds=0,
                                        train=TrainConfig(steps=3, batch_size=2)),
                           "query")
     batch = module.batch(0)

@@ -116,7 +116,7 @@ class Phase1Config:
     """The last ``finetune_steps`` of ``train.steps`` fine-tune the distilled router end to end: the
     loss is KL(dense ‖ routed) at every position through the straight-through top-K (hard gates in
     the forward, the soft gates' gradient), the LM frozen; distillation and the other terms off."""
-    input_rounds: int = 0
+    input_rounds: int = 1
     """``predictor.input: lm``: training inputs from the router's own routed model, not only the
     dense pass — this many rounds of "route on the dense states, run the routed LM, route again on
     its final hidden states at t − 1" per batch (no gradient; each a forward of the LM), toward the
