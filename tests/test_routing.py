@@ -13,8 +13,8 @@ from lookahead.core.errors import ConfigError
 from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, keep_count, l0_penalty,
                                     logistic_noise, topk_mask)
 from lookahead.graph.nodes import head_graph, n_nodes
-from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, leave_one_out_kl, routing_stats,
-                                     top_k_gates)
+from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, greedy_targets, leave_one_out_kl,
+                                     routing_stats, top_k_gates)
 from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
 from lookahead.graph.router_inputs import lm_states
 from lookahead.graph.runtime import RuntimeConfig
@@ -234,3 +234,11 @@ def test_the_greedy_removal_order_gives_the_keep_set_at_every_larger_budget():
     assert torch.equal(torch.sort(order, -1).values, torch.tensor([0, 1, 2, 3, 4, 6]).expand(2, 5, 6))
     for k in (1, 2, 4, 6):
         assert torch.equal(greedy_keep(order, k), greedy_gates(model, ids, 2, 3, k, "query")), k
+
+
+def test_the_greedy_targets_hold_the_leave_one_out_kl_even_when_no_head_is_dropped():
+    model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(13))
+    order, first = greedy_targets(model, ids, 2, 2, 4, "query")  # k = L·H: every head kept
+    assert order.eq(4).all()
+    assert torch.allclose(first, leave_one_out_kl(model, ids, 2, 2, "query"), atol=1e-6)

@@ -27,8 +27,8 @@ from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import token_nll
 
 
-def _kl(dense_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(dense ‖ q) per position (B, T)."""
+def kl_to_dense(dense_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(dense ‖ q) per position (B, T), q = softmax(logits)."""
     logq = F.log_softmax(logits.float(), -1)
     return (dense_logp.exp() * (dense_logp - logq)).sum(-1)
 
@@ -43,7 +43,7 @@ def leave_one_out_kl(lm, ids: torch.Tensor, n_layers: int, n_heads: int, skip: s
         gates = torch.ones(n, device=ids.device)
         gates[1 + h] = 0
         logits = forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True, skip=skip)
-        out.append(_kl(dense_logp, logits))
+        out.append(kl_to_dense(dense_logp, logits))
     return torch.stack(out, -1)
 
 
@@ -84,9 +84,9 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
     total = n_layers * n_heads
     gates = torch.ones(batch, length, 1 + total, device=ids.device)
     order = torch.full((batch, length, total), total, dtype=torch.long, device=ids.device)
-    first = None
     per = max(1, max_rows // batch)  # candidate removals per forward
-    for step in range(total - k):
+
+    def removal_cost() -> torch.Tensor:  # KL to dense of dropping each head on top of ``gates`` (B, T, L·H)
         cost = torch.empty(batch, length, total, device=ids.device)
         for start in range(0, total, per):
             heads = torch.arange(start, min(start + per, total), device=ids.device)
@@ -95,9 +95,12 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
             trial = trial.reshape(-1, length, 1 + total)
             logits = forward_with_topology(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads),
                                            trial, hard=True, skip=skip)
-            cost[..., heads] = _kl(dense_logp, logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
-        if first is None:
-            first = cost.clone()
+            cost[..., heads] = kl_to_dense(dense_logp, logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
+        return cost
+
+    first = removal_cost()  # every head's leave-one-out KL, also when no head is to be dropped (k = L·H)
+    for step in range(total - k):
+        cost = first.clone() if step == 0 else removal_cost()
         cost[gates[..., 1:] == 0] = math.inf  # a head already off cannot be dropped again
         drop = cost.argmin(-1)  # (B, T)
         gates.scatter_(-1, 1 + drop[..., None], 0.0)

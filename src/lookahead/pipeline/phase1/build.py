@@ -48,7 +48,7 @@ from lookahead.core.seeds import final_evaluation_only, other_seeds, with_spread
 from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
 from lookahead.graph.nodes import n_edges, static_topology
-from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats, top_k_gates
 from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
 from lookahead.graph.router_inputs import input_dim, router_context
@@ -278,9 +278,9 @@ class Phase1Module:
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=True)
         with torch.no_grad():
             dense_logp = F.log_softmax(self.lm(input_ids=ids).logits.float(), -1)
-        logq = F.log_softmax(forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip).float(), -1)
-        kl = (dense_logp.exp() * (dense_logp - logq)).sum(-1).mean()
-        nll = -logq.detach().gather(-1, windows[:, 1:, None]).mean()
+        logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
+        kl = kl_to_dense(dense_logp, logits).mean()
+        nll = token_nll(logits.detach(), windows[:, 1:]).mean()
         return kl, {"nll": nll.item(), "head_gate": gates[..., 1:].mean().item(), "tau": batch["tau"],
                     "finetune_kl": kl.item()}
 
@@ -651,16 +651,15 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                         "token_nll": {k: scored[k] for k in ("dense", "hard", "static", "deployed")
                                       if scored[k] is not None}})
         if scored["deployed"] is not None:  # the router as deployed (inputs from its own routed states)
-            deployed = float(scored["deployed"].mean())
-            static_up = metrics["static_pruning_nll"] - metrics["dense_nll"]
-            metrics.update({"deployed_nll": deployed, "deployed_increase_over_static_increase":
-                            (deployed - metrics["dense_nll"]) / static_up if static_up > 0 else None})
+            metrics["deployed_nll"] = float(scored["deployed"].mean())
     increase = metrics["hard_nll"] - metrics["dense_nll"]
     static_increase = metrics["static_pruning_nll"] - metrics["dense_nll"]
     metrics.update({
         "hard_nll_increase": increase,
         "static_pruning_nll_increase": static_increase,
         "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
+        "deployed_increase_over_static_increase": None if "deployed_nll" not in metrics or static_increase <= 0
+        else (metrics["deployed_nll"] - metrics["dense_nll"]) / static_increase,
         "init_soft_nll_minus_dense": initial["soft_nll"] - initial["dense_nll"],
         "oracle_heads_kept": final["oracle_heads_kept"],
         "static_twin_gap": None,
@@ -668,7 +667,6 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         # (predictor.input: lm, head gates, the scoring set)
         "greedy_oracle_nll": None, "greedy_capture": None, "oracle_recall_at_k": None,
         "deployed_nll": metrics.get("deployed_nll"),
-        "deployed_increase_over_static_increase": metrics.get("deployed_increase_over_static_increase"),
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
