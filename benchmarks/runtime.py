@@ -16,7 +16,7 @@ independently: a top-K router's shape) — it times:
 Variants are timed in interleaved rounds (median). Each ratio is (tokens/s) / (stock dense tokens/s),
 named ``prefill_T<T>_<mode>_<pct>off_over_dense`` / ``generate_T<T>_<mode>_<pct>off_over_dense``
 (per token) and ``..._<mode>_shared_<pct>off_...`` (shared), with ``..._ideal`` beside each: the ratio
-of multiply-accumulates per token (:func:`macs_per_token`), the limit skipping work can reach. The
+of multiply-accumulates per token (:func:`lookahead.graph.cost.macs_per_token`), the limit skipping work can reach. The
 plan's own dense path (every head on) against stock is ``prefill_T<T>_plan_dense_over_stock`` /
 ``generate_T<T>_plan_dense_over_stock``: what the ratios owe to the implementation rather than to
 skipping. ``attention_share_T<T>`` is attention's share of the dense MACs (where attention dominates).
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from lookahead.graph.cost import macs_per_token
 from lookahead.graph.nodes import allowed_mask, n_nodes
 from lookahead.graph.plan import KVCache, gated_forward
 from lookahead.graph.runtime import forward_with_topology
@@ -85,18 +86,6 @@ def per_token_gates(n_layers, n_heads, off_pct, b, t, gen):
     g = torch.ones(b, t, n_nodes(n_layers, n_heads))
     g[..., 1:] = (order >= round(n_layers * n_heads * off_pct / 100)).float()
     return g
-
-
-def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
-    """Multiply-accumulates of one token's forward with a share ``on`` of heads running, attending
-    ``context`` keys (prefill: (T + 1) / 2 on average; generation: T). ``full``: an off head has no
-    query, key, value or output, and a head's keys are its running positions; ``query``: every key and
-    value exists. Embedding lookup and norms are not counted."""
-    d, ffn = cfg.hidden_size, cfg.intermediate_size
-    keys = context * (on if mode == "full" else 1.0)
-    kv = 2 * d * d * (on if mode == "full" else 1.0)
-    attention = on * (2 * d * d + 2 * keys * d)  # q and o projections, QK and AV of the running heads
-    return cfg.num_hidden_layers * (kv + attention + 3 * d * ffn) + d * cfg.vocab_size
 
 
 def timed(variants: dict, rounds: int, sync, setup=None) -> dict[str, float]:

@@ -93,19 +93,22 @@ def test_causality_check_passes_a_causal_decoder_and_catches_one_that_peeks(caus
     assert not bad["passed"] and bad["per_decoder"]["peeking"] > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["lm", "embedding"])
+@pytest.mark.parametrize("kind", ["lm", "embedding", "layer"])
 def test_causality_check_covers_routers_that_read_the_lm(causal_setup, kind):
     """A head-gate router reading the LM's own states (random weights, so its gates do depend on
     them) passes the check with the real perturbed text; its topology does move after t."""
     cache, geo, lm, encoder, _ = causal_setup
     torch.manual_seed(3)
-    cfg_p = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input=kind, geo_features=False)
-    width = input_dim(kind, cache.dim, lm.config.hidden_size)
+    budget = "topk_layer" if kind == "layer" else "topk"
+    cfg_p = PredictorConfig(rank=2, hidden=8, gate="head", budget=budget, keep=0.5, input=kind, geo_features=False)
+    width = input_dim(kind, cache.dim, lm.config.hidden_size, lm.config.num_hidden_layers)
     predictor = StructurePredictor(cfg_p, lm.config.num_hidden_layers, lm.config.num_attention_heads, width).eval()
-    for layer in (predictor.mlp[0], predictor.to_gate):
-        torch.nn.init.normal_(layer.weight, std=10.0)
+    weights = ((predictor.layer_in, predictor.layer_out) if kind == "layer"
+               else (predictor.mlp[0].weight, predictor.to_gate.weight))
+    for weight in weights:
+        torch.nn.init.normal_(weight, std=10.0)
     cfg = EvaluateConfig(causality_windows=2, causality_cuts=3)
-    for skip in ("full", "query"):
+    for skip in ("full", "query") if kind == "lm" else ("query",):
         out = causality_check({"router": (lm, predictor_topologies(predictor, hard=True, lm=lm))}, encoder, cache, geo,
                               cfg, lm.config.vocab_size, "cpu", skip)
         assert out["passed"] and out["max_change"] <= 1e-5 and out["after_cut_changed_fraction"] > 0.9

@@ -220,6 +220,9 @@ def test_a_per_token_router_is_measured_against_its_oracle_and_its_static_twin(p
     assert metrics["oracle_capture"] == pytest.approx((metrics["static_pruning_nll"] - metrics["hard_nll"])
                                                       / (metrics["static_pruning_nll"] - metrics["oracle_nll"]))
     assert metrics["greedy_oracle_nll"] > 0 and 0 <= metrics["dynamic_fraction"] <= 0.5
+    # per-token cost: the routed forward and the router below dense; reading a dense pass first adds one
+    assert 0.5 < metrics["deployed_macs_over_dense"] < 1 and metrics["router_macs_over_dense"] > 0
+    assert metrics["dense_state_macs_over_dense"] == pytest.approx(metrics["deployed_macs_over_dense"] + 1)
     assert {"distill", "logit_abs"} <= set(result.train_curve[-1])
     predictor, meta = load_predictor(tmp_path / "p.safetensors")
     assert meta["runtime"] == {"skip": "query"} and predictor.cfg.gate == "head"
@@ -456,3 +459,46 @@ def test_input_rounds_feed_the_router_the_states_of_the_lm_it_routes(phase_input
     module.cfg = Phase1Config(input_rounds=ids.shape[1] + 1)
     _, deployed = self_consistent(lm, Router(predictor, lm, geo), ids, "query")
     assert torch.equal(predictor(module.routed_inputs(predictor, ids, dense, g), g, hard=True)[1], deployed)
+
+
+def test_a_layer_router_trains_on_each_layers_targets_from_its_routed_inputs(phase_inputs, oracle_dir):
+    """``predictor.input: layer``: L − 1 input rounds give the router the routed forward's own layer
+    inputs (the gates :func:`layer_routed` deploys), the distillation is per layer, the gradient
+    reaches every layer's router, and the deployed NLL is the execution of those gates."""
+    from safetensors.torch import load_file
+
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.graph.generate import layer_routed
+    from lookahead.graph.nodes import head_graph
+    from lookahead.graph.router_inputs import input_dim
+    from lookahead.pipeline.phase1.build import ScoringSet, deployed_nll
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    init = load_file(str(phase_inputs["init"]))
+    torch.manual_seed(3)
+    pcfg = PredictorConfig(rank=2, hidden=8, keep=0.5, input="layer", budget="topk_layer")
+    predictor = StructurePredictor.from_init(pcfg, phase_inputs["init"], input_dim("layer", 0, 32, 2))
+    with torch.no_grad():  # a router whose gates move with its inputs
+        predictor.layer_out.normal_(0, 3)
+    geo = GeoLookup(init["geo_table"], init["geo_mask"])
+    module = Phase1Module(predictor, lm, ContextCache(phase_inputs["contexts"]), geo,
+                          load_file(str(phase_inputs["heads"]))["importance"],
+                          Phase1Config(input_rounds=1, train=TrainConfig(steps=2, batch_size=3)), "query",
+                          oracle=OracleTargets(oracle_dir))
+    batch = module.batch(0)
+    ids = batch["windows"][:, :-1]
+    dense, g = module.inputs(ids, None)
+    routed = module.routed_inputs(predictor, ids, dense, g)
+    logits, deployed = layer_routed(lm, predictor.eval(), ids, g, "query")
+    assert torch.equal(predictor(routed, g, hard=True)[1], deployed)
+    assert deployed[..., 1:].view(*ids.shape, 2, 2).sum(-1).eq(1).all()  # 1 of each layer's 2 heads
+    loss, figures = module.loss(predictor.train(), batch)
+    assert figures["distill"] > 0
+    loss.backward()
+    assert predictor.layer_out.grad.abs().sum(-1).sum(-1).gt(0).all()  # every layer's router learns
+    scoring = ScoringSet(ScoringConfig(), [(batch["windows"], None)], ids.shape[1])
+    with torch.no_grad():  # the general runtime under the deployed gates: the reference
+        reference = forward_with_topology(lm, ids, head_graph(deployed, 2, 2), deployed, hard=True, skip="query")
+    want = token_nll(reference, batch["windows"][:, 1:]).flatten()
+    assert np.allclose(deployed_nll(module, predictor, scoring), want.numpy(), atol=1e-5)

@@ -16,7 +16,10 @@ from lookahead.graph.nodes import head_graph, n_nodes
 from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, greedy_targets, leave_one_out_kl,
                                      routing_stats, top_k_gates)
 from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
-from lookahead.graph.router_inputs import lm_states
+from lookahead.graph.cost import deployed_macs, macs_per_token, router_macs
+from lookahead.graph.generate import layer_routed
+from lookahead.graph.plan import gated_forward
+from lookahead.graph.router_inputs import input_dim, lm_states
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.build import Phase1Config, capture, distill_loss
 from tests.reference_head_graph import reference_forward
@@ -165,6 +168,66 @@ def test_lm_router_inputs_are_the_stock_states_shifted_and_causal():
     assert (moved[:, 5:] - feats[:, 5:]).abs().max() > 1e-3
 
 
+def layer_router(n_layers: int, n_heads: int, hidden: int, seed: int = 0) -> StructurePredictor:
+    """A ``predictor.input: layer`` router with random weights large enough that its gates depend on
+    its inputs."""
+    torch.manual_seed(seed)
+    cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk_layer", keep=0.5, input="layer",
+                          geo_features=False)
+    predictor = StructurePredictor(cfg, n_layers, n_heads, input_dim("layer", 0, hidden, n_layers)).eval()
+    torch.nn.init.normal_(predictor.layer_out, std=10.0)
+    return predictor
+
+
+@pytest.mark.parametrize("skip", ["query", "full"])
+def test_layer_routing_as_deployed_reads_each_layers_own_routed_input_and_is_causal(skip):
+    """The gates :func:`layer_routed` returns are the fixed point — the router at layer l reads the
+    stream entering layer l of the forward run under those very gates —, its logits are the plain
+    reference's under them, they differ from the dense streams' gates, and no position <= t moves
+    when later tokens do."""
+    model = tiny_olmo2(n_layers=3, n_heads=4, hidden=32, ffn=32)
+    predictor = layer_router(3, 4, 32)
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(5))
+    dense = lm_states(model, ids, "layer")
+    stock = model(ids, output_hidden_states=True).hidden_states
+    assert torch.allclose(dense, torch.cat(stock[:3], -1))  # layer l's input: the stream entering it
+    logits, gates = layer_routed(model, predictor, ids, None, skip)
+    assert gates[..., 1:].view(2, 9, 3, 4).sum(-1).eq(2).all()  # 2 of each layer's 4 heads
+    run = gated_forward(model, ids, gates, skip, layer_inputs=True)
+    assert torch.equal(predictor(run.layer_inputs.float(), None, hard=True)[1], gates)
+    assert torch.allclose(logits, reference_forward(model, ids, head_graph(gates, 3, 4), gates, skip), atol=1e-4)
+    assert not torch.equal(predictor(dense, None, hard=True)[1], gates)  # not the dense streams' gates
+    later = ids.clone()
+    later[:, 5:] = (later[:, 5:] + 1) % 61
+    moved_logits, moved = layer_routed(model, predictor, later, None, skip)
+    assert torch.equal(moved[:, :5], gates[:, :5]) and torch.allclose(moved_logits[:, :5], logits[:, :5], atol=1e-6)
+    assert not torch.equal(moved[:, 5:], gates[:, 5:])
+
+
+def test_per_token_macs_of_a_router_and_its_inputs():
+    """The closed form of one token's forward (4 x 4 heads, d = 8, ffn 12, vocabulary 61, 5 keys):
+    Q, K, V, O (4·64 each per layer), QK and AV (2·5·8 per head-layer share), the MLP (3·8·12), the
+    head (8·61); a router's MACs are its weight matrices'."""
+    from transformers import Olmo2Config
+
+    cfg = Olmo2Config(hidden_size=8, intermediate_size=12, num_hidden_layers=4, num_attention_heads=4, vocab_size=61)
+    dense = 4 * (4 * 64 + 2 * 5 * 8 + 3 * 8 * 12) + 8 * 61
+    assert macs_per_token(cfg, 5, 1.0, "query") == dense
+    assert macs_per_token(cfg, 5, 0.5, "query") == 4 * (2 * 64 + 0.5 * (2 * 64 + 2 * 5 * 8) + 3 * 8 * 12) + 8 * 61
+    assert macs_per_token(cfg, 5, 0.5, "full") == 4 * (0.5 * 2 * 64 + 0.5 * (2 * 64 + 2 * 2.5 * 8) + 3 * 8 * 12) + 8 * 61
+    layer = layer_router(4, 4, 8)
+    assert router_macs(layer) == 4 * (8 * 8 + 8 * 4)
+    lm_router = StructurePredictor(PredictorConfig(hidden=8, input="lm", geo_features=False), 4, 4, 16)
+    assert router_macs(lm_router) == 16 * 8 + 8 * 16
+    routed = macs_per_token(cfg, 5, 0.5, "query")
+    own = deployed_macs(cfg, lm_router, 5, 0.5, "query", dense_states=False)
+    assert own["total_over_dense"] == pytest.approx((routed + 256) / dense) and own["inputs_over_dense"] == 0
+    first = deployed_macs(cfg, lm_router, 5, 0.5, "query", dense_states=True)
+    assert first["total_over_dense"] == pytest.approx(1 + (routed + 256) / dense)  # a dense forward first
+    cache = StructurePredictor(PredictorConfig(hidden=8, input="cache", geo_features=False), 4, 4, 16)
+    assert deployed_macs(cfg, cache, 5, 0.5, "query", dense_states=False)["total_over_dense"] is None
+
+
 def test_an_untrained_head_router_under_a_budget_is_static_importance_pruning():
     cfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5)
     predictor = StructurePredictor(cfg, 2, 4, context_dim=5).eval()
@@ -181,6 +244,7 @@ def test_an_untrained_head_router_under_a_budget_is_static_importance_pruning():
 def test_routing_configs_are_refused_clearly():
     for bad, key in (({"gate": "heads"}, "gate"), ({"gate": "cascade", "budget": "topk"}, "budget"), ({"keep": 0.0}, "keep"),
                      ({"input": "minilm"}, "input"), ({"noise": "gauss"}, "noise"),
+                     ({"input": "layer", "budget": "topk"}, "input"), ({"input": "layer", "edges": "learned"}, "input"),
                      ({"logit_bound": -1.0}, "logit_bound"), ({"estimator": "gumbel"}, "estimator")):
         with pytest.raises(ConfigError, match=key):
             PredictorConfig(**bad)
@@ -199,6 +263,14 @@ def test_distillation_pulls_the_router_toward_the_oracle_heads():
     agree = distill_loss(torch.tensor([[5.0, -5.0, 3.0, -7.0]]), kl, 0.5, 1)
     reverse = distill_loss(torch.tensor([[-5.0, 5.0, -3.0, 7.0]]), kl, 0.5, 1)
     assert agree < 0.02 and reverse > 2.0
+    # per layer (budget topk_layer: 1 of each layer's 2 heads): the target is each layer's best head
+    scores = torch.tensor([[0.1, 0.5, 0.3, 0.05]])
+    for loss in ("bce", "listwise"):
+        agree = distill_loss(torch.tensor([[-6.0, 6.0, 6.0, -6.0]]), scores, 0.5, 2, loss, per_layer=True)
+        reverse = distill_loss(torch.tensor([[6.0, -6.0, -6.0, 6.0]]), scores, 0.5, 2, loss, per_layer=True)
+        assert agree < 0.02 and reverse > 2.0, loss
+    # the global top 2 (heads 1 and 2) is each layer's best here; with layer 0's two best it is not
+    assert distill_loss(torch.tensor([[6.0, 6.0, -6.0, -6.0]]), scores, 0.5, 2, "listwise", per_layer=True) > 0.3
 
 
 def test_shared_heads_run_at_every_token_and_the_router_fills_the_rest_of_the_budget(seed):

@@ -144,6 +144,25 @@ def self_consistent(lm, router: Router, ids: torch.Tensor, skip: str = "query") 
 
 
 @torch.no_grad()
+def layer_routed(lm, predictor, ids: torch.Tensor, geo: torch.Tensor | None = None, skip: str = "query"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, T, V) and gates (B, T, N) of windows ``ids`` (B, T) under a ``predictor.input:
+    layer`` router as deployed: each layer's heads chosen from the residual stream that enters that
+    layer in the *routed* forward. Layer l's input depends only on the gates of the layers before
+    it, so starting from the dense streams each routed forward fixes one more layer: after L of
+    them the gates are the fixed point — every layer's from its own routed input — and the last
+    forward ran under them. (A deployment decides inside one forward; this evaluates the same
+    function with whole-layer passes, in parallel over positions.)"""
+    check_model(lm)
+    context = lm_states(lm, ids, "layer")
+    for _ in range(predictor.n_layers):
+        gates = predictor(context, geo, hard=True)[1]
+        out = gated_forward(lm, ids, gates, skip, layer_inputs=True)
+        context = out.layer_inputs.float()
+    return out.logits, gates
+
+
+@torch.no_grad()
 def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
                    generator: torch.Generator | None = None) -> Generation:
     """Dense generation with the stock forward and its preallocated KV cache (``StaticCache``: the

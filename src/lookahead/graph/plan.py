@@ -87,6 +87,9 @@ class Output:
     """(B, T, V)"""
     hidden: torch.Tensor
     """(B, T, d): the final normed hidden state (what a ``predictor.input: lm`` router reads at t + 1)"""
+    layer_inputs: torch.Tensor | None = None
+    """(B, T, L·d): the residual stream entering each layer, layer-major (what a ``predictor.input:
+    layer`` router reads), when asked for"""
 
 
 class KVCache:
@@ -154,7 +157,7 @@ def _gated_mean_square(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
 
 
 def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str = "full",
-                  cache: KVCache | None = None) -> Output:
+                  cache: KVCache | None = None, layer_inputs: bool = False) -> Output:
     """Hard execution of the standard-stream head-gate topology ``gates`` (see the module docstring).
 
     Args:
@@ -164,15 +167,17 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         gates: 0/1 head gates, (N,) shared or (B, T, N) per position, the source's (entry 0) 1.
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
         cache: continue (and fill) a :class:`KVCache`.
+        layer_inputs: also return the residual stream entering each layer (``Output.layer_inputs``).
     """
     if not _binary(gates):
         raise TopologyError("gated_forward runs 0/1 head gates with the source's gate 1; soft gates run through "
                             "lookahead.graph.runtime.forward_with_topology")
-    return _gated_forward(model, input_ids, gates, skip, cache)
+    return _gated_forward(model, input_ids, gates, skip, cache, layer_inputs)
 
 
 @torch.no_grad()
-def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str, cache: KVCache | None) -> Output:
+def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str, cache: KVCache | None,
+                   layer_inputs: bool = False) -> Output:
     """:func:`gated_forward` for gates already checked."""
     n_layers, n_heads = check_model(model)
     if skip not in SKIP_MODES:
@@ -203,7 +208,10 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
     stream = core.embed_tokens(input_ids)
     positions = torch.arange(start, start + t, device=input_ids.device)[None]
     cos, sin = core.rotary_emb(stream, positions)  # (1, T, D)
+    inputs = []
     for idx, layer in enumerate(core.layers[:n_layers]):
+        if layer_inputs:
+            inputs.append(stream)
         heads_on = on[idx]
         if cache is not None and start:
             total = _decode_attention(layer, stream, heads_on, cos, sin, skip, cache, idx)
@@ -218,7 +226,7 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
     if cache is not None:
         cache.length = start + t
     hidden = core.norm(stream)
-    return Output(model.lm_head(hidden), hidden)
+    return Output(model.lm_head(hidden), hidden, torch.cat(inputs, -1) if layer_inputs else None)
 
 
 def _layer_parts(layer):

@@ -40,7 +40,7 @@ from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bou
                                     keep_count, logistic_noise, straight_through)
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
-INPUTS = ("cache", "lm", "embedding")
+INPUTS = ("cache", "lm", "embedding", "layer")
 ALWAYS_ON_LOGIT = 1e4  # added to a shared head's keep logit: above any other head's score
 EDGES = ("all", "learned")
 
@@ -87,7 +87,9 @@ class PredictorConfig:
     """Head gates: keep logits bounded to c·tanh(z/c), c = logit_bound (0 = unbounded)."""
     input: str = "lm"
     """Router input: cache (the context cache's encoder), lm (the frozen base LM's token embedding at
-    t and final hidden state at t−1) or embedding (the token embedding at t alone)."""
+    t and final hidden state at t−1), embedding (the token embedding at t alone) or layer (one router
+    per layer reading the residual stream entering that layer at t: head gates, budget topk_layer
+    or none)."""
     always_on: list[int] = dataclasses.field(default_factory=list)
     """Head gates under a budget: heads (0 … L·H − 1, layer-major) that run at every token (MoH's shared
     heads); the router picks the rest of the budget among the others (phase2.shared_heads sets them)."""
@@ -113,6 +115,11 @@ class PredictorConfig:
                 f"must be distinct head indices >= 0; got {self.always_on}")
         require(self.gate == "head" or self.budget == "none", "budget",
                 f"needs predictor.gate: head (the cascade gates heads by their edges); got {self.budget!r}")
+        require(self.input != "layer" or (self.gate == "head" and self.edges == "all"
+                                          and self.budget in ("topk_layer", "none")), "input",
+                "layer decides each layer's heads from that layer's input, inside the forward: it needs "
+                "predictor.gate: head, edges: all and budget: topk_layer or none (a budget over all layers "
+                f"would need later layers' inputs); got gate {self.gate!r}, edges {self.edges!r}, budget {self.budget!r}")
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
         require(self.hidden >= 1, "hidden", f"must be >= 1; got {self.hidden}")
         require(self.tau > 0, "tau", f"must be > 0; got {self.tau}")
@@ -182,7 +189,16 @@ class StructurePredictor(nn.Module):
         self.context_dim, self.geo_dim = context_dim, geo_dim
         n = n_nodes(n_layers, n_heads)
         self.register_buffer("mask", allowed_mask(n_layers, n_heads), persistent=False)
-        self.mlp = nn.Sequential(nn.Linear(context_dim + geo_dim, cfg.hidden), nn.GELU())
+        if cfg.input == "layer":  # a router per layer: its input (d) and the geometric features → hidden
+            if context_dim % n_layers:
+                raise PredictorError(f"input layer: {context_dim}-dim contexts do not split over {n_layers} layers")
+            width = context_dim // n_layers + geo_dim
+            bound = 1 / math.sqrt(width)  # nn.Linear's initialisation, per layer
+            self.layer_in = nn.Parameter(torch.empty(n_layers, width, cfg.hidden).uniform_(-bound, bound))
+            self.layer_in_bias = nn.Parameter(torch.empty(n_layers, cfg.hidden).uniform_(-bound, bound))
+            self.layer_out = nn.Parameter(torch.zeros(n_layers, cfg.hidden, n_heads))  # W starts at zero
+        else:
+            self.mlp = nn.Sequential(nn.Linear(context_dim + geo_dim, cfg.hidden), nn.GELU())
         self.to_u = nn.Linear(cfg.hidden, n * cfg.rank)
         self.to_v = nn.Linear(cfg.hidden, n * cfg.rank)
         nn.init.zeros_(self.to_v.weight)  # Z = B at the start; U still moves V through the gradient
@@ -199,10 +215,11 @@ class StructurePredictor(nn.Module):
         self.noise_scale = 1.0  # the head gates' training noise temperature (phase 1 anneals it)
         self.register_buffer("always_on", torch.zeros(n_layers * n_heads), persistent=False)  # (L·H,) shared heads
         self.set_always_on(cfg.always_on)
-        if cfg.gate == "head":  # keep logits z = W h + b; b starts at init_bias (or static importance)
+        if cfg.gate == "head" and cfg.input != "layer":  # keep logits z = W h + b; b starts at init_bias (or static importance)
             self.to_gate = nn.Linear(cfg.hidden, n_layers * n_heads)
             nn.init.zeros_(self.to_gate.weight)
             nn.init.zeros_(self.to_gate.bias)
+        if cfg.gate == "head":
             self.head_bias = nn.Parameter(torch.full((n_layers * n_heads,), float(cfg.init_bias)))
 
     def init_head_bias(self, importance: torch.Tensor) -> None:
@@ -238,19 +255,30 @@ class StructurePredictor(nn.Module):
         return cls(cfg, n_layers, (n - 1) // n_layers, context_dim, geo_dim, tensors["U0"], tensors["V0"])
 
     def features(self, context: torch.Tensor, geo: torch.Tensor | None = None) -> torch.Tensor:
-        """The MLP's hidden features h (…, hidden) of context (…, C) and geometric features (…, G)."""
+        """The MLP's hidden features h (…, hidden) of context (…, C) and geometric features (…, G);
+        (…, L, hidden) for ``input: layer``, each layer's from its own input."""
         if context.shape[-1] != self.context_dim:
             raise PredictorError(f"context features must have {self.context_dim} dims; got {context.shape[-1]}")
+        if self.cfg.input == "layer":
+            x = context.unflatten(-1, (self.n_layers, -1))  # (…, L, d): each layer's input at unit RMS
+            x = F.rms_norm(x, (x.shape[-1],), eps=1e-6)
+            if self.geo_dim:
+                self._check_geo(geo)
+                x = torch.cat([x, geo.to(x.dtype).unsqueeze(-2).expand(*x.shape[:-1], self.geo_dim)], dim=-1)
+            return F.gelu(torch.einsum("...lf,lfh->...lh", x, self.layer_in) + self.layer_in_bias)
         if self.cfg.input == "lm":  # the embedding and the hidden state differ in scale by ~100x: each to unit RMS
             context = torch.cat([F.rms_norm(x, (x.shape[-1],), eps=1e-6) for x in context.chunk(2, dim=-1)], dim=-1)
         elif self.cfg.input == "embedding":
             context = F.rms_norm(context, (context.shape[-1],), eps=1e-6)
         if self.geo_dim:
-            if geo is None or geo.shape[-1] != self.geo_dim:
-                raise PredictorError(f"this predictor takes {self.geo_dim} geometric features per position "
-                                     f"(predictor.geo_features); got {None if geo is None else geo.shape[-1]}")
+            self._check_geo(geo)
             context = torch.cat([context, geo.to(context.dtype)], dim=-1)
         return self.mlp(context)
+
+    def _check_geo(self, geo: torch.Tensor | None) -> None:
+        if geo is None or geo.shape[-1] != self.geo_dim:
+            raise PredictorError(f"this predictor takes {self.geo_dim} geometric features per position "
+                                 f"(predictor.geo_features); got {None if geo is None else geo.shape[-1]}")
 
     def logits(self, context: torch.Tensor, geo: torch.Tensor | None = None, h: torch.Tensor | None = None) -> torch.Tensor:
         """Z = U Vᵀ + B for context (…, C) and geometric features (…, G). (…, N, N)"""
@@ -272,7 +300,11 @@ class StructurePredictor(nn.Module):
                     h: torch.Tensor | None = None) -> torch.Tensor:
         """Keep logits z (…, L·H) of the head gates, bounded by ``logit_bound``."""
         h = self.features(context, geo) if h is None else h
-        return bound_logits(self.to_gate(h) + self.head_bias, self.cfg.logit_bound)
+        if self.cfg.input == "layer":  # layer l's heads from layer l's features
+            w = torch.einsum("...lh,lhk->...lk", h, self.layer_out).flatten(-2)
+        else:
+            w = self.to_gate(h)
+        return bound_logits(w + self.head_bias, self.cfg.logit_bound)
 
     def route(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
               hard: bool | None = None, generator: torch.Generator | None = None, keep: float | None = None

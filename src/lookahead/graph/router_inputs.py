@@ -5,10 +5,16 @@
 - ``lm``: the LM's own states available before position t's forward under the lookahead contract
   — the token embedding at t and the final (normed) hidden state at t−1 of the dense forward,
   zeros at t = 0 — the input the per-token routers that work read (MoH, MoD, Router-Tuning);
-- ``embedding``: the token embedding at t alone.
+- ``embedding``: the token embedding at t alone;
+- ``layer``: the residual stream entering each layer at t (MoH, Deja Vu), one small router per
+  layer reading its own layer's: decided inside the forward, layer by layer, not before it. Here,
+  the dense forward's streams; as deployed, the routed forward's own
+  (:func:`lookahead.graph.generate.layer_routed`, whose gates at a layer depend only on the layers
+  before it).
 
-Every kind is causal by construction (the hidden state at t−1 of a causal LM reads tokens ≤ t−1);
-the evaluate stage's causality check runs each through the predictor.
+Every kind is causal by construction (the hidden state at t−1 of a causal LM reads tokens ≤ t−1,
+a layer's input at t tokens ≤ t); the evaluate stage's causality check runs each through the
+predictor.
 """
 
 from __future__ import annotations
@@ -16,15 +22,19 @@ from __future__ import annotations
 import torch
 
 
-def input_dim(kind: str, cache_dim: int, hidden: int) -> int:
-    """Width of the router's context features for an input kind."""
-    return {"cache": cache_dim, "lm": 2 * hidden, "embedding": hidden}[kind]
+def input_dim(kind: str, cache_dim: int, hidden: int, n_layers: int = 1) -> int:
+    """Width of the router's context features for an input kind (``layer``: every layer's input)."""
+    return {"cache": cache_dim, "lm": 2 * hidden, "embedding": hidden, "layer": n_layers * hidden}[kind]
 
 
 @torch.no_grad()
 def lm_states(lm, ids: torch.Tensor, kind: str) -> torch.Tensor:
-    """(B, T, F) features of ``kind`` ``lm`` or ``embedding`` from an HF causal LM (no gradient)."""
+    """(B, T, F) features of ``kind`` ``lm``, ``embedding`` or ``layer`` from an HF causal LM (no
+    gradient)."""
     core = lm.model
+    if kind == "layer":  # hidden_states[l] enters layer l (the last entry, after the final norm, does not)
+        states = core(input_ids=ids, output_hidden_states=True).hidden_states[: lm.config.num_hidden_layers]
+        return torch.cat(states, dim=-1).float()
     emb = core.embed_tokens(ids).float()
     if kind == "embedding":
         return emb
@@ -45,7 +55,7 @@ def router_context(kind: str, lm, ids: torch.Tensor, cached: torch.Tensor | None
 
 def check_context_dim(predictor, meta: dict, cache_dim: int, lm, error: type[Exception], source) -> None:
     """Refuse a predictor whose context width does not fit this cache and LM."""
-    expected = input_dim(predictor.cfg.input, cache_dim, lm.config.hidden_size)
+    expected = input_dim(predictor.cfg.input, cache_dim, lm.config.hidden_size, lm.config.num_hidden_layers)
     if meta["context_dim"] != expected:
         raise error(f"predictor {source} takes {meta['context_dim']}-dim contexts but its input "
                     f"({predictor.cfg.input}) gives {expected}-dim ones here: rerun `dvc repro phase1`")

@@ -45,7 +45,8 @@ from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import ConfigError, require
 from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
 from lookahead.core.seeds import final_evaluation_only, other_seeds, with_spread
-from lookahead.graph.generate import Router, self_consistent
+from lookahead.graph.cost import deployed_macs
+from lookahead.graph.generate import Router, layer_routed, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
 from lookahead.graph.nodes import n_edges, static_topology
 from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats, top_k_gates
@@ -223,14 +224,20 @@ class Phase1Module:
     @torch.no_grad()
     def routed_inputs(self, model, ids: torch.Tensor, context: torch.Tensor, geo: torch.Tensor | None) -> torch.Tensor:
         """``phase1.input_rounds`` rounds of routing on the states of the LM routed by the router's
-        hard gates (``predictor.input: lm``; other inputs come back unchanged)."""
-        if self.model.cfg.input != "lm" or self.zero_inputs or not self.cfg.input_rounds:
+        hard gates (``predictor.input: lm`` or ``layer``; other inputs come back unchanged). For
+        ``layer``, L − 1 rounds make every layer's input the routed forward's own (as deployed)."""
+        kind = self.model.cfg.input
+        if kind not in ("lm", "layer") or self.zero_inputs or not self.cfg.input_rounds:
             return context
         emb = context[..., : context.shape[-1] // 2]
         for _ in range(self.cfg.input_rounds):
             with eval_mode(model):
                 _, gates = model(context, geo, hard=True)
-            hidden = gated_forward(self.lm, ids, gates, self.skip).hidden.float()
+            out = gated_forward(self.lm, ids, gates, self.skip, layer_inputs=kind == "layer")
+            if kind == "layer":
+                context = out.layer_inputs.float()
+                continue
+            hidden = out.hidden.float()
             context = torch.cat([emb, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)], -1)
         return context
 
@@ -318,7 +325,7 @@ class Phase1Module:
                 loss = loss + self.cfg.balance * balance_loss(gates[..., 1:], pcfg.keep)
             if self.cfg.distill:
                 distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers,
-                                       self.cfg.loss)
+                                       self.cfg.loss, per_layer=pcfg.budget == "topk_layer")
                 loss = loss + self.cfg.distill * distill
                 figures["distill"] = distill.item()
             figures["logit_abs"] = z.detach().abs().mean().item()
@@ -511,14 +518,22 @@ DEPLOYED_WINDOWS = 64
 def deployed_nll(module: Phase1Module, model, scoring: ScoringSet) -> np.ndarray | None:
     """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
     routed model's own states (:func:`lookahead.graph.generate.self_consistent`, position by
-    position), not from a dense pass. None for routers that read no LM state (the dense-state
-    figure is already theirs: ``embedding``) or cannot run that way (``cache``, the cascade)."""
+    position; ``layer``: :func:`lookahead.graph.generate.layer_routed`, layer by layer), not from
+    a dense pass. None for routers that read no LM state (the dense-state figure is already theirs:
+    ``embedding``) or cannot run that way (``cache``, the cascade)."""
     cfg = model.cfg
-    if cfg.input != "lm" or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
+    if cfg.input not in ("lm", "layer") or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
         return None
-    router = Router(model, module.lm, module.geo if model.geo_dim else None)
     windows = torch.cat([w for w, _ in scoring.batches])
     out = []
+    if cfg.input == "layer":
+        with eval_mode(model):
+            for chunk in windows.split(DEPLOYED_WINDOWS):
+                ids = chunk[:, :-1]
+                logits, _ = layer_routed(module.lm, model, ids, module.geo(ids) if model.geo_dim else None, module.skip)
+                out.append(token_nll(logits, chunk[:, 1:]).flatten())
+        return torch.cat(out).numpy()
+    router = Router(model, module.lm, module.geo if model.geo_dim else None)
     with eval_mode(model):
         for chunk in windows.split(DEPLOYED_WINDOWS):
             logits, _ = self_consistent(module.lm, router, chunk[:, :-1], module.skip)
@@ -526,16 +541,25 @@ def deployed_nll(module: Phase1Module, model, scoring: ScoringSet) -> np.ndarray
     return torch.cat(out).numpy()
 
 
-def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce") -> torch.Tensor:
+def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce",
+                 per_layer: bool = False) -> torch.Tensor:
     """Distillation of keep logits z (…, L·H) toward the oracle's keep set, the top-K of its
     ``scores`` (…, L·H), K = round(keep · L·H): ``bce`` of z centred on its own top-K threshold
-    against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h."""
-    k = keep_count(z.shape[-1], n_layers, keep, per_layer=False)
-    target = top_k_gates(scores, k)[..., 1:]
+    against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h. ``per_layer`` (the
+    budget ``topk_layer``): the top K/L of each layer's scores, and the softmax over each layer's heads."""
+    k = keep_count(z.shape[-1], n_layers, keep, per_layer)
+    if not per_layer:
+        target = top_k_gates(scores, k)[..., 1:]
+        if loss == "listwise":
+            return -(target * F.log_softmax(z, -1)).sum(-1).mean() / k
+        _, theta = topk_mask(z, k, n_layers, per_layer=False)
+        return F.binary_cross_entropy_with_logits(z - theta, target)
+    target, _ = topk_mask(scores, k, n_layers, per_layer=True)
     if loss == "listwise":
-        return -(target * F.log_softmax(z, -1)).sum(-1).mean() / k
-    _, theta = topk_mask(z, k, n_layers, per_layer=False)
-    return F.binary_cross_entropy_with_logits(z - theta, target)
+        logp = F.log_softmax(z.unflatten(-1, (n_layers, -1)), -1).flatten(-2)
+        return -(target * logp).sum(-1).mean() / (k * n_layers)
+    _, theta = topk_mask(z, k, n_layers, per_layer=True)
+    return F.binary_cross_entropy_with_logits((z.unflatten(-1, (n_layers, -1)) - theta).flatten(-2), target)
 
 
 def capture(static: float, router: float, oracle: float | None) -> float | None:
@@ -559,7 +583,7 @@ HEADLINE = ("dense_nll", "hard_nll", "hard_nll_sd", "deployed_nll", "deployed_nl
             "increase_over_static_increase", "increase_over_static_increase_sd", "deployed_increase_over_static_increase",
             "deployed_increase_over_static_increase_sd", "oracle_capture", "greedy_capture", "greedy_capture_sd",
             "oracle_recall_at_k", "oracle_recall_at_k_sd", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap",
-            *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
+            "deployed_macs_over_dense", *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
 """The headline (28 keys at most); every other figure, and every ``_sd``, is in the report."""
 
 
@@ -571,8 +595,8 @@ and its NLL per head count), the greedy oracle's gates per head count and the st
 
 def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, lm, importance) -> StructurePredictor:
     """A fresh predictor for this cache and base LM (head gates start at static importance)."""
-    predictor = StructurePredictor.from_init(predictor_cfg, init_file,
-                                             input_dim(predictor_cfg.input, cache.dim, lm.config.hidden_size))
+    predictor = StructurePredictor.from_init(predictor_cfg, init_file, input_dim(
+        predictor_cfg.input, cache.dim, lm.config.hidden_size, lm.config.num_hidden_layers))
     if predictor_cfg.gate == "head":
         predictor.init_head_bias(importance)
     return predictor
@@ -670,6 +694,14 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
+    if predictor_cfg.gate == "head":  # per-token MACs over a dense forward's, the router's inputs included
+        fraction = metrics.get("scored_active_head_fraction", metrics["active_head_fraction"])
+        length = scoring.window if scoring is not None else module.cache.context_length
+        cost = {state: deployed_macs(lm.config, predictor, (length + 1) / 2, fraction, module.skip, state)
+                for state in (False, True)}
+        metrics.update({"deployed_macs_over_dense": cost[False]["total_over_dense"],
+                        "dense_state_macs_over_dense": cost[True]["total_over_dense"],
+                        "router_macs_over_dense": cost[False]["router_over_dense"]})
     if cfg.oracle == "greedy":  # on the cache's val windows, like oracle_capture
         greedy = module.greedy_oracle_nll(final["oracle_heads_kept"])
         metrics.update({"greedy_oracle_nll": greedy, "oracle_recall_at_k": final["oracle_recall_at_k"],

@@ -1,0 +1,42 @@
+"""What a routed forward and its router cost per token, in multiply-accumulates (MACs): the FLOP
+side of "NLL as deployed" (phase 1's ``deployed_macs_over_dense``, ``benchmarks/runtime.py``'s ideal).
+
+Counted: the weight matrices a token goes through and attention's QK and AV; not counted: the
+embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token).
+"""
+
+from __future__ import annotations
+
+
+def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
+    """MACs of one token's forward with a share ``on`` of heads running, attending ``context`` keys
+    (prefill: (T + 1) / 2 on average; generation: T). ``full``: an off head has no query, key,
+    value or output, and a head's keys are its running positions; ``query``: every key and value
+    exists. ``cfg``: a transformers OLMo2 config."""
+    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    keys = context * (on if mode == "full" else 1.0)
+    kv = 2 * d * d * (on if mode == "full" else 1.0)
+    attention = on * (2 * d * d + 2 * keys * d)  # q and o projections, QK and AV of the running heads
+    return cfg.num_hidden_layers * (kv + attention + 3 * d * ffn) + d * cfg.vocab_size
+
+
+def router_macs(predictor) -> int:
+    """MACs of a head-gate router per token: its MLP's weight matrices (one per layer for
+    ``predictor.input: layer``), the geometric features included."""
+    if predictor.cfg.input == "layer":
+        return predictor.layer_in.numel() + predictor.layer_out.numel()
+    return predictor.mlp[0].weight.numel() + predictor.to_gate.weight.numel()
+
+
+def deployed_macs(cfg, predictor, context: float, on: float, mode: str, dense_states: bool) -> dict[str, float]:
+    """Per-token MACs of routing as deployed, each over a dense forward's: the routed forward, the
+    router and its inputs. ``dense_states``: the router reads a dense pass's states (``lm`` and
+    ``layer`` before their own routed states: a whole dense forward first); ``None`` for inputs
+    from an encoder this module does not count (``cache``)."""
+    dense = macs_per_token(cfg, context, 1.0, mode)
+    routed = macs_per_token(cfg, context, on, mode)
+    router = router_macs(predictor)
+    inputs = dense if dense_states and predictor.cfg.input in ("lm", "layer") else 0.0
+    total = None if predictor.cfg.input == "cache" else (routed + router + inputs) / dense
+    return {"routed_forward_over_dense": routed / dense, "router_over_dense": router / dense,
+            "inputs_over_dense": None if predictor.cfg.input == "cache" else inputs / dense, "total_over_dense": total}
