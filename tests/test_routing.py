@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lookahead.core.errors import ConfigError
 from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, keep_count, l0_penalty,
-                                    logistic_noise, topk_mask)
+                                    logistic_noise, static_layer_counts, topk_mask)
 from lookahead.graph.nodes import head_graph, n_nodes
 from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, greedy_targets, leave_one_out_kl,
                                      routing_stats, top_k_gates)
@@ -226,6 +226,28 @@ def test_per_token_macs_of_a_router_and_its_inputs():
     assert first["total_over_dense"] == pytest.approx(1 + (routed + 256) / dense)  # a dense forward first
     cache = StructurePredictor(PredictorConfig(hidden=8, input="cache", geo_features=False), 4, 4, 16)
     assert deployed_macs(cfg, cache, 5, 0.5, "query", dense_states=False)["total_over_dense"] is None
+
+
+def test_per_layer_counts_keep_each_layers_top_k_and_the_static_counts_are_static_pruning():
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(5, 7, 12, generator=gen)
+    counts = torch.tensor([3, 0, 1])  # 3 layers x 4 heads
+    mask, theta = topk_mask(scores, counts, 3, per_layer=True)
+    s = scores.view(5, 7, 3, 4)
+    above = (s[..., None, :] > s[..., :, None]).sum(-1)  # brute force: kept iff fewer than K_l above it
+    assert torch.equal(mask.view(5, 7, 3, 4).bool(), above < counts[:, None])
+    assert ((s > theta) == mask.view(5, 7, 3, 4).bool()).all()  # θ separates kept from dropped, layer by layer
+    importance = torch.tensor([[0.9, 0.8, 0.1, 0.7], [0.2, 0.05, 0.3, 0.15], [0.6, 0.5, 0.4, 0.01]])
+    assert static_layer_counts(importance, 0.5).tolist() == [3, 0, 3]
+    # an untrained topk_layer_static router layer by layer is static importance pruning exactly
+    for kind in ("layer", "lm"):
+        cfg = PredictorConfig(rank=2, hidden=8, budget="topk_layer_static", keep=0.5, input=kind, geo_features=False)
+        predictor = StructurePredictor(cfg, 3, 4, context_dim=12 if kind == "layer" else 6).eval()
+        predictor.init_head_bias(importance)
+        _, gates = predictor(torch.randn(2, 5, predictor.context_dim, generator=gen), hard=True)
+        top = torch.zeros(12)
+        top[importance.flatten().argsort(descending=True)[:6]] = 1
+        assert torch.equal(gates[..., 1:], top.expand(2, 5, 12)), kind
 
 
 def test_an_untrained_head_router_under_a_budget_is_static_importance_pruning():

@@ -11,7 +11,9 @@ surrogate's:
   :func:`l0_penalty`; at evaluation the gate is 1[z > 0] (or the top-K of z).
 
 Budgets (exact per token, so the comparison with static pruning is at exactly the same fraction):
-``topk`` keeps the K largest scores of all L·H heads, ``topk_layer`` the K/L largest of each layer.
+``topk`` keeps the K largest scores of all L·H heads, ``topk_layer`` the K/L largest of each layer,
+``topk_layer_static`` the K_l largest of layer l, K_l the count static importance pruning keeps
+there (the counts the caller gives: the predictor's ``layer_keep``).
 Noise n: logistic (the seed's), or Gumbel (``gumbel``: top-K of z + Gumbel draws samples heads
 without replacement in proportion to softmax(z)); both scaled by a temperature annealed by the caller.
 """
@@ -24,7 +26,7 @@ import torch
 
 GATE_KINDS = ("cascade", "head")
 ESTIMATORS = ("st", "hard_concrete")
-BUDGETS = ("none", "topk", "topk_layer")
+BUDGETS = ("none", "topk", "topk_layer", "topk_layer_static")
 NOISES = ("logistic", "gumbel", "none")
 
 
@@ -59,15 +61,27 @@ def keep_count(n_heads_total: int, n_layers: int, keep: float, per_layer: bool) 
     return max(1, min(n_heads_total, round(keep * n_heads_total)))
 
 
-def topk_mask(scores: torch.Tensor, k: int, n_layers: int, per_layer: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact top-k of scores (…, L·H) per token — of each layer's H when ``per_layer`` — as a
-    0/1 mask, and the threshold θ (…, 1) or (…, L, 1): the midpoint between the k-th and (k+1)-th
-    largest (ties broken by head index, lowest first, so the mask always holds exactly k)."""
+def topk_mask(scores: torch.Tensor, k: int | torch.Tensor, n_layers: int, per_layer: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top-k of scores (…, L·H) per token — of each layer's H when ``per_layer``, k an
+    int or a (L,) tensor of per-layer counts — as a 0/1 mask, and the threshold θ (…, 1) or
+    (…, L, 1): the midpoint between the k-th and (k+1)-th largest (ties broken by head index, lowest
+    first, so the mask always holds exactly k; a layer with k = 0 gets θ above its largest score)."""
     shape = scores.shape
     s = scores.unflatten(-1, (n_layers, -1)) if per_layer else scores
     width = s.shape[-1]
     # a stable descending sort: equal scores keep head order
     order = torch.sort(s.detach(), dim=-1, descending=True, stable=True).indices
+    if isinstance(k, torch.Tensor):  # per-layer counts
+        counts = k.to(device=s.device, dtype=torch.long)[:, None]  # (L, 1)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(width, device=s.device).expand_as(order))
+        mask = (rank < counts).to(s.dtype)
+        ranked = torch.gather(s.detach(), -1, order)  # (…, L, H) descending
+        top = torch.gather(ranked, -1, (counts - 1).clamp(min=0).expand(*ranked.shape[:-1], 1))
+        below = torch.gather(ranked, -1, counts.clamp(max=width - 1).expand(*ranked.shape[:-1], 1))
+        top = torch.where(counts > 0, top, ranked[..., :1] + 2.0)
+        below = torch.where(counts < width, below, ranked[..., -1:] - 2.0)
+        return mask.reshape(shape), (top + below) / 2
     mask = torch.zeros_like(s).scatter_(-1, order[..., :k], 1.0)
     top = torch.gather(s.detach(), -1, order[..., k - 1 : k])
     below = torch.gather(s.detach(), -1, order[..., k : k + 1]) if k < width else top - 2.0
@@ -75,16 +89,28 @@ def topk_mask(scores: torch.Tensor, k: int, n_layers: int, per_layer: bool) -> t
     return mask.reshape(shape), theta
 
 
+def static_layer_counts(importance: torch.Tensor, keep: float) -> torch.Tensor:
+    """Heads per layer (L,) that static importance pruning keeps at fraction ``keep`` of the
+    importance (L, H): the ``topk_layer_static`` budget's counts."""
+    n_layers, n_heads = importance.shape
+    k = keep_count(n_layers * n_heads, n_layers, keep, per_layer=False)
+    kept = torch.zeros(n_layers * n_heads)
+    kept[torch.sort(importance.flatten().float(), descending=True, stable=True).indices[:k]] = 1
+    return kept.view(n_layers, n_heads).sum(-1).long()
+
+
 def head_gates(z: torch.Tensor, n_layers: int, estimator: str, budget: str, keep: float, tau: float,
-               noise: torch.Tensor | None, hard: bool) -> torch.Tensor:
+               noise: torch.Tensor | None, hard: bool, layer_counts: torch.Tensor | None = None) -> torch.Tensor:
     """Gates (…, L·H) from keep logits z (…, L·H): see the module docstring. ``noise`` (…, L·H)
     or None (evaluation: deterministic). A budget always runs its exact top-K (straight-through);
     without one, ``hard`` thresholds at 0 (straight-through) and soft gates are σ(z/τ), or the
     hard-concrete gate (a sample in training, its deterministic value at evaluation)."""
     scores = z if noise is None else z + noise
     if budget != "none":
-        per_layer = budget == "topk_layer"
-        k = keep_count(z.shape[-1], n_layers, keep, per_layer)
+        per_layer = budget in ("topk_layer", "topk_layer_static")
+        k = layer_counts if budget == "topk_layer_static" else keep_count(z.shape[-1], n_layers, keep, per_layer)
+        if k is None:
+            raise ValueError("budget topk_layer_static needs the per-layer counts (layer_counts)")
         mask, theta = topk_mask(scores, k, n_layers, per_layer)
         centred = (scores.unflatten(-1, (n_layers, -1)) - theta).flatten(-2) if per_layer else scores - theta
     else:

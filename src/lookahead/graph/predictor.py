@@ -37,7 +37,7 @@ from torch import nn
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors
 from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bound_logits, gate_noise, head_gates,
-                                    keep_count, logistic_noise, straight_through)
+                                    keep_count, logistic_noise, static_layer_counts, straight_through)
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
 INPUTS = ("cache", "lm", "embedding", "layer")
@@ -77,7 +77,8 @@ class PredictorConfig:
     """Head gates: st (sigmoid straight-through at soft values) or hard_concrete (Louizos et al. 2018)."""
     budget: str = "topk"
     """Head gates: none (a penalty sets the fraction), topk (exact per-token top-K of all heads) or
-    topk_layer (the top K/L of each layer's heads)."""
+    topk_layer (the top K/L of each layer's heads) or topk_layer_static (the top K_l of layer l, K_l
+    the heads static importance pruning keeps there: its per-layer shape, routed within layers)."""
     keep: float = 0.5
     """Head gates under a budget: fraction of heads kept per token."""
     noise: str = "none"
@@ -88,7 +89,7 @@ class PredictorConfig:
     input: str = "lm"
     """Router input: cache (the context cache's encoder), lm (the frozen base LM's token embedding at
     t and final hidden state at t−1), embedding (the token embedding at t alone) or layer (one router
-    per layer reading the residual stream entering that layer at t: head gates, budget topk_layer
+    per layer reading the residual stream entering that layer at t: head gates, a per-layer budget
     or none)."""
     always_on: list[int] = dataclasses.field(default_factory=list)
     """Head gates under a budget: heads (0 … L·H − 1, layer-major) that run at every token (MoH's shared
@@ -116,9 +117,9 @@ class PredictorConfig:
         require(self.gate == "head" or self.budget == "none", "budget",
                 f"needs predictor.gate: head (the cascade gates heads by their edges); got {self.budget!r}")
         require(self.input != "layer" or (self.gate == "head" and self.edges == "all"
-                                          and self.budget in ("topk_layer", "none")), "input",
+                                          and self.budget in ("topk_layer", "topk_layer_static", "none")), "input",
                 "layer decides each layer's heads from that layer's input, inside the forward: it needs "
-                "predictor.gate: head, edges: all and budget: topk_layer or none (a budget over all layers "
+                "predictor.gate: head, edges: all and budget: topk_layer, topk_layer_static or none (a budget over all layers "
                 f"would need later layers' inputs); got gate {self.gate!r}, edges {self.edges!r}, budget {self.budget!r}")
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
         require(self.hidden >= 1, "hidden", f"must be >= 1; got {self.hidden}")
@@ -214,6 +215,9 @@ class StructurePredictor(nn.Module):
         self.static = nn.Parameter(static)  # B (N, N)
         self.noise_scale = 1.0  # the head gates' training noise temperature (phase 1 anneals it)
         self.register_buffer("always_on", torch.zeros(n_layers * n_heads), persistent=False)  # (L·H,) shared heads
+        if cfg.budget == "topk_layer_static":  # heads kept per layer (set from the importance: init_head_bias)
+            per = keep_count(n_layers * n_heads, n_layers, cfg.keep, per_layer=True)
+            self.register_buffer("layer_keep", torch.full((n_layers,), per, dtype=torch.long))
         self.set_always_on(cfg.always_on)
         if cfg.gate == "head" and cfg.input != "layer":  # keep logits z = W h + b; b starts at init_bias (or static importance)
             self.to_gate = nn.Linear(cfg.hidden, n_layers * n_heads)
@@ -228,6 +232,8 @@ class StructurePredictor(nn.Module):
         flat = importance.flatten().float()
         with torch.no_grad():
             self.head_bias.copy_((flat - flat.mean()) / flat.std().clamp_min(1e-12) + self.cfg.init_bias)
+            if self.cfg.budget == "topk_layer_static":
+                self.layer_keep.copy_(static_layer_counts(importance, self.cfg.keep))
 
     def set_always_on(self, heads: list[int]) -> None:
         """Make ``heads`` (0 … L·H − 1) the shared heads that run at every token (``cfg.always_on``)."""
@@ -323,7 +329,8 @@ class StructurePredictor(nn.Module):
         noise = (gate_noise(self.cfg.noise, z.shape, z.device, z.dtype, generator, self.noise_scale)
                  if self.training else None)
         keep = self.cfg.keep if keep is None else keep
-        g = head_gates(z, self.n_layers, self.cfg.estimator, self.cfg.budget, keep, tau, noise, hard)
+        g = head_gates(z, self.n_layers, self.cfg.estimator, self.cfg.budget, keep, tau, noise, hard,
+                       getattr(self, "layer_keep", None))
         g = torch.cat([torch.ones_like(g[..., :1]), g], dim=-1)  # (…, N): the source always runs
         a = self.mask * g[..., :, None]  # every allowed edge out of an active head
         if self.cfg.edges == "learned":

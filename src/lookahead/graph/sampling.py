@@ -69,7 +69,8 @@ def _sample_heads(predictor, contexts, features, flip_prob, generator):
     cfg = predictor.cfg
     z = predictor.head_logits(contexts, features)
     noise = logistic_noise(z.shape, z.device, z.dtype, generator)
-    on = head_gates(z, predictor.n_layers, cfg.estimator, cfg.budget, cfg.keep, cfg.tau, noise, hard=True) > 0.5
+    on = head_gates(z, predictor.n_layers, cfg.estimator, cfg.budget, cfg.keep, cfg.tau, noise, hard=True,
+                    layer_counts=getattr(predictor, "layer_keep", None)) > 0.5
     if flip_prob > 0:
         on = on ^ (torch.rand(on.shape, device=on.device, generator=generator) < flip_prob)
     gates = torch.cat([torch.ones_like(z[..., :1]), on.to(z.dtype)], dim=-1)

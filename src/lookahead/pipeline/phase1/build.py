@@ -325,7 +325,8 @@ class Phase1Module:
                 loss = loss + self.cfg.balance * balance_loss(gates[..., 1:], pcfg.keep)
             if self.cfg.distill:
                 distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers,
-                                       self.cfg.loss, per_layer=pcfg.budget == "topk_layer")
+                                       self.cfg.loss, per_layer=pcfg.budget in ("topk_layer", "topk_layer_static"),
+                                       counts=getattr(model, "layer_keep", None))
                 loss = loss + self.cfg.distill * distill
                 figures["distill"] = distill.item()
             figures["logit_abs"] = z.detach().abs().mean().item()
@@ -542,22 +543,25 @@ def deployed_nll(module: Phase1Module, model, scoring: ScoringSet) -> np.ndarray
 
 
 def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce",
-                 per_layer: bool = False) -> torch.Tensor:
+                 per_layer: bool = False, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Distillation of keep logits z (…, L·H) toward the oracle's keep set, the top-K of its
     ``scores`` (…, L·H), K = round(keep · L·H): ``bce`` of z centred on its own top-K threshold
     against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h. ``per_layer`` (the
-    budget ``topk_layer``): the top K/L of each layer's scores, and the softmax over each layer's heads."""
-    k = keep_count(z.shape[-1], n_layers, keep, per_layer)
+    budgets ``topk_layer``, ``topk_layer_static``): the top K_l of each layer's scores — K/L, or
+    ``counts`` (L,) —, and the softmax over each layer's heads."""
     if not per_layer:
+        k = keep_count(z.shape[-1], n_layers, keep, per_layer)
         target = top_k_gates(scores, k)[..., 1:]
         if loss == "listwise":
             return -(target * F.log_softmax(z, -1)).sum(-1).mean() / k
         _, theta = topk_mask(z, k, n_layers, per_layer=False)
         return F.binary_cross_entropy_with_logits(z - theta, target)
+    k = counts if counts is not None else keep_count(z.shape[-1], n_layers, keep, per_layer)
+    total = int(k.sum()) if isinstance(k, torch.Tensor) else k * n_layers
     target, _ = topk_mask(scores, k, n_layers, per_layer=True)
     if loss == "listwise":
         logp = F.log_softmax(z.unflatten(-1, (n_layers, -1)), -1).flatten(-2)
-        return -(target * logp).sum(-1).mean() / (k * n_layers)
+        return -(target * logp).sum(-1).mean() / total
     _, theta = topk_mask(z, k, n_layers, per_layer=True)
     return F.binary_cross_entropy_with_logits((z.unflatten(-1, (n_layers, -1)) - theta).flatten(-2), target)
 
@@ -694,6 +698,7 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
+    metrics.update(dict.fromkeys(("deployed_macs_over_dense", "dense_state_macs_over_dense", "router_macs_over_dense")))
     if predictor_cfg.gate == "head":  # per-token MACs over a dense forward's, the router's inputs included
         fraction = metrics.get("scored_active_head_fraction", metrics["active_head_fraction"])
         length = scoring.window if scoring is not None else module.cache.context_length
