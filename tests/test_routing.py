@@ -179,12 +179,12 @@ def layer_router(n_layers: int, n_heads: int, hidden: int, seed: int = 0) -> Str
     return predictor
 
 
-@pytest.mark.parametrize("skip", ["query", "full"])
-def test_layer_routing_as_deployed_reads_each_layers_own_routed_input_and_is_causal(skip):
+def test_layer_routing_as_deployed_reads_each_layers_own_routed_input_and_is_causal():
     """The gates :func:`layer_routed` returns are the fixed point — the router at layer l reads the
     stream entering layer l of the forward run under those very gates —, its logits are the plain
     reference's under them, they differ from the dense streams' gates, and no position <= t moves
-    when later tokens do."""
+    when later tokens do (``query``, the default skip; the routing does not depend on it)."""
+    skip = "query"
     model = tiny_olmo2(n_layers=3, n_heads=4, hidden=32, ffn=32)
     predictor = layer_router(3, 4, 32)
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(5))
