@@ -229,16 +229,16 @@ class Phase1Module:
         kind = self.model.cfg.input
         if kind not in ("lm", "layer") or self.zero_inputs or not self.cfg.input_rounds:
             return context
-        emb = context[..., : context.shape[-1] // 2]
+        emb = context[..., : context.shape[-1] // 2]  # lm: the token embedding half stays
         for _ in range(self.cfg.input_rounds):
             with eval_mode(model):
                 _, gates = model(context, geo, hard=True)
             out = gated_forward(self.lm, ids, gates, self.skip, layer_inputs=kind == "layer")
             if kind == "layer":
                 context = out.layer_inputs.float()
-                continue
-            hidden = out.hidden.float()
-            context = torch.cat([emb, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)], -1)
+            else:  # the routed final hidden state at t − 1 (zeros at t = 0)
+                hidden = out.hidden.float()
+                context = torch.cat([emb, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)], -1)
         return context
 
     def keep_k(self) -> int:
@@ -548,22 +548,15 @@ def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: i
     ``scores`` (…, L·H), K = round(keep · L·H): ``bce`` of z centred on its own top-K threshold
     against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h. ``per_layer`` (the
     budgets ``topk_layer``, ``topk_layer_static``): the top K_l of each layer's scores — K/L, or
-    ``counts`` (L,) —, and the softmax over each layer's heads."""
-    if not per_layer:
-        k = keep_count(z.shape[-1], n_layers, keep, per_layer)
-        target = top_k_gates(scores, k)[..., 1:]
-        if loss == "listwise":
-            return -(target * F.log_softmax(z, -1)).sum(-1).mean() / k
-        _, theta = topk_mask(z, k, n_layers, per_layer=False)
-        return F.binary_cross_entropy_with_logits(z - theta, target)
-    k = counts if counts is not None else keep_count(z.shape[-1], n_layers, keep, per_layer)
-    total = int(k.sum()) if isinstance(k, torch.Tensor) else k * n_layers
-    target, _ = topk_mask(scores, k, n_layers, per_layer=True)
+    ``counts`` (L,) —, the threshold and the softmax over each layer's heads."""
+    k = counts if per_layer and counts is not None else keep_count(z.shape[-1], n_layers, keep, per_layer)
+    kept = int(k.sum()) if isinstance(k, torch.Tensor) else k * (n_layers if per_layer else 1)
+    target = topk_mask(scores, k, n_layers, per_layer=True)[0] if per_layer else top_k_gates(scores, k)[..., 1:]
+    groups = z.unflatten(-1, (n_layers, -1)) if per_layer else z  # the heads a softmax or a threshold spans
     if loss == "listwise":
-        logp = F.log_softmax(z.unflatten(-1, (n_layers, -1)), -1).flatten(-2)
-        return -(target * logp).sum(-1).mean() / total
-    _, theta = topk_mask(z, k, n_layers, per_layer=True)
-    return F.binary_cross_entropy_with_logits((z.unflatten(-1, (n_layers, -1)) - theta).flatten(-2), target)
+        return -(target * F.log_softmax(groups, -1).reshape(z.shape)).sum(-1).mean() / kept
+    _, theta = topk_mask(z, k, n_layers, per_layer)
+    return F.binary_cross_entropy_with_logits((groups - theta).reshape(z.shape), target)
 
 
 def capture(static: float, router: float, oracle: float | None) -> float | None:
