@@ -346,3 +346,95 @@ def test_budget_warmup_anneals_the_kept_fraction_from_every_head_to_the_target(d
                                    "train": {"steps": 2, "device": "cpu"}})
     with pytest.raises(Phase2Error, match="budget_warmup"):  # the cascade fixture has no top-K budget
         build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o")
+
+
+# ------------------------------------------------------------------ the router keeps up with the LM (refresh)
+
+def plain_greedy_keep(lm, ids, n_layers, n_heads, k, skip, fixed):
+    """The greedy oracle written plainly (a reference, not the batched path): at each of its steps,
+    one forward per candidate head with that head off at every position on top of each position's
+    earlier removals; each position drops its cheapest candidate (the first on a tie)."""
+    from lookahead.graph.nodes import head_graph
+    from lookahead.graph.oracle import kl_to_dense
+
+    total = n_layers * n_heads
+    with torch.no_grad():
+        dense = torch.log_softmax(lm(input_ids=ids).logits.float(), -1)
+        gates = torch.ones(ids.shape[0], ids.shape[1], 1 + total)
+        for _ in range(total - k):
+            cost = torch.full((ids.shape[0], ids.shape[1], total), math.inf)
+            for h in range(total):
+                if h in fixed:
+                    continue
+                trial = gates.clone()
+                trial[..., 1 + h] = 0
+                logits = forward_with_topology(lm, ids, head_graph(trial, n_layers, n_heads), trial, hard=True, skip=skip)
+                cost[..., h] = torch.where(gates[..., 1 + h] == 1, kl_to_dense(dense, logits), math.inf)
+            for b in range(ids.shape[0]):
+                for t in range(ids.shape[1]):
+                    drop = min(range(total), key=lambda h: (cost[b, t, h].item(), h))
+                    gates[b, t, 1 + drop] = 0
+    return gates[..., 1:].bool()
+
+
+def test_the_greedy_oracle_with_shared_heads_never_drops_them_and_matches_the_plain_greedy():
+    from lookahead.graph.oracle import greedy_keep, greedy_order
+    from tests.test_runtime import tiny_olmo2
+
+    lm = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
+    ids = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(3))
+    for fixed in ([], [1], [0, 3]):
+        keep = greedy_keep(greedy_order(lm, ids, 2, 2, 2, "query", fixed=fixed), 2)[..., 1:].bool()
+        assert torch.equal(keep, plain_greedy_keep(lm, ids, 2, 2, 2, "query", fixed))
+        assert keep[..., fixed].all() and keep.sum(-1).eq(2).all()
+    with pytest.raises(ValueError, match="fixed heads"):
+        greedy_order(lm, ids, 2, 2, 1, "query", fixed=[0, 1, 2])
+
+
+def test_a_refresh_distils_the_current_lms_greedy_oracle_into_the_routed_heads_only(phase_inputs, tmp_path):
+    from lookahead.graph.oracle import greedy_keep, greedy_order
+    from lookahead.graph.router_inputs import router_context
+    from lookahead.pipeline.phase2.refresh import Refresher
+
+    router, _ = load_predictor(lm_router(phase_inputs, tmp_path / "router.safetensors"))
+    router.set_always_on([0])
+    router.requires_grad_(False)
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32)
+    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(windows=2), 16)[:, :-1]
+    refresher = Refresher(router, lr=3e-2, steps=1, windows=2)
+    shared_row = router.to_gate.weight[0].clone()
+    first = [refresher.step(lm, router, "query", ids, None) for _ in range(15)]
+    assert first[-1]["loss"] < first[0]["loss"] and first[-1]["recall"] > first[0]["recall"]
+    assert torch.equal(router.to_gate.weight[0], shared_row)  # the shared head is outside the loss
+    assert not any(p.requires_grad for p in router.parameters())  # the LM's optimiser never sees the router
+    # the recall is the router's top-K (shared head included) against the oracle's keep set, routed heads
+    k = refresher.k
+    keep = greedy_keep(greedy_order(lm, ids, 2, 2, k, "query", fixed=[0]), k)[..., 1:].bool()
+    with torch.no_grad():
+        _, gates = router.eval()(router_context("lm", lm, ids, None), None, hard=True)
+    mine = gates[..., 1:].bool()
+    assert mine[..., 0].all()
+    recall = ((mine & keep)[..., 1:].sum() / keep[..., 1:].sum()).item()
+    router.train()
+    assert refresher.step(lm, router, "query", ids, None)["recall"] == pytest.approx(recall)
+    assert refresher.report()["refreshes"] == 16
+
+
+def test_phase2_with_refresh_trains_the_router_from_the_oracle_only(downstream_inputs, tmp_path):
+    i = downstream_inputs
+    router = lm_router(i, tmp_path / "router.safetensors")
+    cfg = from_dict(Phase2Config, {
+        "windows": "stream", "shared_heads": 1, "refresh_every": 1, "refresh_windows": 1, "refresh_lr": 1e-2,
+        "eval_batch_size": 2, "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2,
+                                         "log_every": 1, "checkpoint_every": 0, "device": "cpu"}})
+    report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"],
+                             tmp_path / "out", heads_file=i["heads"], scoring=ScoringConfig(windows=2, batch_size=2))
+    before, _ = load_predictor(router)
+    after, _ = load_predictor(tmp_path / "out" / PREDICTOR_FILE)
+    assert report["refreshes"] == 2 and 0 <= report["refresh_recall_mean"] <= 1 and report["refresh_seconds"] > 0
+    assert not torch.equal(after.to_gate.weight, before.to_gate.weight)  # the router learned
+    for bad, key in (({"refresh_every": -1}, "refresh_every"), ({"refresh_every": 5, "predictor_lr_scale": 1.0}, "refresh_every"),
+                     ({"refresh_every": 5, "refresh_windows": 99}, "refresh_windows"),
+                     ({"refresh_every": 5, "refresh_lr": 0.0}, "refresh_lr")):
+        with pytest.raises(ConfigError, match=key):
+            from_dict(Phase2Config, bad)

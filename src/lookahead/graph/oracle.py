@@ -18,6 +18,7 @@ positions (0 for a static mask, H bits at most).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,16 +62,17 @@ the default base, 177 positions/s with 8 rows, 141 with 32, 126 with 128)."""
 
 
 def greedy_order(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                 max_rows: int = GREEDY_ROWS) -> torch.Tensor:
+                 max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = ()) -> torch.Tensor:
     """The greedy label-free oracle's removal order (B, T, L·H) down to k heads per position: the
     step at which each head was dropped, L·H for the k heads it keeps. Its keep set at any budget
-    k' >= k is the heads of order >= L·H − k' (:func:`greedy_keep`)."""
-    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows)[0]
+    k' >= k is the heads of order >= L·H − k' (:func:`greedy_keep`). ``fixed``: heads never
+    dropped (shared heads), part of the k kept."""
+    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows, fixed)[0]
 
 
 @torch.no_grad()
 def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                   max_rows: int = GREEDY_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+                   max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy oracle's removal order (:func:`greedy_order`) and the cost of its first step,
     which is every head's leave-one-out KL (B, T, L·H) (:func:`leave_one_out_kl`, from batched
     forwards: equal to float rounding).
@@ -78,18 +80,24 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
     Each of its L·H − k steps tries every head's removal at once: the candidate removals are
     stacked along the batch (``max_rows`` sequences per forward), the dense distribution is the one
     pass made first, and each position drops the head still on whose removal moves its output the
-    least (the first such head on a tie)."""
+    least (the first such head on a tie). ``fixed`` heads (e.g. shared heads that run at every
+    token) are never candidates: they stay on, their first-step cost is +inf, and the k kept
+    count them."""
     batch, length = ids.shape
     dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)  # (B, T, V)
     total = n_layers * n_heads
     gates = torch.ones(batch, length, 1 + total, device=ids.device)
     order = torch.full((batch, length, total), total, dtype=torch.long, device=ids.device)
     per = max(1, max_rows // batch)  # candidate removals per forward
+    candidates = torch.tensor(sorted(set(range(total)) - set(fixed)), dtype=torch.long, device=ids.device)
+    if len(candidates) < total - k:
+        raise ValueError(f"greedy oracle: {len(fixed)} fixed heads leave {len(candidates)} to drop, "
+                         f"fewer than the {total - k} the budget of {k} needs")
 
     def removal_cost() -> torch.Tensor:  # KL to dense of dropping each head on top of ``gates`` (B, T, L·H)
-        cost = torch.empty(batch, length, total, device=ids.device)
-        for start in range(0, total, per):
-            heads = torch.arange(start, min(start + per, total), device=ids.device)
+        cost = torch.full((batch, length, total), math.inf, device=ids.device)
+        for start in range(0, len(candidates), per):
+            heads = candidates[start : start + per]
             trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
             trial[torch.arange(len(heads)), ..., 1 + heads] = 0
             trial = trial.reshape(-1, length, 1 + total)

@@ -56,6 +56,7 @@ from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, 
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.refresh import Refresher
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
 
@@ -137,10 +138,16 @@ class Phase2Module:
         self.device = torch.device("cpu")
         self.val_rows = val_rows(cfg, cache)
         self.last_eval: dict = {}
+        self.refresher = None  # refresh_every > 0: made in place(), once the predictor is on its device
+        self.last_refresh: dict = {}
 
     def place(self, device) -> None:
         self.device = torch.device(device)
         self.geo = self.geo.to(self.device)
+        if self.cfg.refresh_every:
+            self.model.predictor.to(self.device)
+            self.refresher = Refresher(self.model.predictor, self.cfg.refresh_lr, self.cfg.refresh_steps,
+                                       self.cfg.refresh_windows)
         for frozen in (self.denoiser, self.teacher):
             if frozen is not None:
                 frozen.to(self.device)
@@ -172,6 +179,8 @@ class Phase2Module:
         out.update(tau=self.cfg.tau(step), hard=0 <= self.cfg.hard_from_step <= step)
         if self.cfg.budget_warmup:
             out["keep"] = self.cfg.keep_at(step, self.model.predictor.cfg.keep)
+        if self.cfg.refresh_every and (step + 1) % self.cfg.refresh_every == 0:
+            out["refresh"] = True
         return out
 
     def loss(self, model, batch: dict):
@@ -183,6 +192,9 @@ class Phase2Module:
             logits, _ = model(ids, topology=topology)
             parts["head_gate"] = topology[1][..., 1:].mean().item()
         else:
+            if batch.get("refresh"):  # before this step's forward: the router catches up with the LM as it is
+                self.last_refresh = self.refresher.step(self.model.lm, self.model.predictor, self.model.skip, ids,
+                                                        self.geo if self.geo_used else None)
             geo = self.geo(ids) if self.geo_used else None
             logits, (adjacency, gates) = model(ids, batch.get("contexts"), geo, tau=batch["tau"], hard=batch["hard"],
                                                keep=batch.get("keep"))
@@ -287,6 +299,11 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     if cfg.budget_warmup and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none"):
         raise Phase2Error(f"phase2.budget_warmup anneals a top-K budget: {predictor_file} has gate "
                           f"{predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder}): set budget_warmup: 0")
+    if cfg.refresh_every and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget != "topk"
+                              or predictor.cfg.input not in ("lm", "embedding")):
+        raise Phase2Error(f"phase2.refresh_every distils the greedy oracle's global top-K into a router that reads "
+                          f"the LM's states: {predictor_file} has gate {predictor.cfg.gate}, budget "
+                          f"{predictor.cfg.budget}, input {predictor.cfg.input}: set refresh_every: 0")
     if cfg.shared_heads:
         share_heads(predictor, cfg.shared_heads, heads_file, predictor_file)
     if denoiser is not None:
@@ -337,6 +354,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "scored_active_head_fraction": scored["active_head_fraction"],
         "cache_val": {k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
+        **(module.refresher.report() if module.refresher is not None else {}),
         "token_nll": {"dense": scored["dense"], "hard": scored["hard"]},
     }
     return report, result

@@ -36,6 +36,16 @@ class Phase2Config:
     """mlp: straight-through hard edges and gates from this step on (-1 = never: soft training)."""
     predictor_lr_scale: float = 0.0
     """mlp: the predictor's learning rate as a multiple of train.lr (0 = the phase-1 router stays frozen)."""
+    refresh_every: int = 0
+    """mlp: every N steps the router distils a fresh greedy oracle of the LM being trained (0 = never): its keep
+    sets on ``refresh_windows`` of the step's windows, the shared heads fixed, by phase 1's listwise loss, with an
+    optimiser of its own (AdamW at ``refresh_lr``, no weight decay); the NLL's gradient never reaches the router."""
+    refresh_windows: int = 4
+    """Windows of the step's batch the refresh's greedy oracle scores (the first ones)."""
+    refresh_lr: float = 3.0e-3
+    """Learning rate of the router's own optimiser under ``refresh_every``."""
+    refresh_steps: int = 1
+    """Router updates per refresh, on the refresh's targets."""
     windows: Literal["stream", "cache"] = "stream"
     """Where each step's windows come from: `stream` = fresh windows of the whole train token stream (the router
     computes its inputs online: predictor.input lm or embedding); `cache` = the context cache's train windows
@@ -68,6 +78,15 @@ class Phase2Config:
                 "decoder diffusion samples from the context cache's encodings: set windows: cache")
         require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale >= 0, "predictor_lr_scale",
                 f"must be a finite number >= 0 (0 = frozen); got {self.predictor_lr_scale}")
+        require(self.refresh_every >= 0, "refresh_every", f"must be >= 0 (0 = never); got {self.refresh_every}")
+        require(self.refresh_every == 0 or (self.decoder == "mlp" and self.predictor_lr_scale == 0), "refresh_every",
+                "the refreshed router learns from the oracle alone: needs decoder mlp and predictor_lr_scale 0")
+        require(self.refresh_windows >= 1 and (self.refresh_every == 0 or self.refresh_windows <= self.train.batch_size),
+                "refresh_windows",
+                f"must be in [1, train.batch_size = {self.train.batch_size}]; got {self.refresh_windows}")
+        require(math.isfinite(self.refresh_lr) and self.refresh_lr > 0, "refresh_lr",
+                f"must be a finite number > 0; got {self.refresh_lr}")
+        require(self.refresh_steps >= 1, "refresh_steps", f"must be >= 1; got {self.refresh_steps}")
         require(self.shared_heads >= 0, "shared_heads", f"must be >= 0; got {self.shared_heads}")
         require(0 <= self.budget_warmup < self.train.steps, "budget_warmup",
                 f"must be a step count in [0, train.steps = {self.train.steps}); got {self.budget_warmup}")
