@@ -66,12 +66,3 @@ def test_pentachoron_cv_of_a_gaussian_matches_its_reference():
 def test_sampled_cosines_of_identical_directions_are_one():
     x = np.outer(np.arange(1.0, 11.0), np.ones(4))
     assert np.allclose(geometry.sampled_cosines(x, 50, np.random.default_rng(0)), 1.0)
-
-
-def test_mean_ci_closed_form():
-    from scipy import stats
-
-    out = geometry.mean_ci([1.0, 2.0, 3.0])
-    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
-    assert out == pytest.approx({"mean": 2.0, "sd": 1.0, "ci95_low": 2.0 - half, "ci95_high": 2.0 + half})
-    assert geometry.mean_ci([5.0]) == {"mean": 5.0, "sd": 0.0, "ci95_low": 5.0, "ci95_high": 5.0}

@@ -282,6 +282,23 @@ def test_distillation_mixes_the_nll_with_the_kl_from_the_frozen_base(seed):
     assert parts["kl"] == pytest.approx(kl.item(), rel=1e-5)
     assert routed_loss(logits, targets, None, targets, 0.25, {}) == pytest.approx(nll.item())  # no teacher: NLL
     assert routed_loss(logits, targets, Teacher(logits), targets, 1.0, {}).abs() < 1e-6  # KL to itself
+    # top-k: the KL of the two distributions coarsened to the teacher's k words + one tail bucket,
+    # written out from probabilities; the full vocabulary's k equals the whole KL; never above it
+    k = 3
+    p, q = ref.softmax(-1), logits.softmax(-1)
+    index = p.topk(k, -1).indices
+    pk, qk = p.gather(-1, index), q.gather(-1, index)
+    pc = torch.cat([pk, 1 - pk.sum(-1, keepdim=True)], -1)
+    qc = torch.cat([qk, 1 - qk.sum(-1, keepdim=True)], -1)
+    coarse = (pc * (pc / qc).log()).sum(-1).mean()
+    parts = {}
+    got = routed_loss(logits, targets, Teacher(ref), targets, 0.25, parts, top_k=k)
+    torch.testing.assert_close(got, 0.75 * nll + 0.25 * coarse)
+    assert parts["kl"] <= kl.item() + 1e-6
+    full = routed_loss(logits, targets, Teacher(ref), targets, 1.0, {}, top_k=7)
+    torch.testing.assert_close(full, kl, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="distill_top_k"):
+        from_dict(Phase2Config, {"distill_top_k": -1})
 
 
 def test_static_control_trains_under_the_most_important_heads_at_phase2s_fraction(phase2_run, downstream_inputs):
@@ -438,3 +455,31 @@ def test_phase2_with_refresh_trains_the_router_from_the_oracle_only(downstream_i
                      ({"refresh_every": 5, "refresh_lr": 0.0}, "refresh_lr")):
         with pytest.raises(ConfigError, match=key):
             from_dict(Phase2Config, bad)
+
+
+def test_softmax_gate_weights_scale_the_kept_routed_heads_by_their_softmax_weight(phase_inputs, tmp_path):
+    from lookahead.graph.predictor import softmax_weights
+    from lookahead.graph.router_inputs import router_context
+
+    gates = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    z = torch.tensor([[5.0, 0.0, 9.0, 1.0], [2.0, 3.0, 3.0, -1.0]])
+    shared = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    e = math.exp
+    want = torch.tensor([[1.0, 1.0, 0.0, e(1) / e(5)],  # softmax weights over the largest's
+                         [0.0, 1.0, 1.0, e(-1) / e(3)]])
+    torch.testing.assert_close(softmax_weights(gates, z, shared), want)
+    # a phase-2 model under softmax weights runs the plain reference's forward with those gates
+    router, _ = load_predictor(lm_router(phase_inputs, tmp_path / "router.safetensors"))
+    router.set_always_on([0])
+    router.cfg = dataclasses.replace(router.cfg, weights="softmax", keep=0.75)
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32).eval()
+    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(windows=2), 16)[:, :-1]
+    with torch.no_grad():
+        logits, (adjacency, g) = Phase2Model(lm, router.eval(), "query")(ids, hard=True)
+        routed = g[..., 2:]
+        assert (g[..., 1] == 1).all() and ((routed > 0).sum(-1) == 2).all()  # keep 3 of 4: the shared head + two
+        assert (routed.amax(-1) == 1).all()  # the first routed head at 1
+        assert (routed[routed > 0] - 1).abs().max() > 0.01  # the other's weight differs from 0/1 gates
+        torch.testing.assert_close(logits, reference_forward(lm, ids, adjacency, g, skip="query"), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ConfigError, match="weights"):
+        PredictorConfig(gate="cascade", budget="none", weights="softmax")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import pytest
 
-from lookahead.core.seeds import final_evaluation_only, mean_sd, one_run, reseeded, seed_summary, with_spread
+from lookahead.core.seeds import final_evaluation_only, mean_ci, mean_sd, one_run, over_seeds, reseeded, seed_summary, with_spread
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.pipeline.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
 from lookahead.pipeline.phase1.build import HEADLINE as PHASE1_HEADLINE
@@ -77,3 +78,34 @@ def test_a_seed_evaluated_only_at_its_end_trains_exactly_as_with_its_curve(phase
     a, b = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
     assert all(a[k].equal(b[k]) for k in a)
     assert {k: curve[k] for k in one_run(PHASE1_HEADLINE)} == {k: end[k] for k in one_run(PHASE1_HEADLINE)}
+
+
+def test_mean_ci_closed_form():
+    from scipy import stats
+
+    out = mean_ci([1.0, 2.0, 3.0])
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    assert out == pytest.approx({"mean": 2.0, "sd": 1.0, "ci95_low": 2.0 - half, "ci95_high": 2.0 + half})
+    assert mean_ci([5.0]) == {"mean": 5.0, "sd": 0.0, "ci95_low": 5.0, "ci95_high": 5.0}
+    assert mean_ci([None, float("nan")]) == {"mean": None, "sd": None, "ci95_low": None, "ci95_high": None}
+    assert mean_sd([1.0, 2.0, 3.0]) == (out["mean"], out["sd"])  # one implementation
+
+
+def test_over_seeds_runs_the_primary_into_the_outputs_and_the_others_into_scratch():
+    @dataclasses.dataclass
+    class Cfg:
+        seeds: int = 3
+        seed: int = 7
+
+    calls, gathered = [], []
+
+    def run(cfg, scratch):
+        calls.append((cfg.seed, scratch))
+        return {"x": float(cfg.seed), "tokens": cfg.seed}, "result"
+
+    out, result = over_seeds(Cfg(), "stage", ("x",), run, lambda runs: gathered.extend(r.pop("tokens") for r in runs))
+    assert [seed for seed, _ in calls] == [7, 8, 9] and calls[0][1] is None and all(s is not None for _, s in calls[1:])
+    assert result == "result" and gathered == [7, 8, 9] and "tokens" not in out
+    assert out["x"] == 8.0 and out["x_sd"] == 1.0 and out["primary"] == {"x": 7.0} and out["seeds"] == 3
+    assert over_seeds(Cfg(seeds=1), "stage", ("x",), lambda c, s: {"x": 1.0}) == {
+        "x": 1.0, "x_sd": 0.0, "seeds": 1, "primary": {"x": 1.0}, "per_seed": [{"x": 1.0}]}

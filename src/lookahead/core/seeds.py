@@ -60,16 +60,52 @@ def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], st
     return out
 
 
-def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (ddof 1; 0 for one value) of the finite values; None
-    (JSON null) when there are none, e.g. a ratio undefined on every seed."""
+R = TypeVar("R")
+
+
+def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path | None], R],
+               gather: Callable[[list[dict[str, Any]]], None] | None = None) -> R:
+    """A research stage over ``cfg.seeds`` seeds: the primary run ``run(cfg, None)``, which writes
+    the stage's outputs, then the others, ``run(c, scratch)`` (:func:`other_seeds`). Returns the
+    primary run's result with its report — the result itself, or the first element of a tuple —
+    replaced by :func:`with_spread` over every run's report for ``keys``. ``gather``, if given,
+    first sees every run's report, primary first (e.g. to pop per-position NLLs and save them)."""
+    primary = run(cfg, None)
+    report, rest = (primary[0], primary[1:]) if isinstance(primary, tuple) else (primary, None)
+
+    def report_of(c: C, scratch: Path) -> dict[str, Any]:
+        out = run(c, scratch)
+        return out[0] if isinstance(out, tuple) else out
+
+    others = other_seeds(cfg, cfg.seeds, report_of, stage)
+    if gather is not None:
+        gather([report, *others])
+    out = with_spread(report, others, keys)
+    return (out, *rest) if rest is not None else out
+
+
+def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, float | None]:
+    """Mean, sample standard deviation (ddof 1; 0 for one value) and the Student-t interval of the
+    mean at ``confidence`` (``ci95_low``, ``ci95_high``; the mean itself for one value) of the
+    finite values of repeated measurements over seeds; all None (JSON null) when there are none,
+    e.g. a ratio undefined on every seed."""
     finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not finite:
-        return None, None
+        return {"mean": None, "sd": None, "ci95_low": None, "ci95_high": None}
     mean = sum(finite) / len(finite)
     if len(finite) == 1:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+        return {"mean": mean, "sd": 0.0, "ci95_low": mean, "ci95_high": mean}
+    from scipy import stats
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(finite) - 1)) * sd / math.sqrt(len(finite))
+    return {"mean": mean, "sd": sd, "ci95_low": mean - half, "ci95_high": mean + half}
+
+
+def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """(mean, sd) of :func:`mean_ci`."""
+    out = mean_ci(values)
+    return out["mean"], out["sd"]
 
 
 def seed_summary(runs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bou
 from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
 
 INPUTS = ("cache", "lm", "embedding", "layer")
+WEIGHTS = ("binary", "softmax")
 ALWAYS_ON_LOGIT = 1e4  # added to a shared head's keep logit: above any other head's score
 EDGES = ("all", "learned")
 
@@ -94,6 +95,10 @@ class PredictorConfig:
     always_on: list[int] = dataclasses.field(default_factory=list)
     """Head gates under a budget: heads (0 … L·H − 1, layer-major) that run at every token (MoH's shared
     heads); the router picks the rest of the budget among the others (phase2.shared_heads sets them)."""
+    weights: str = "binary"
+    """Head gates under a budget: ``binary`` (a kept head's gate is 1) or ``softmax`` (MoH's gate-weighted
+    heads: a kept routed head's gate is its softmax weight among the kept routed heads' keep logits, over
+    the largest such weight; shared heads 1; phase2.gate_weights sets it)."""
 
     @classmethod
     def cascade(cls, **changes) -> PredictorConfig:
@@ -121,6 +126,9 @@ class PredictorConfig:
                 "layer decides each layer's heads from that layer's input, inside the forward: it needs "
                 "predictor.gate: head, edges: all and budget: topk_layer, topk_layer_static or none (a budget over all layers "
                 f"would need later layers' inputs); got gate {self.gate!r}, edges {self.edges!r}, budget {self.budget!r}")
+        require(self.weights in WEIGHTS, "weights", f"must be one of {', '.join(WEIGHTS)}; got {self.weights!r}")
+        require(self.weights == "binary" or (self.gate == "head" and self.budget != "none"), "weights",
+                "softmax gate weights need predictor.gate: head with a budget")
         require(self.rank >= 1, "rank", f"must be >= 1; got {self.rank}")
         require(self.hidden >= 1, "hidden", f"must be >= 1; got {self.hidden}")
         require(self.tau > 0, "tau", f"must be > 0; got {self.tau}")
@@ -168,6 +176,17 @@ def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool)
         s = torch.einsum("...i,...ij->...j", g_src, a[..., :first, first:first + n_heads])  # (…, H)
         gates.append((s > 0).to(a.dtype) if binary else -torch.expm1(-k * s))  # 1 − exp(−k s), exact near 0
     return torch.cat(gates, dim=-1)
+
+
+def softmax_weights(gates: torch.Tensor, z: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """MoH's gate weights: head gates (…, L·H) with each kept routed head's gate (kept: > 1/2; routed:
+    ``shared`` (L·H,) is 0) times its softmax weight among the kept routed heads' keep logits z
+    (…, L·H), divided by the largest such weight (gates stay in [0, 1]: the first routed head runs at
+    1, the others at exp(z_h − z_max)); shared and off heads as they were."""
+    routed_on = (gates > 0.5) & (shared == 0)
+    logits = z.masked_fill(~routed_on, float("-inf"))
+    w = torch.exp(logits - logits.amax(-1, keepdim=True)).nan_to_num(0.0)  # softmax / its largest weight
+    return torch.where(routed_on, gates * w, gates)
 
 
 def budget_terms(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,6 +352,8 @@ class StructurePredictor(nn.Module):
                        getattr(self, "layer_keep", None))
         g = torch.cat([torch.ones_like(g[..., :1]), g], dim=-1)  # (…, N): the source always runs
         a = self.mask * g[..., :, None]  # every allowed edge out of an active head
+        if self.cfg.weights == "softmax":  # the edges stay 0/1; the gates scale the kept heads' outputs
+            g = torch.cat([g[..., :1], softmax_weights(g[..., 1:], z, self.always_on)], dim=-1)
         if self.cfg.edges == "learned":
             a_raw = self.edges(self.logits(context, geo, h), tau, generator)
             a = a * (straight_through((a_raw > 0.5).to(a_raw.dtype), a_raw) if hard else a_raw)

@@ -37,7 +37,7 @@ from lookahead.artifacts.pairs import PAIRS_FILE
 from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
-from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, random_topology, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
@@ -273,7 +273,5 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
 def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
     """:func:`build_pairs`, then ``cfg.seeds - 1`` more samplings on other seeds (their pairs
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
-    metrics = build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_pairs(
-        c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs"), "pairs")
-    return with_spread(metrics, others, SEEDED)
+    return over_seeds(cfg, "pairs", SEEDED, lambda c, scratch: build_pairs(
+        c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs" if scratch else out_dir))

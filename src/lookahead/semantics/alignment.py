@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from lookahead.lm.encoders import encode_texts
+from lookahead.core.seeds import mean_ci
 from lookahead.semantics import geometry
 
 
@@ -64,7 +65,7 @@ def relational_alignment(vectors: np.ndarray, pairs: np.ndarray, path_sim: np.nd
         sel = (path_sim >= lo) & (path_sim < hi)
         bands.append({"band": f"[{lo:g},{min(hi, 1):g}{']' if hi > 1 else ')'}", "n": int(sel.sum()),
                       "mean_cosine": float(cos[sel].mean()) if sel.any() else None})
-    return {k: geometry.mean_ci(v) for k, v in per_seed.items()}, bands
+    return {k: mean_ci(v) for k, v in per_seed.items()}, bands
 
 
 def hypernym_chains(wn, synset_names: list[str], depth: int) -> list[list]:

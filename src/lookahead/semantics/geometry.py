@@ -119,17 +119,3 @@ def bilinear_spectrum(wq: np.ndarray, wk: np.ndarray) -> dict[str, float]:
         "qk_n_neg": int((eig < -1e-9 * max(total, 1e-300)).sum()),
         "qk_symmetry_deviation": float(np.linalg.norm(anti) / max(np.linalg.norm(b), 1e-300)),
     }
-
-
-def mean_ci(values) -> dict[str, float]:
-    """Mean, sample standard deviation and 95 % interval (Student t) of repeated measurements
-    over seeds."""
-    from scipy import stats
-
-    v = np.asarray(values, dtype=np.float64)
-    mean = float(v.mean())
-    if len(v) < 2:
-        return {"mean": mean, "sd": 0.0, "ci95_low": mean, "ci95_high": mean}
-    sd = float(v.std(ddof=1))
-    half = float(stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v)))
-    return {"mean": mean, "sd": sd, "ci95_low": mean - half, "ci95_high": mean + half}

@@ -22,7 +22,7 @@ from lookahead.artifacts.pairs import PAIRS_FILE, PairSet, load_pairs
 from lookahead.core.config import to_dict
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import recorded
-from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.denoiser import Denoiser, DenoiserConfig, alpha_bar, q_probs, save_denoiser
 from lookahead.graph.predictor import load_init
 from lookahead.graph.router_inputs import lm_states
@@ -285,9 +285,6 @@ def build_diffusion_seeds(cfg: DiffusionConfig, base_dir, contexts_dir, init_fil
                           checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, DiffusionModule]:
     """:func:`build_diffusion`, then ``cfg.seeds - 1`` more trainings on other seeds (their heads
     discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
-    report, result, module = build_diffusion(cfg, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
-                                             checkpoint_root, tracker)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_diffusion(
-        c, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, scratch / "diffusion", checkpoint_root)[0],
-        "diffusion")
-    return with_spread(report, others, SEEDED), result, module
+    return over_seeds(cfg, "diffusion", SEEDED, lambda c, scratch: build_diffusion(
+        c, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, scratch / "diffusion" if scratch else out_dir,
+        checkpoint_root, None if scratch else tracker))

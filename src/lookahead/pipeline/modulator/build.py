@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lookahead.core.config import to_dict
-from lookahead.core.seeds import other_seeds, with_spread
+from lookahead.core.seeds import mean_ci, over_seeds
 from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
 from lookahead.pipeline.modulator.field import build_field
@@ -120,7 +120,7 @@ def alignment(model, tokenizer, wn, anchors: list[dict], pairs: np.ndarray, path
         for k, v in gloss_cv(ctx, acfg, seed).items():
             cv.setdefault(k, []).append(v)
     block = {**correlations, "token": token_correlations, "lemma": lemma_correlations, "bands": bands,
-             "chain_decay": decay["contextual"], "pentachoron": {k: geometry.mean_ci(v) for k, v in cv.items()}}
+             "chain_decay": decay["contextual"], "pentachoron": {k: mean_ci(v) for k, v in cv.items()}}
     return block, ctx
 
 
@@ -311,9 +311,6 @@ def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir,
     modulators discarded): the report carries the :data:`SEEDED` figures' mean and sd. The base
     model is measured once, for every seed."""
     base_measures: dict = {}
-    report, result, alpha_rows = build_modulator(cfg, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file,
-                                                 out_dir, checkpoint_root, tracker, base_measures)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_modulator(
-        c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator", checkpoint_root,
-        base_measures=base_measures)[0], "modulator")
-    return with_spread(report, others, SEEDED), result, alpha_rows
+    return over_seeds(cfg, "modulator", SEEDED, lambda c, scratch: build_modulator(
+        c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator" if scratch else out_dir,
+        checkpoint_root, None if scratch else tracker, base_measures))

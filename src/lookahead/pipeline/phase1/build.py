@@ -44,7 +44,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import ConfigError, require
 from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
-from lookahead.core.seeds import final_evaluation_only, other_seeds, with_spread
+from lookahead.core.seeds import final_evaluation_only, over_seeds
 from lookahead.graph.cost import deployed_macs
 from lookahead.graph.generate import Router, layer_routed, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
@@ -751,15 +751,11 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
         cache = ContextCache(contexts_dir)
         scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
                               predictor_cfg, resolve_device(cfg.train.device, "phase1.train.device"))
-    metrics, result, module = build_phase1(cfg, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, out_file,
-                                           checkpoint_root, tracker, runtime_cfg, targets, scoring, val_state, oracle)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase1(
-        c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, scratch / "predictor.safetensors",
-        checkpoint_root, runtime_cfg=runtime_cfg, oracle_targets=targets, scoring=scoring, val_state=val_state,
-        oracle=oracle)[0],
-        "phase1")
-    tokens = [run.pop("token_nll", None) for run in (metrics, *others)]
-    out = with_spread(metrics, others, SEEDED)
+    tokens: list = []  # every seed's per-position NLLs, popped from its report
+    out, result, module = over_seeds(cfg, "phase1", SEEDED, lambda c, scratch: build_phase1(
+        c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file,
+        scratch / "predictor.safetensors" if scratch else out_file, checkpoint_root, None if scratch else tracker,
+        runtime_cfg, targets, scoring, val_state, oracle), lambda runs: tokens.extend(r.pop("token_nll", None) for r in runs))
     if scoring is not None:
         scores = {"dense": tokens[0]["dense"], "static": np.stack([t["static"] for t in tokens]),
                   "hard": np.stack([t["hard"] for t in tokens])}  # (seeds, P): seed i's router

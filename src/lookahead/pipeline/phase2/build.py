@@ -30,6 +30,7 @@ whatever the gradient's scale). The saved predictor holds the plain p.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
-from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.plan import execute
 from lookahead.graph.predictor import budget_terms
 from lookahead.graph.router_inputs import check_context_dim, router_context
@@ -201,7 +202,7 @@ class Phase2Module:
             p = self.model.predictor
             head, edge = budget_terms(adjacency, gates, p.n_layers, p.n_heads)
             parts.update({"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]})
-        loss = routed_loss(logits, targets, self.teacher, ids, self.cfg.distill, parts)
+        loss = routed_loss(logits, targets, self.teacher, ids, self.cfg.distill, parts, self.cfg.distill_top_k)
         loss = windows_loss(loss, batch, lambda x: model(x, dense=True)[0], parts)
         if self.denoiser is not None:
             return loss, parts
@@ -306,6 +307,11 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
                           f"{predictor.cfg.budget}, input {predictor.cfg.input}: set refresh_every: 0")
     if cfg.shared_heads:
         share_heads(predictor, cfg.shared_heads, heads_file, predictor_file)
+    if cfg.gate_weights != "binary":
+        if denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
+            raise Phase2Error(f"phase2.gate_weights: {cfg.gate_weights} weighs a top-K router's kept heads: {predictor_file} "
+                              f"has gate {predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder})")
+        predictor.cfg = dataclasses.replace(predictor.cfg, weights=cfg.gate_weights)
     if denoiser is not None:
         predictor = None
     if predictor is not None:
@@ -378,12 +384,9 @@ def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, in
     discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds);
     every seed's per-position NLLs on the final val set, ``dense`` and ``hard`` (seeds, P), go to
     ``scores_file``."""
-    report, result = build_phase2(cfg, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                                  out_dir, checkpoint_root, tracker, heads_file, scoring)
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_phase2(
-        c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, scratch / "phase2",
-        checkpoint_root, heads_file=heads_file, scoring=scoring)[0], "phase2")
-    save_seed_scores(scores_file, [report, *others])
-    return with_spread(report, others, SEEDED), result
+    return over_seeds(cfg, "phase2", SEEDED, lambda c, scratch: build_phase2(
+        c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
+        scratch / "phase2" if scratch else out_dir, checkpoint_root, None if scratch else tracker, heads_file, scoring),
+        lambda runs: save_seed_scores(scores_file, runs))
 
 

@@ -98,22 +98,44 @@ def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:
     return stacked
 
 
+def top_k_kl(logits: torch.Tensor, ref_logp: torch.Tensor, k: int) -> torch.Tensor:
+    """Mean KL(p ‖ q) over positions between the teacher's distribution p (log-probabilities
+    ``ref_logp`` (…, V)) and the student's q = softmax(``logits``), both coarsened to the teacher's
+    k most likely words plus one tail bucket holding the rest of the mass: Σ_{i ∈ top-k} p_i log(p_i /
+    q_i) + p_tail log(p_tail / q_tail). It is 0 iff q agrees with p on those k words (and so on the
+    tail's mass), and it never exceeds the full KL (coarsening never increases a KL)."""
+    top_logp, index = ref_logp.topk(k, dim=-1)  # (…, k)
+    logq_all = torch.log_softmax(logits.float(), -1)
+    logq = logq_all.gather(-1, index)
+    p = top_logp.exp()
+    tail_p = (1 - p.sum(-1)).clamp_min(0.0)
+    tail_logq = torch.log1p(-logq.exp().sum(-1).clamp_max(1 - 1e-6))
+    head = (p * (top_logp - logq)).sum(-1)
+    tail = torch.where(tail_p > 0, tail_p * (tail_p.clamp_min(1e-30).log() - tail_logq), torch.zeros_like(tail_p))
+    return (head + tail).mean()
+
+
 def routed_loss(logits: torch.Tensor, targets: torch.Tensor, teacher, ids: torch.Tensor, distill: float,
-                parts: dict) -> torch.Tensor:
+                parts: dict, top_k: int = 0) -> torch.Tensor:
     """The loss of the routed windows: mean NLL, mixed with the KL from the frozen ``teacher``'s
-    next-token distribution at weight ``distill`` ((1 − w) NLL + w KL; no teacher: NLL).
-    ``parts`` gets ``nll`` (and ``kl``)."""
+    next-token distribution at weight ``distill`` ((1 − w) NLL + w KL; no teacher: NLL), over the
+    whole vocabulary or (``top_k`` > 0) the teacher's top-k words and a tail bucket
+    (:func:`top_k_kl`). ``parts`` gets ``nll`` (and ``kl``)."""
     nll = token_nll(logits, targets).mean()
     parts["nll"] = nll.item()
     if teacher is None or distill == 0:
         return nll
     with torch.no_grad():
         ref = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)  # (B, T, V)
-        p = ref.exp()
-        entropy = -(p * ref).sum(-1).mean()
-    # KL(p ‖ q) = H(p, q) − H(p): torch's fused cross-entropy with probability targets (a third
-    # faster than the KL written out, the same gradient)
-    kl = F.cross_entropy(logits.flatten(0, 1).float(), p.flatten(0, 1)) - entropy
+    if top_k:
+        kl = top_k_kl(logits, ref, top_k)
+    else:
+        with torch.no_grad():
+            p = ref.exp()
+            entropy = -(p * ref).sum(-1).mean()
+        # KL(p ‖ q) = H(p, q) − H(p): torch's fused cross-entropy with probability targets (a third
+        # faster than the KL written out, the same gradient)
+        kl = F.cross_entropy(logits.flatten(0, 1).float(), p.flatten(0, 1)) - entropy
     parts["kl"] = kl.item()
     return (1 - distill) * nll + distill * kl
 

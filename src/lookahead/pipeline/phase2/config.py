@@ -53,6 +53,9 @@ class Phase2Config:
     shared_heads: int = 6
     """mlp, head gates under a budget: the S most important heads (probe importance) run at every token and
     the router picks the rest of its budget among the others (MoH's shared heads; 0 = every head routed)."""
+    gate_weights: Literal["binary", "softmax"] = "binary"
+    """mlp, head gates under a budget: ``binary`` 0/1 gates, or ``softmax`` — MoH's gate-weighted sum: each kept
+    routed head's output scaled by its softmax weight among the kept routed heads (over the largest)."""
     budget_warmup: int = 0
     """Steps over which the kept fraction falls linearly from every head to the target (head gates under a top-K
     budget: the router's `keep`; the static control: its fraction); 0 = the target from step 0."""
@@ -61,6 +64,8 @@ class Phase2Config:
     distill: float = 0.0
     """Weight w of the KL from the frozen dense base's next-token distribution in the routed runs (phase 2 and the
     static control): loss = (1 - w) NLL + w KL; the dense control trains on NLL alone."""
+    distill_top_k: int = 0
+    """With ``distill``: the KL over the teacher's k most likely words and a tail bucket (0 = the whole vocabulary)."""
     eval_sequences: int = 0
     """Val windows of the context cache used for evaluation (0 = all of them)."""
     eval_batch_size: int = 8
@@ -87,11 +92,14 @@ class Phase2Config:
         require(math.isfinite(self.refresh_lr) and self.refresh_lr > 0, "refresh_lr",
                 f"must be a finite number > 0; got {self.refresh_lr}")
         require(self.refresh_steps >= 1, "refresh_steps", f"must be >= 1; got {self.refresh_steps}")
+        require(self.gate_weights in ("binary", "softmax"), "gate_weights",
+                f"must be binary or softmax; got {self.gate_weights!r}")
         require(self.shared_heads >= 0, "shared_heads", f"must be >= 0; got {self.shared_heads}")
         require(0 <= self.budget_warmup < self.train.steps, "budget_warmup",
                 f"must be a step count in [0, train.steps = {self.train.steps}); got {self.budget_warmup}")
         require(math.isfinite(self.distill) and 0 <= self.distill <= 1, "distill",
                 f"must be in [0, 1]; got {self.distill}")
+        require(self.distill_top_k >= 0, "distill_top_k", f"must be >= 0 (0 = the whole vocabulary); got {self.distill_top_k}")
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
 

@@ -24,7 +24,7 @@ from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
-from lookahead.core.seeds import other_seeds, seeded_headline, with_spread
+from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
@@ -121,7 +121,7 @@ class ControlModule:
         windows = batch["windows"]
         ids, parts = windows[:, :-1], {}
         logits = self._logits(model, ids, fraction=batch.get("fraction"))
-        loss = routed_loss(logits, windows[:, 1:], self.teacher, ids, self.cfg.distill, parts)
+        loss = routed_loss(logits, windows[:, 1:], self.teacher, ids, self.cfg.distill, parts, self.cfg.distill_top_k)
         return windows_loss(loss, batch, lambda x: self._logits(model, x, dense=True), parts), parts
 
     tokens = staticmethod(step_tokens)
@@ -165,7 +165,7 @@ def control_config(cfg: Phase2Config, mask: StaticMask | None = None) -> dict:
     out = {"train": to_dict(cfg.train), "windows": cfg.windows, "replay": cfg.replay,
            "eval_sequences": cfg.eval_sequences, "eval_batch_size": cfg.eval_batch_size, "seeds": cfg.seeds}
     if mask is not None:
-        out.update(distill=cfg.distill, budget_warmup=cfg.budget_warmup, mask=mask.config())
+        out.update(distill=cfg.distill, distill_top_k=cfg.distill_top_k, budget_warmup=cfg.budget_warmup, mask=mask.config())
     return out
 
 
@@ -226,10 +226,7 @@ def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, o
                         scores_file=None) -> tuple[dict, TrainResult]:
     """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`
     (every seed's per-position NLLs to ``scores_file``)."""
-    report, result = build_control(cfg, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root, tracker, mask,
-                                   scoring)
     stage = "control" if mask is None else "static_control"
-    others = other_seeds(cfg, cfg.seeds, lambda c, scratch: build_control(
-        c, base_dir, tokens_dir, contexts_dir, scratch / stage, checkpoint_root, mask=mask, scoring=scoring)[0], stage)
-    save_seed_scores(scores_file, [report, *others])
-    return with_spread(report, others, CONTROL_SEEDED if mask is None else STATIC_SEEDED), result
+    return over_seeds(cfg, stage, CONTROL_SEEDED if mask is None else STATIC_SEEDED, lambda c, scratch: build_control(
+        c, base_dir, tokens_dir, contexts_dir, scratch / stage if scratch else out_dir, checkpoint_root,
+        None if scratch else tracker, mask, scoring), lambda runs: save_seed_scores(scores_file, runs))

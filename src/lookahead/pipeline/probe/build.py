@@ -21,6 +21,7 @@ import torch
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.lm.encoders import BASE, MINILM, encode_texts, minilm_path
+from lookahead.core.seeds import mean_ci
 from lookahead.semantics import geometry
 from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts, token_encodings
 from lookahead.train.figures import pyplot, save_png
@@ -97,7 +98,7 @@ def embedding_geometry(emb: np.ndarray, cfg: ProbeConfig) -> tuple[dict, np.ndar
                  "cosine_p95": np.percentile(cos, 95), **geometry.pentachoron_cv(emb, cfg.pentachora, rng)}
         for k, v in stats.items():
             per_seed.setdefault(k, []).append(float(v))
-    out.update({k: geometry.mean_ci(v) for k, v in per_seed.items()})
+    out.update({k: mean_ci(v) for k, v in per_seed.items()})
     return out, spectrum
 
 
@@ -225,10 +226,10 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
         heads["importance_seeds"] = np.stack([s["importance"] for s in per_seed])
         heads["ablation_seeds"] = np.stack([s["ablation_dnll"] for s in per_seed])
         block["heads"] = {
-            "dense_nll": geometry.mean_ci([float(s["dense_nll"]) for s in per_seed]),
-            "importance_mean": geometry.mean_ci([float(s["importance"].mean()) for s in per_seed]),
-            "ablation_dnll_mean": geometry.mean_ci([float(s["ablation_dnll"].mean()) for s in per_seed]),
-            "ablation_dnll_max": geometry.mean_ci([float(s["ablation_dnll"].max()) for s in per_seed]),
+            "dense_nll": mean_ci([float(s["dense_nll"]) for s in per_seed]),
+            "importance_mean": mean_ci([float(s["importance"].mean()) for s in per_seed]),
+            "ablation_dnll_mean": mean_ci([float(s["ablation_dnll"].mean()) for s in per_seed]),
+            "ablation_dnll_max": mean_ci([float(s["ablation_dnll"].max()) for s in per_seed]),
             "output_norm_mean": float(heads["output_norm"].mean()),
             "affinity_mean_offdiag": float((heads["affinity"].sum() - np.trace(heads["affinity"]))
                                            / max(1, heads["affinity"].size - len(heads["affinity"]))),
@@ -242,8 +243,8 @@ def head_rows(name: str, heads: dict) -> list[dict]:
     n_layers, n_heads = heads["importance"].shape
     for layer in range(n_layers):
         for head in range(n_heads):
-            imp = geometry.mean_ci(heads["importance_seeds"][:, layer, head])
-            abl = geometry.mean_ci(heads["ablation_seeds"][:, layer, head])
+            imp = mean_ci(heads["importance_seeds"][:, layer, head])
+            abl = mean_ci(heads["ablation_seeds"][:, layer, head])
             rows.append({"model": name, "node": 1 + layer * n_heads + head, "layer": layer, "head": head,
                          "importance": imp["mean"], "importance_ci95_low": imp["ci95_low"],
                          "importance_ci95_high": imp["ci95_high"], "ablation_dnll": abl["mean"],
