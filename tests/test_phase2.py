@@ -435,6 +435,20 @@ def test_a_refresh_distils_the_current_lms_greedy_oracle_into_the_routed_heads_o
     router.train()
     assert refresher.step(lm, router, "query", ids, None)["recall"] == pytest.approx(recall)
     assert refresher.report()["refreshes"] == 16
+    # the leave-one-out oracle: the K heads of largest KL, the shared head among them
+    from lookahead.graph.oracle import leave_one_out_kl
+
+    loo = Refresher(router, lr=3e-2, steps=1, windows=2, oracle="loo")
+    kl = leave_one_out_kl(lm, ids, 2, 2, "query")
+    kl[..., 0] = math.inf
+    want = kl.topk(k, -1).indices
+    keep_loo = torch.zeros_like(kl, dtype=torch.bool).scatter_(-1, want, True)
+    with torch.no_grad():
+        z = router.head_logits(router_context("lm", lm, ids, None), None)
+    mine = torch.zeros_like(keep_loo).scatter_(-1, torch.cat([torch.zeros_like(want[..., :1]),
+                                                               z[..., 1:].topk(k - 1, -1).indices + 1], -1), True)
+    recall_loo = ((mine & keep_loo)[..., 1:].sum() / keep_loo[..., 1:].sum()).item()
+    assert loo.step(lm, router, "query", ids, None)["recall"] == pytest.approx(recall_loo)
 
 
 def test_phase2_with_refresh_trains_the_router_from_the_oracle_only(downstream_inputs, tmp_path):

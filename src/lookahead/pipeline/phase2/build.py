@@ -148,7 +148,7 @@ class Phase2Module:
         if self.cfg.refresh_every:
             self.model.predictor.to(self.device)
             self.refresher = Refresher(self.model.predictor, self.cfg.refresh_lr, self.cfg.refresh_steps,
-                                       self.cfg.refresh_windows)
+                                       self.cfg.refresh_windows, self.cfg.refresh_oracle)
         for frozen in (self.denoiser, self.teacher):
             if frozen is not None:
                 frozen.to(self.device)

@@ -40,6 +40,8 @@ class Phase2Config:
     """mlp: every N steps the router distils a fresh greedy oracle of the LM being trained (0 = never): its keep
     sets on ``refresh_windows`` of the step's windows, the shared heads fixed, by phase 1's listwise loss, with an
     optimiser of its own (AdamW at ``refresh_lr``, no weight decay); the NLL's gradient never reaches the router."""
+    refresh_oracle: Literal["greedy", "loo"] = "greedy"
+    """The refresh's oracle: ``greedy`` (phase 1's distillation target) or ``loo`` (the leave-one-out KL's top-K)."""
     refresh_windows: int = 4
     """Windows of the step's batch the refresh's greedy oracle scores (the first ones)."""
     refresh_lr: float = 3.0e-3
@@ -89,6 +91,8 @@ class Phase2Config:
         require(self.refresh_windows >= 1 and (self.refresh_every == 0 or self.refresh_windows <= self.train.batch_size),
                 "refresh_windows",
                 f"must be in [1, train.batch_size = {self.train.batch_size}]; got {self.refresh_windows}")
+        require(self.refresh_oracle in ("greedy", "loo"), "refresh_oracle",
+                f"must be greedy or loo; got {self.refresh_oracle!r}")
         require(math.isfinite(self.refresh_lr) and self.refresh_lr > 0, "refresh_lr",
                 f"must be a finite number > 0; got {self.refresh_lr}")
         require(self.refresh_steps >= 1, "refresh_steps", f"must be >= 1; got {self.refresh_steps}")

@@ -1,5 +1,6 @@
-"""The router keeps up with the LM (``phase2.refresh_every``): every N steps of phase 2, the greedy
-label-free oracle of the LM *as it is now* scores a few of the step's windows, and the router
+"""The router keeps up with the LM (``phase2.refresh_every``): every N steps of phase 2, a label-free
+oracle of the LM *as it is now* — the greedy one, or the leave-one-out KL's top-K (one forward per
+head: about a tenth of the greedy one's cost) — scores a few of the step's windows, and the router
 distils its keep sets as phase 1 did (listwise: −(1/K) Σ_{h kept} log softmax(z)_h, over the
 routed heads only — the shared ones run anyway and are never dropped by this oracle).
 
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from lookahead.core.devices import eval_mode
 from lookahead.graph.gating import keep_count, topk_mask
-from lookahead.graph.oracle import GREEDY_ROWS, greedy_keep, greedy_order
+from lookahead.graph.oracle import GREEDY_ROWS, greedy_keep, greedy_order, leave_one_out_kl, top_k_gates
 from lookahead.graph.predictor import ALWAYS_ON_LOGIT
 from lookahead.graph.router_inputs import router_context
 
@@ -40,8 +41,8 @@ class Refresher:
     """The router's refresh: ``step(lm, predictor, skip, ids, geo)`` distils a fresh greedy oracle of
     ``lm`` on windows ``ids`` into ``predictor`` (in place) and returns its figures."""
 
-    def __init__(self, predictor, lr: float, steps: int, windows: int, rows: int = GREEDY_ROWS):
-        self.steps, self.windows, self.rows = steps, windows, rows
+    def __init__(self, predictor, lr: float, steps: int, windows: int, oracle: str = "greedy", rows: int = GREEDY_ROWS):
+        self.steps, self.windows, self.rows, self.oracle = steps, windows, rows, oracle
         self.optimizer = torch.optim.AdamW(predictor.parameters(), lr=lr, weight_decay=0.0)
         total = predictor.n_layers * predictor.n_heads
         self.k = keep_count(total, predictor.n_layers, predictor.cfg.keep, per_layer=False)
@@ -52,10 +53,15 @@ class Refresher:
         ids = ids[: self.windows]
         shared = predictor.cfg.always_on
         with torch.no_grad(), eval_mode(lm):
-            order = greedy_order(lm, ids, predictor.n_layers, predictor.n_heads, self.k, skip, self.rows, fixed=shared)
+            if self.oracle == "greedy":
+                order = greedy_order(lm, ids, predictor.n_layers, predictor.n_heads, self.k, skip, self.rows, fixed=shared)
+                keep = greedy_keep(order, self.k)[..., 1:].bool()  # (B, T, L·H)
+            else:  # the K heads of largest leave-one-out KL, the shared ones first
+                kl = leave_one_out_kl(lm, ids, predictor.n_layers, predictor.n_heads, skip)
+                kl[..., shared] = torch.inf
+                keep = top_k_gates(kl, self.k)[..., 1:].bool()
             context = router_context(predictor.cfg.input, lm, ids, None)
         geo = geo_fn(ids) if geo_fn is not None else None
-        keep = greedy_keep(order, self.k)[..., 1:].bool()  # (B, T, L·H)
         routed = predictor.always_on == 0
         params = list(predictor.parameters())
         recall = None
