@@ -256,6 +256,10 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     assert report["hard_nll"] == pytest.approx(reference.mean().item(), rel=1e-5)
     np.testing.assert_allclose(report["token_nll"]["hard"], reference.flatten().numpy(), rtol=1e-4, atol=1e-5)
     assert (gates[..., 1] == 1).all() and (gates[..., 1:].sum(-1) == 2).all()  # the shared head, and one routed
+    # as deployed: the router reads the routed model's own states; at t = 0 both read zeros (the same NLL)
+    deployed = report["token_nll"]["deployed"].reshape(8, -1)
+    np.testing.assert_allclose(deployed[:, 0], reference.numpy()[:, 0], rtol=1e-4, atol=1e-5)
+    assert report["deployed_nll"] == pytest.approx(deployed.mean()) and np.isfinite(deployed).all()
     assert report["active_head_fraction"] == pytest.approx(0.5)
     assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"
 

@@ -126,7 +126,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert evaluate["static_control_nll"] == pytest.approx(static["val_nll"], rel=1e-5)
     assert evaluate["phase2_hard_nll"] == pytest.approx(phase2["hard_nll"], rel=1e-5)
     assert evaluate["dense_control_nll"] == pytest.approx(control["val_nll"], rel=1e-5)
-    assert evaluate["phase2_minus_control"] == pytest.approx(phase2["hard_nll"] - control["val_nll"], abs=1e-5)
+    # the claims pair phase 2 as deployed (the tiny router reads the LM: its own routed states)
+    assert phase2["deployed_nll"] is not None and report["evaluate"]["claims"]["phase2_scored_as"] == "deployed"
+    assert evaluate["phase2_minus_control"] == pytest.approx(phase2["deployed_nll"] - control["val_nll"], abs=1e-5)
     assert evaluate["phase2_minus_control_ci_low"] <= evaluate["phase2_minus_control"] <= evaluate["phase2_minus_control_ci_high"]
     # the table's rows: the cache's val windows
     assert evaluate["dense_base_nll"] == pytest.approx(cache_val["dense_nll"], rel=1e-5)

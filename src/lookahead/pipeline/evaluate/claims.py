@@ -1,7 +1,8 @@
 """The research claims evaluate judges, each a paired difference with its interval (DESIGN §12).
 
-- ``phase2_minus_control``, ``phase2_minus_static_control``: the phase-2 LM under its router minus
-  the dense control, and minus the static control under its mask — seed i of phase 2 paired with
+- ``phase2_minus_control``, ``phase2_minus_static_control``: the phase-2 LM under its router — as
+  deployed (the router reading the routed model's own states) where phase 2 scored it so, else
+  reading a dense pass's — minus the dense control, and minus the static control under its mask — seed i of phase 2 paired with
   seed i of each control (the same training windows), on the same val positions: the per-position
   NLLs phase 2 and both controls wrote for every seed on the scoring set
   (:mod:`lookahead.artifacts.val_scores`);
@@ -30,15 +31,21 @@ def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_s
                    static_scores) -> tuple[dict, dict]:
     """(headline figures, report) of phase 2 against both controls from the stages' score files: the
     three LMs' mean NLLs over seeds (``phase2_hard_nll``, ``dense_control_nll``, ``static_control_nll``,
-    each with ``_sd``) and the two claims."""
+    each with ``_sd``; the report adds ``phase2_deployed_nll``) and the two claims, phase 2 as deployed
+    where its scores have it."""
     phase2, control, static = (load_scores(Path(p)) for p in (phase2_scores, control_scores, static_scores))
     figures, report = {}, {}
+    routed = phase2.get("deployed", phase2["hard"])
+    if "deployed" in phase2:
+        per_seed = phase2["deployed"].mean(1)
+        report["phase2_deployed_nll"] = {"mean": float(per_seed.mean()), "per_seed": per_seed.tolist()}
+    report["phase2_scored_as"] = "deployed" if "deployed" in phase2 else "dense states"
     for name, scores in (("phase2_hard_nll", phase2["hard"]), ("dense_control_nll", control["dense"]),
                          ("static_control_nll", static["hard"])):
         per_seed = scores.mean(1)
         figures[name], figures[f"{name}_sd"] = float(per_seed.mean()), float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0
-    for name, diffs in (("phase2_minus_control", paired(phase2["hard"], control["dense"], "phase 2 − control")),
-                        ("phase2_minus_static_control", paired(phase2["hard"], static["hard"],
+    for name, diffs in (("phase2_minus_control", paired(routed, control["dense"], "phase 2 − control")),
+                        ("phase2_minus_static_control", paired(routed, static["hard"],
                                                                "phase 2 − static control"))):
         interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
         figures.update(claim_figures(name, interval))

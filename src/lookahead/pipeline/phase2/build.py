@@ -46,6 +46,7 @@ from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.plan import execute
 from lookahead.graph.predictor import budget_terms
 from lookahead.graph.router_inputs import check_context_dim, router_context
@@ -237,12 +238,25 @@ class Phase2Module:
         return metrics
 
 
+    def deployed_router(self, model) -> Router | None:
+        """The router as generation runs it (its inputs from the routed model's own states), where it
+        can run that way: a head-gate router of 0/1 gates reading the LM (``lm``, ``embedding``)."""
+        p = model.predictor
+        if (self.denoiser is not None or p is None or p.cfg.gate != "head" or p.cfg.edges == "learned"
+                or p.cfg.input not in ("lm", "embedding") or p.cfg.weights != "binary"):
+            return None
+        return Router(p, model.lm, self.geo if self.geo_used else None)
+
     @torch.no_grad()
     def score(self, model, batches: list) -> dict[str, np.ndarray]:
         """Per-position NLLs (P,) of the trained LM on the final val set ``batches``
         (:func:`lookahead.pipeline.phase2.common.final_batches`): dense, and under its decoder's hard
-        topologies through the execution plan; and the mean active-head fraction there."""
-        dense, hard, heads = [], [], []
+        topologies through the execution plan (the router reading a dense pass's states); where the
+        router can run as deployed (:meth:`deployed_router`), ``deployed``: its inputs from the routed
+        model's own states, position by position (:func:`lookahead.graph.generate.self_consistent`);
+        and the mean active-head fraction."""
+        dense, hard, heads, deployed = [], [], [], []
+        router = self.deployed_router(model)
         with eval_mode(model):
             generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
             for windows, contexts in batches:
@@ -255,15 +269,27 @@ class Phase2Module:
                     adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
                 hard.append(token_nll(execute(model.lm, ids, adjacency, gates, model.skip), targets).flatten())
                 heads.append(gates[..., 1:].mean(-1).flatten())
-        return {"dense": torch.cat(dense).cpu().numpy(), "hard": torch.cat(hard).cpu().numpy(),
-                "active_head_fraction": torch.cat(heads).double().mean().item()}
+            if router is not None:
+                windows = torch.cat([w for w, _ in batches])
+                for chunk in windows.split(DEPLOYED_WINDOWS):
+                    logits, _ = self_consistent(model.lm, router, chunk[:, :-1], model.skip)
+                    deployed.append(token_nll(logits, chunk[:, 1:]).flatten())
+        out = {"dense": torch.cat(dense).cpu().numpy(), "hard": torch.cat(hard).cpu().numpy(),
+               "active_head_fraction": torch.cat(heads).double().mean().item()}
+        if deployed:
+            out["deployed"] = torch.cat(deployed).cpu().numpy()
+        return out
+
+
+DEPLOYED_WINDOWS = 64
+"""Windows decoded together when scoring the router as deployed (one cached step of each per forward)."""
 
 
 # metrics/phase2.json (lookahead.core.report) and their spread over training seeds
 # (lookahead.core.seeds); dense_nll and hard_nll score the
 # final val set (scored_positions), the start_ figures and soft_nll (in the report) the cache's val windows
-SEEDED = ("dense_nll", "hard_nll", "soft_nll", "active_head_fraction")
-HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "active_head_fraction",
+SEEDED = ("dense_nll", "hard_nll", "deployed_nll", "soft_nll", "active_head_fraction")
+HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "deployed_nll", "active_head_fraction",
                             "start_active_head_fraction", "scored_positions", "train_steps", "train_tokens",
                             "passes_over_cache", "passes_over_stream"), SEEDED)
 
@@ -354,6 +380,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "start_active_head_fraction": start["active_head_fraction"],
         "dense_nll": float(scored["dense"].mean()),
         "hard_nll": float(scored["hard"].mean()),
+        "deployed_nll": float(scored["deployed"].mean()) if "deployed" in scored else None,
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
         "scored_positions": len(scored["hard"]),
@@ -361,7 +388,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "cache_val": {k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
         **(module.refresher.report() if module.refresher is not None else {}),
-        "token_nll": {"dense": scored["dense"], "hard": scored["hard"]},
+        "token_nll": {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored},
     }
     return report, result
 
