@@ -52,7 +52,7 @@ class Phase2Config:
     """Where each step's windows come from: `stream` = fresh windows of the whole train token stream (the router
     computes its inputs online: predictor.input lm or embedding); `cache` = the context cache's train windows
     (the slow path, needed by predictor.input cache and by decoder diffusion)."""
-    shared_heads: int = 6
+    shared_heads: int = 0
     """mlp, head gates under a budget: the S most important heads (probe importance) run at every token and
     the router picks the rest of its budget among the others (MoH's shared heads; 0 = every head routed)."""
     gate_weights: Literal["binary", "softmax"] = "binary"
