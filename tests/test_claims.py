@@ -216,3 +216,28 @@ def test_the_replicate_reruns_from_the_base_in_a_scratch_copy_and_judges_every_c
     (repo / "make_evaluate.py").write_text(TOY_EVALUATE + "\n")
     assert replicate_main(["--repo", str(repo)]) == 2
     assert "run `dvc repro` first" in capsys.readouterr().err
+
+
+def test_phase2_claims_pair_the_router_as_deployed_and_say_matches_only_when_the_interval_holds_0(tmp_path):
+    from lookahead.pipeline.evaluate.claims import trained_claims, verdict
+
+    assert verdict({"ci_low": -0.01, "ci_high": 0.02}) == "matches"
+    assert verdict({"ci_low": 0.001, "ci_high": 0.02}) == "above" and verdict({"ci_low": -0.03, "ci_high": -0.001}) == "below"
+    rng = np.random.default_rng(3)
+    control = rng.normal(4.0, 0.5, (3, 64))
+    hard, deployed = control + 0.05, control + 0.002 * rng.standard_normal((3, 64))
+    save_scores(tmp_path / "p2.safetensors", {"dense": control, "hard": hard, "deployed": deployed})
+    save_scores(tmp_path / "c.safetensors", {"dense": control})
+    save_scores(tmp_path / "s.safetensors", {"dense": control, "hard": control - 0.1})
+    figures, report = trained_claims(ScoringConfig(resamples=200), 8, tmp_path / "p2.safetensors",
+                                     tmp_path / "c.safetensors", tmp_path / "s.safetensors")
+    assert report["phase2_scored_as"] == "deployed"
+    assert figures["phase2_minus_control"] == pytest.approx((deployed - control).mean(), abs=1e-6)  # not the dense-state NLL
+    assert report["phase2_minus_control"]["verdict"] == "matches"
+    assert report["phase2_minus_static_control"]["verdict"] == "above"
+    assert figures["phase2_hard_nll"] == pytest.approx(hard.mean(), rel=1e-6)
+    save_scores(tmp_path / "p2.safetensors", {"dense": control, "hard": hard})  # a router that cannot run deployed
+    figures, report = trained_claims(ScoringConfig(resamples=200), 8, tmp_path / "p2.safetensors",
+                                     tmp_path / "c.safetensors", tmp_path / "s.safetensors")
+    assert report["phase2_scored_as"] == "dense states" and figures["phase2_minus_control"] == pytest.approx(0.05, abs=1e-5)
+    assert report["phase2_minus_control"]["verdict"] == "above"

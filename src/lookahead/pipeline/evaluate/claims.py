@@ -49,9 +49,18 @@ def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_s
                                                                "phase 2 − static control"))):
         interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
         figures.update(claim_figures(name, interval))
-        report[name] = {**interval, "per_seed": diffs.mean(1).tolist()}
+        report[name] = {**interval, "per_seed": diffs.mean(1).tolist(), "verdict": verdict(interval)}
     figures["scored_positions"] = int(phase2["hard"].shape[1])
     return figures, report
+
+
+def verdict(interval: dict) -> str:
+    """What a paired difference A − B may be called: ``matches`` where its interval contains 0,
+    ``below`` (A better) or ``above`` (A worse) where the interval excludes 0 — the only words the
+    README may use for it."""
+    if interval["ci_low"] <= 0 <= interval["ci_high"]:
+        return "matches"
+    return "below" if interval["ci_high"] < 0 else "above"
 
 
 def best_of_k_claim(scoring: ScoringConfig, window: int, best: list[np.ndarray], null: list[np.ndarray]) -> tuple[dict, dict]:
