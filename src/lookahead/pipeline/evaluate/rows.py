@@ -65,7 +65,10 @@ def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, sk
         attn = (on * (8 * d * D + 4 * D * keys)).sum((-2, -1))
     dense = L * H * (8 * d * D + 4 * D * positions).expand(b, t)
     edges_into_running = ((adjacency[..., 1:] > 0).to(adjacency.dtype).reshape(b, t, -1, L, H) * on[:, :, None]).sum((2, 3, 4))
-    return {"heads": g.sum(-1), "edges": into.sum(-1), "attn_flops": attn, "dense_flops": dense,
+    # heads that run: a head-gate graph's edges are 0/1 and its gates may weigh a running head
+    # (phase2.gate_weights: softmax), which counts whole; the cascade's soft gates are summed
+    head_gates = bool(((adjacency == 0) | (adjacency == 1)).all())
+    return {"heads": (on if head_gates else g).sum(-1), "edges": into.sum(-1), "attn_flops": attn, "dense_flops": dense,
             "mixing_flops": 2 * d * edges_into_running}
 
 

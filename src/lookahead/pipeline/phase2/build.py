@@ -94,6 +94,12 @@ def plain_parameters(module: nn.Module) -> None:
                 parametrize.remove_parametrizations(sub, name, leave_parametrized=True)
 
 
+def running(gates: torch.Tensor) -> torch.Tensor:
+    """Which heads run (…, L·H) under gates (…, N): gate > 0 — a gate-weighted head (``gate_weights:
+    softmax``) runs at any weight, so the active-head fraction (and the static control's) counts it whole."""
+    return (gates[..., 1:] > 0).to(gates.dtype)
+
+
 class Phase2Model(nn.Module):
     """The LM and (decoder mlp) the predictor, as one module so DDP sees every trained parameter."""
 
@@ -229,7 +235,7 @@ class Phase2Module:
                     totals.add(soft=token_nll(soft, targets).sum().item())
                     adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
                 hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True, skip=model.skip)
-                totals.add(hard=token_nll(hard, targets).sum().item(), heads=gates[..., 1:].mean(-1).sum().item())
+                totals.add(hard=token_nll(hard, targets).sum().item(), heads=running(gates).mean(-1).sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}
         if self.denoiser is None:
@@ -268,7 +274,7 @@ class Phase2Module:
                     geo = self.geo(ids) if self.geo_used else None
                     adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
                 hard.append(token_nll(execute(model.lm, ids, adjacency, gates, model.skip), targets).flatten())
-                heads.append(gates[..., 1:].mean(-1).flatten())
+                heads.append(running(gates).mean(-1).flatten())
             if router is not None:
                 windows = torch.cat([w for w, _ in batches])
                 for chunk in windows.split(DEPLOYED_WINDOWS):
