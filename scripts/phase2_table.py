@@ -1,8 +1,9 @@
 """The phase-2 variants side by side: one markdown row per run (DVC experiments or commits) from
 its committed ``metrics/evaluate.json``, ``metrics/phase2.json`` and ``params.yaml`` — the
 shared/routed split, the fraction of heads off, the router's refresh, distillation and gate weights,
-phase 2's NLL, and its two paired claims (phase 2 − the dense control, phase 2 − the static control,
-each mean ± sd over the paired seeds with its 95 % interval, as evaluate computed them).
+phase 2's NLL (as deployed where the run scored it so), and its two paired claims (phase 2 − the dense control, phase 2 − the static control,
+each mean ± sd over the paired seeds with its 95 % interval, as evaluate computed them), and how many
+heads the static control kept (a comparison at equal heads has the routed run's kept count there).
 
     python scripts/phase2_table.py HEAD p2s-0 p2s-2 p2r-s0-e25-loo
 
@@ -38,6 +39,7 @@ def row(name: str) -> str:
     rev = resolve(name)
     params = yaml.safe_load(show(rev, "params.yaml"))
     ev, p2 = json.loads(show(rev, "metrics/evaluate.json")), json.loads(show(rev, "metrics/phase2.json"))
+    static = json.loads(show(rev, "metrics/static_control.json"))
     p, pred = params["phase2"], params["predictor"]
     heads = 16 if "n_heads" not in p2 else p2["n_heads"]
     kept = round(pred["keep"] * heads)
@@ -49,7 +51,7 @@ def row(name: str) -> str:
     sd = p2.get("deployed_nll_sd") if p2.get("deployed_nll") else p2.get("hard_nll_sd")
     return (f"| `{name}` | {shared} + {kept - shared} | {1 - pred['keep']:.0%} | {refresh} | {distill} | "
             f"{p.get('gate_weights', 'binary')} | {nll:.3f} ± {sd:.3f} | {claim(ev, 'phase2_minus_control')} | "
-            f"{claim(ev, 'phase2_minus_static_control')} |")
+            f"{claim(ev, 'phase2_minus_static_control')} | {round(static['active_head_fraction'] * heads)} |")
 
 
 def main() -> None:
@@ -57,8 +59,8 @@ def main() -> None:
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
     print("| run | shared + routed | heads off | router refresh | distill | gate weights | phase 2 NLL | "
-          "− dense control [95 %] | − static control [95 %] |")
-    print("|---|---|---:|---|---|---|---:|---:|---:|")
+          "− dense control [95 %] | − static control [95 %] | static control's heads |")
+    print("|---|---|---:|---|---|---|---:|---:|---:|---:|")
     for name in args.runs:
         print(row(name))
 
