@@ -1,15 +1,16 @@
 """What one phase-2 training step costs, side by side in one process on the trained base LM and the
 phase-1 router, at phase 2's batch (windows of the train stream): the dense control's step, the
 static control's step (NLL; and distilling from the frozen dense base over the whole vocabulary or
-its top-k words + a tail bucket), phase 2's routed step, and one router refresh (the greedy oracle
-of the LM on ``refresh_windows`` windows with the shared heads fixed, and the router's update).
+its top-k words + a tail bucket), phase 2's routed step, and one router refresh of each oracle (the
+greedy one and the leave-one-out top-K, of the LM on ``refresh_windows`` windows with the shared heads
+fixed, and the router's update).
 
     python benchmarks/phase2_step.py [--base models/base] [--tokens data/tokens] \
         [--predictor models/phase1/predictor.safetensors] [--heads data/probe/heads.safetensors] \
         [--batch-size 16] [--repeats 3] [--top-k 64] [--refresh-windows 4]
 
 Prints one JSON line: seconds per step of each (mean and sd over ``repeats`` steps after one
-warm-up), each one's cost over the static control's NLL step, and the refresh's seconds.
+warm-up), each one's cost over the static control's NLL step, and each refresh's seconds.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top-k", type=int, default=64)
-    parser.add_argument("--shared-heads", type=int, default=6)
+    parser.add_argument("--shared-heads", type=int, default=0)
     parser.add_argument("--refresh-windows", type=int, default=4)
     args = parser.parse_args(argv)
 
@@ -98,17 +99,21 @@ def main(argv: list[str] | None = None) -> int:
             "static_distill_full": timed(static(0.5, 0)), f"static_distill_top{args.top_k}": timed(static(0.5, args.top_k)),
             "phase2_routed": timed(routed)}
     lm = base_lm(args.base)
-    refresher = Refresher(predictor, lr=3e-3, steps=1, windows=args.refresh_windows)
-    refresh = [refresher.step(lm, predictor, skip, batch(step)[:, :-1], geo)["seconds"] for step in range(args.repeats)]
+    refresh = {}
+    for oracle in ("greedy", "loo"):
+        refresher = Refresher(predictor, lr=3e-3, steps=1, windows=args.refresh_windows, oracle=oracle)
+        refresh[oracle] = [refresher.step(lm, predictor, skip, batch(step)[:, :-1], geo)["seconds"]
+                           for step in range(args.repeats)]
     base = statistics.mean(runs["static_nll"])
     out = {}
     for name, seconds in runs.items():
         out[f"{name}_s"] = round(statistics.mean(seconds), 4)
         out[f"{name}_s_sd"] = round(statistics.stdev(seconds), 4) if len(seconds) > 1 else 0.0
         out[f"{name}_over_static_nll"] = round(statistics.mean(seconds) / base, 3)
-    out.update({"refresh_s": round(statistics.mean(refresh), 3),
-                "refresh_s_sd": round(statistics.stdev(refresh), 3) if len(refresh) > 1 else 0.0,
-                "refresh_windows": args.refresh_windows, "batch_size": args.batch_size,
+    for oracle, seconds in refresh.items():
+        out[f"refresh_{oracle}_s"] = round(statistics.mean(seconds), 3)
+        out[f"refresh_{oracle}_s_sd"] = round(statistics.stdev(seconds), 3) if len(seconds) > 1 else 0.0
+    out.update({"refresh_windows": args.refresh_windows, "batch_size": args.batch_size,
                 "context_length": args.context_length, "repeats": args.repeats, "skip": skip,
                 "shared_heads": args.shared_heads, "threads": torch.get_num_threads()})
     print(json.dumps(out))
