@@ -82,6 +82,9 @@ def test_ctrl_c_inside_a_tracking_call_waits_for_it_then_marks_the_run_failed(pr
     would leave the store locked and the run RUNNING (the Ctrl-C of tests/reliability/test_kills.py)."""
     client_cls = type(MlflowClient("sqlite:///" + str(project / "mlflow.db")))
     log_batch = client_cls.log_batch
+    # Python's own Ctrl-C handler, as a stage process starts with (a library an earlier test in this
+    # worker process loaded may have left another one in place)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupted_log_batch(self, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while the write is under way
@@ -98,6 +101,7 @@ def test_ctrl_c_inside_a_tracking_call_waits_for_it_then_marks_the_run_failed(pr
     assert stage.info.status == "FAILED"
     assert [(m.step, m.value) for m in client.get_metric_history(stage.info.run_id, "hard_nll")] == [(3, 4.25)]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+    signal.signal(signal.SIGINT, outer)
 
 
 def test_parent_stays_failed_when_a_later_stage_succeeds_until_the_failed_one_reruns(project):
