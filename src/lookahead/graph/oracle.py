@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.graph.nodes import head_graph
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll
 
 
@@ -34,17 +34,32 @@ def kl_to_dense(dense_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return (dense_logp.exp() * (dense_logp - logq)).sum(-1)
 
 
+class DenseKL:
+    """KL(dense ‖ q) per position against one dense distribution, for many q: Σ p log p − Σ p z +
+    logsumexp z from q's logits z, without materialising log q (the oracles' trial forwards are
+    bound by these passes over the vocabulary). :func:`kl_to_dense`'s value to float rounding."""
+
+    def __init__(self, dense_logp: torch.Tensor):
+        self.p = dense_logp.exp()  # (B, T, V)
+        self.neg_entropy = (self.p * dense_logp).sum(-1)  # (B, T)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (…, B, T, V) → KL (…, B, T)."""
+        z = logits.float()
+        return self.neg_entropy - (z * self.p).sum(-1) + torch.logsumexp(z, -1)
+
+
 @torch.no_grad()
 def leave_one_out_kl(lm, ids: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
     """KL(dense ‖ without head h) at every position: (B, T, L·H)."""
-    dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)
+    kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))
     n = 1 + n_layers * n_heads
     out = []
     for h in range(n_layers * n_heads):
         gates = torch.ones(n, device=ids.device)
         gates[1 + h] = 0
-        logits = forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True, skip=skip)
-        out.append(kl_to_dense(dense_logp, logits))
+        logits = execute(lm, ids, head_graph(gates, n_layers, n_heads), gates, skip)
+        out.append(kl(logits))
     return torch.stack(out, -1)
 
 
@@ -84,7 +99,7 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
     token) are never candidates: they stay on, their first-step cost is +inf, and the k kept
     count them."""
     batch, length = ids.shape
-    dense_logp = F.log_softmax(lm(input_ids=ids).logits.float(), -1)  # (B, T, V)
+    kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))  # against (B, T, V)
     total = n_layers * n_heads
     gates = torch.ones(batch, length, 1 + total, device=ids.device)
     order = torch.full((batch, length, total), total, dtype=torch.long, device=ids.device)
@@ -101,9 +116,8 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
             trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
             trial[torch.arange(len(heads)), ..., 1 + heads] = 0
             trial = trial.reshape(-1, length, 1 + total)
-            logits = forward_with_topology(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads),
-                                           trial, hard=True, skip=skip)
-            cost[..., heads] = kl_to_dense(dense_logp, logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
+            logits = execute(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads), trial, skip)
+            cost[..., heads] = kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
         return cost
 
     first = removal_cost()  # every head's leave-one-out KL, also when no head is to be dropped (k = L·H)
@@ -133,7 +147,7 @@ def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, ski
 def gates_nll(lm, windows: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
     """Per-position NLL (B, T) of windows (B, T+1) run over per-position head gates (B, T, N)."""
     ids = windows[:, :-1]
-    logits = forward_with_topology(lm, ids, head_graph(gates, n_layers, n_heads), gates, hard=True, skip=skip)
+    logits = execute(lm, ids, head_graph(gates, n_layers, n_heads), gates, skip)
     return token_nll(logits, windows[:, 1:])
 
 

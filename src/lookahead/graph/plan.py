@@ -25,8 +25,11 @@ head's key and value in ``query`` mode, and in ``full`` mode only the (head, pos
 (a head off at a step stores nothing for that step; each (row, head) keeps its own length). A decode
 step then runs one new position per row against the cache.
 
-Gradients do not flow here (inference only); :func:`execute` falls back to the general runtime when
-they must, or when the topology is not a standard-stream head-gate graph.
+Gradients: :func:`gated_forward` (generation, the KV cache) is inference only. :func:`execute` runs
+the same code with gradient enabled for the LM's weights — training under fixed 0/1 gates (the static
+control, phase 2's frozen router), where it costs about what the stock forward costs — except per-position
+gates in ``full`` mode (the packed path); it falls back to the general runtime when a gradient must
+reach the topology, or when the topology is not a standard-stream head-gate graph.
 """
 
 from __future__ import annotations
@@ -66,11 +69,16 @@ def standard_stream(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int,
 
 def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor | None,
             skip: str = "full") -> torch.Tensor:
-    """Logits of the hard execution of (adjacency, gates): :func:`gated_forward` when the topology
-    is a standard-stream head-gate graph and no gradient is needed, else the general runtime
-    (``forward_with_topology(hard=True)``). The same function either way (tests: ≤ 1e-5)."""
+    """Logits of the hard execution of (adjacency, gates): :func:`gated_forward`'s code when the
+    topology is a standard-stream head-gate graph that no gradient has to reach (gradients do reach
+    the LM's weights, save per-position gates in ``full`` mode), else the general runtime
+    (``forward_with_topology(hard=True)``). The same function either way (tests: ≤ 1e-5, gradients too)."""
     n_layers, n_heads = check_model(model)
-    if (gates is not None and not torch.is_grad_enabled() and skip in SKIP_MODES
+    grad = torch.is_grad_enabled()
+    if grad and (adjacency.requires_grad or (gates is not None and (gates.requires_grad
+                                                                    or (gates.dim() > 1 and skip == "full")))):
+        return forward_with_topology(model, input_ids, adjacency, gates, hard=True, skip=skip)
+    if (gates is not None and skip in SKIP_MODES
             and adjacency.shape[:-1] == gates.shape and _binary(gates)):
         # what head-gate routers emit, ``nodes.head_graph``: valid by construction, checked in one pass
         if torch.equal(adjacency, _allowed(n_layers, n_heads, gates.device).to(adjacency.dtype) * gates[..., :, None]):
@@ -172,13 +180,14 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
     if not _binary(gates):
         raise TopologyError("gated_forward runs 0/1 head gates with the source's gate 1; soft gates run through "
                             "lookahead.graph.runtime.forward_with_topology")
-    return _gated_forward(model, input_ids, gates, skip, cache, layer_inputs)
+    with torch.no_grad():
+        return _gated_forward(model, input_ids, gates, skip, cache, layer_inputs)
 
 
-@torch.no_grad()
 def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str, cache: KVCache | None,
                    layer_inputs: bool = False) -> Output:
-    """:func:`gated_forward` for gates already checked."""
+    """:func:`gated_forward` for gates already checked; differentiable in the LM's weights (when
+    grad is enabled: no cache, not per-position ``full`` mode, whose packed path caches fused weights)."""
     n_layers, n_heads = check_model(model)
     if skip not in SKIP_MODES:
         raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
@@ -316,7 +325,7 @@ def _query_attention(layer, x, g, inv_count, share, cos, sin, cache, idx):
     q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, w_q), cos[:, :, None], sin[:, :, None])
     q, k, v, gt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)[..., None]  # (B, h, T, …)
     low = [i for i, h in enumerate(run) if share[h] <= STAIRCASE_BELOW]
-    if t < STAIRCASE_FROM or not low or _flash_lse(q) is None:
+    if t < STAIRCASE_FROM or not low or torch.is_grad_enabled() or _flash_lse(q) is None:
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling) * gt
     else:
         z = torch.empty_like(q)

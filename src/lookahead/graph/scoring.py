@@ -13,7 +13,7 @@ import torch
 
 from lookahead.graph.nodes import baseline_graph, random_topology, static_gates
 from lookahead.graph.predictor import geo_features
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll
 
 
@@ -43,8 +43,7 @@ def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tens
         total, count = 0.0, 0
         for windows in batches:
             ids = windows[:, :-1]
-            nll = token_nll(forward_with_topology(lm, ids, adjacency.to(ids.device), gates.to(ids.device), hard=True,
-                                                  skip=skip), windows[:, 1:])
+            nll = token_nll(execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         rows.append({"heads_kept": k, "active_head_fraction": k / (n_layers * n_heads), "nll": total / count})
     return rows
@@ -70,7 +69,7 @@ def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers:
             ids = windows[:, :-1]
             adjacency, gates = (x.to(ids.device) for x in random_topology(n_layers, n_heads, fraction,
                                                                            tuple(ids.shape), gen, skip))
-            nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip), windows[:, 1:])
+            nll = token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         results.append(total / count)
     return float(np.mean(results))

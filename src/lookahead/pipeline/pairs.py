@@ -41,7 +41,8 @@ from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, random_topology, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
-from lookahead.graph.runtime import forward_with_topology, recorded_skip
+from lookahead.graph.plan import execute
+from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
@@ -137,7 +138,7 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
             sample_bits, sample_nll, sample_heads = [], [], []
             for _ in range(cfg.samples):
                 adjacency, gates = sample_topologies(predictor, router, features, cfg.flip_prob, gen)
-                sample_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                sample_nll.append(token_nll(execute(lm, ids, adjacency, gates, skip),
                                             targets))
                 sample_bits.append(stored_edges(adjacency, gates, mask))  # (B, T, E)
                 sample_heads.append(gates[..., 1:].mean(-1))  # (B, T)
@@ -154,7 +155,7 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
             for _ in range(cfg.samples):
                 adjacency, gates = random_topology(predictor.n_layers, predictor.n_heads, fraction, tuple(ids.shape),
                                                    null_gen, skip, device)
-                null_nll.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                null_nll.append(token_nll(execute(lm, ids, adjacency, gates, skip),
                                           targets).flatten())
                 null_bits.append(stored_edges(adjacency, gates, mask).flatten(0, 1))
             null_counts += [len(c) for c in select_pairs(pack_bits(torch.stack(null_bits)),
@@ -261,7 +262,7 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
         a_t, g_t = executed_topology(edges, mask, predictor.n_layers, predictor.n_heads, predictor.cfg.gate)
         adjacency, gates = adjacency.clone(), gates.clone()
         adjacency[b, pos], gates[b, pos] = a_t, g_t
-        nll = token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip), targets)[b, pos]
+        nll = token_nll(execute(lm, ids, adjacency, gates, skip), targets)[b, pos]
         isolated.append(nll.cpu().numpy())
     dense = arrays["dense_nll"][pick]
     gain_isolated = dense - np.concatenate(isolated)

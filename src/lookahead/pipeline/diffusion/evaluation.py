@@ -29,7 +29,7 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.denoiser import Denoiser
 from lookahead.graph.nodes import allowed_mask, n_edges
 from lookahead.graph.router_inputs import router_context
-from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.plan import execute
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
@@ -139,7 +139,7 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
         dense_sum += token_nll(lm(input_ids=ids).logits, targets).sum().item()
         router = router_context(predictor.cfg.input, lm, ids, contexts)
         adjacency, gates = predictor(router, features if predictor.geo_dim else None, hard=True)
-        det_sum += token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+        det_sum += token_nll(execute(lm, ids, adjacency, gates, skip),
                              targets).sum().item()
         det_heads += gates[..., 1:].mean(-1).sum().item()
         count += b * t
@@ -151,7 +151,7 @@ def lm_comparison(lm, predictor, samplers: dict[str, Sampler], cache: ContextCac
             for _ in range(k):
                 adjacency, gates = sampler(flat_c, flat_g, flat_r)  # (P, N, N), (P, N)
                 adjacency, gates = adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)
-                nlls.append(token_nll(forward_with_topology(lm, ids, adjacency, gates, hard=True, skip=skip),
+                nlls.append(token_nll(execute(lm, ids, adjacency, gates, skip),
                                       targets).flatten())
                 edges.append(stored_edges(adjacency, gates, mask).flatten(0, 1) > 0.5)
                 heads.append(gates[..., 1:].mean(-1).flatten())

@@ -128,7 +128,7 @@ class Phase1Config:
     static_twin: bool = True
     """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=100, checkpoint_every=100))
+        steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=200, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:
@@ -204,6 +204,7 @@ class Phase1Module:
         else:
             self.n_train = len(cache.windows("train"))
         self._greedy: dict[int, list[torch.Tensor]] = {}  # heads kept -> per-batch greedy oracle gates (B, T, N)
+        self._train_inputs: dict[int, torch.Tensor] = {}  # oracle window -> the router's inputs (T, F): the LM is frozen
         self.static_curve: list[dict] | None = None
         self.last_eval: dict = {}
 
@@ -219,6 +220,20 @@ class Phase1Module:
             zeros = ids.new_zeros(*ids.shape, self.model.context_dim + geo_dim, dtype=torch.float32)
             return zeros[..., : self.model.context_dim], (zeros[..., self.model.context_dim:] if geo_dim else None)
         context = router_context(self.model.cfg.input, self.lm, ids, contexts)
+        return context, (self.geo(ids) if self.model.geo_dim else None)
+
+    def train_inputs(self, ids: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`inputs` of a training batch. A router that reads the frozen LM's states trains on the
+        oracle stage's windows, each drawn many times: its states are computed once per window, each
+        window alone (the same numbers whatever batch first draws it, so a resumed run trains on the
+        same inputs), and kept for every seed (:data:`VAL_STATE`)."""
+        if self.zero_inputs or self.oracle is None or self.model.cfg.input not in ("lm", "embedding", "layer"):
+            return self.inputs(ids, batch["contexts"])
+        rows = [int(r) for r in batch["rows"]]
+        for i, r in enumerate(rows):
+            if r not in self._train_inputs:
+                self._train_inputs[r] = router_context(self.model.cfg.input, self.lm, ids[i : i + 1], None)[0]
+        context = torch.stack([self._train_inputs[r] for r in rows])
         return context, (self.geo(ids) if self.model.geo_dim else None)
 
     @torch.no_grad()
@@ -279,7 +294,7 @@ class Phase1Module:
         """KL(dense ‖ routed) per position, mean, through the straight-through hard gates (the LM frozen)."""
         windows = batch["windows"]
         ids = windows[:, :-1]
-        context, geo = self.inputs(ids, batch["contexts"])
+        context, geo = self.train_inputs(ids, batch)
         context = self.routed_inputs(model, ids, context, geo)
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=True)
@@ -296,7 +311,7 @@ class Phase1Module:
             return self.finetune_loss(model, batch)
         windows = batch["windows"]
         ids = windows[:, :-1]
-        context, geo = self.inputs(ids, batch["contexts"])
+        context, geo = self.train_inputs(ids, batch)
         context = self.routed_inputs(model, ids, context, geo)
         model.noise_scale = batch["noise"]
         adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
@@ -387,7 +402,7 @@ class Phase1Module:
             adjacency, gates = model(context, geo, tau=self.tau_now, hard=False)
             soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), targets)
             adjacency, gates = model(context, geo, tau=self.tau_now, hard=True)
-            hard = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True, skip=self.skip), targets)
+            hard = token_nll(execute(self.lm, ids, adjacency, gates, self.skip), targets)
             totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
                        below=(hard < dense - BELOW_MARGIN).sum().item(),
                        edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
@@ -408,7 +423,7 @@ class Phase1Module:
             g_b = None if geo is None else geo[rows].view(*c.shape[:2], -1)
             adjacency, gates = model(context[rows].view(c.shape), g_b, tau=self.tau_now, hard=True)
             ids = windows[:, :-1]
-            nll = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, hard=True, skip=self.skip), windows[:, 1:])
+            nll = token_nll(execute(self.lm, ids, adjacency, gates, self.skip), windows[:, 1:])
             total, count = total + nll.sum().item(), count + nll.numel()
         return total / count
 
@@ -584,7 +599,7 @@ HEADLINE = ("dense_nll", "hard_nll", "hard_nll_sd", "deployed_nll", "deployed_nl
 """The headline (28 keys at most); every other figure, and every ``_sd``, is in the report."""
 
 
-VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "_greedy", "static_curve")
+VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "_greedy", "static_curve", "_train_inputs")
 """What a :class:`Phase1Module`'s periodic evaluation computes once and no seed changes: the val
 batches and the router's inputs there, the frozen LM's dense NLL, the leave-one-out oracle (its KL
 and its NLL per head count), the greedy oracle's gates per head count and the static-pruning curve."""
@@ -716,8 +731,9 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
     twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
     twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
                                zero_inputs=True, oracle_targets=module._train_loo, oracle=module.oracle)
-    twin_module.static_curve = module.static_curve
-    twin_module._loo, twin_module._dense = module._loo, module._dense
+    for name in VAL_STATE:  # the same LM and val windows: the seed-independent work is the router's
+        if name != "_val":  # the twin's inputs are zeros
+            setattr(twin_module, name, getattr(module, name))
     twin_module.place(module.device)
     twin_cfg = final_evaluation_only(cfg)
     ckpt = checkpoint_dir(checkpoint_root, "phase1_twin", {"phase1": to_dict(twin_cfg),

@@ -126,7 +126,10 @@ class Phase2Model(nn.Module):
         if dense or topology is None:
             return self.lm(input_ids=ids).logits, None
         adjacency, gates = topology
-        return forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), (adjacency, gates)
+        if torch.is_grad_enabled() and (adjacency.requires_grad or gates.requires_grad):  # the router trains
+            return forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), (adjacency, gates)
+        # fixed gates: the execution plan's code, differentiable in the LM's weights (0/1 gates; else the runtime)
+        return execute(self.lm, ids, adjacency, gates, self.skip), (adjacency, gates)
 
 
 class Phase2Module:
@@ -234,7 +237,7 @@ class Phase2Module:
                     soft = forward_with_topology(model.lm, ids, adjacency, gates, skip=model.skip)
                     totals.add(soft=token_nll(soft, targets).sum().item())
                     adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
-                hard = forward_with_topology(model.lm, ids, adjacency, gates, hard=True, skip=model.skip)
+                hard = execute(model.lm, ids, adjacency, gates, model.skip)
                 totals.add(hard=token_nll(hard, targets).sum().item(), heads=running(gates).mean(-1).sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}

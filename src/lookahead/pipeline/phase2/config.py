@@ -73,7 +73,7 @@ class Phase2Config:
     eval_batch_size: int = 8
     """Windows per forward pass when evaluating."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=300, batch_size=16, lr=3e-4, warmup_steps=20, eval_every=100, checkpoint_every=100))
+        steps=200, batch_size=16, lr=3e-4, warmup_steps=20, eval_every=100, checkpoint_every=100))
     """Optimisation of the LM (and the predictor) — both controls use the same (batch_size = windows per step)."""
 
     def __post_init__(self) -> None:

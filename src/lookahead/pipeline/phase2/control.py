@@ -27,7 +27,6 @@ from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
-from lookahead.graph.runtime import forward_with_topology
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
@@ -83,7 +82,7 @@ class StaticPruned(nn.Module):
         if fraction is not None:
             adjacency, gates = (x.to(input_ids.device) for x in static_topology(self.mask.importance, fraction,
                                                                                  self.mask.skip))
-        return forward_with_topology(self.lm, input_ids, adjacency, gates, hard=True, skip=self.mask.skip)
+        return execute(self.lm, input_ids, adjacency, gates, self.mask.skip)  # the off heads' work skipped
 
 
 class ControlModule:
