@@ -1,6 +1,6 @@
 """The phase-2 variants side by side: one markdown row per run (DVC experiments or commits) from
 its committed ``metrics/evaluate.json``, ``metrics/phase2.json`` and ``params.yaml`` — the
-shared/routed split, the fraction of heads off, the router's refresh, distillation and gate weights,
+shared/routed split, the fraction of heads off, the training steps, the router's refresh, distillation and gate weights,
 phase 2's NLL (as deployed where the run scored it so), and its two paired claims (phase 2 − the dense control, phase 2 − the static control,
 each mean ± sd over the paired seeds with its 95 % interval, as evaluate computed them), and how many
 heads the static control kept (a comparison at equal heads has the routed run's kept count there).
@@ -49,7 +49,7 @@ def row(name: str) -> str:
     distill = "–" if not p.get("distill") else f"{p['distill']}" + (f", top-{p['distill_top_k']}" if p.get("distill_top_k") else "")
     nll = p2.get("deployed_nll") or p2["hard_nll"]
     sd = p2.get("deployed_nll_sd") if p2.get("deployed_nll") else p2.get("hard_nll_sd")
-    return (f"| `{name}` | {shared} + {kept - shared} | {1 - pred['keep']:.0%} | {refresh} | {distill} | "
+    return (f"| `{name}` | {shared} + {kept - shared} | {1 - pred['keep']:.0%} | {p['train']['steps']} | {refresh} | {distill} | "
             f"{p.get('gate_weights', 'binary')} | {nll:.3f} ± {sd:.3f} | {claim(ev, 'phase2_minus_control')} | "
             f"{claim(ev, 'phase2_minus_static_control')} | {round(static['active_head_fraction'] * heads)} |")
 
@@ -58,9 +58,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
-    print("| run | shared + routed | heads off | router refresh | distill | gate weights | phase 2 NLL | "
+    print("| run | shared + routed | heads off | steps | router refresh | distill | gate weights | phase 2 NLL | "
           "− dense control [95 %] | − static control [95 %] | static control's heads |")
-    print("|---|---|---:|---|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---|---|---|---:|---:|---:|---:|")
     for name in args.runs:
         print(row(name))
 
