@@ -107,6 +107,21 @@ def test_leave_one_out_kl_against_the_plain_reference():
         assert kl.min() >= -1e-6 and kl.max() > 1e-3
 
 
+def test_dense_kl_is_the_textbook_kl_for_a_stack_of_candidates():
+    """The greedy oracle's KL without log q (Σ p log p − Σ p z + logsumexp z), for candidates stacked
+    before (B, T), equals Σ p (log p − log softmax z), also for peaked logits far from 0."""
+    from lookahead.graph.oracle import DenseKL, kl_to_dense
+
+    gen = torch.Generator().manual_seed(9)
+    dense_logp = F.log_softmax(8 * torch.randn(2, 5, 40, generator=gen), -1)
+    logits = 30 + 6 * torch.randn(3, 2, 5, 40, generator=gen)  # (candidates, B, T, V)
+    got = DenseKL(dense_logp)(logits)
+    want = torch.stack([kl_to_dense(dense_logp, z) for z in logits])
+    assert got.shape == (3, 2, 5)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-5) and want.min() > 0.1
+    assert DenseKL(dense_logp)(dense_logp).abs().max() < 1e-5  # q = p: zero
+
+
 def test_oracle_gates_and_the_greedy_oracle_agree_on_the_first_removal():
     model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(5))
