@@ -73,12 +73,7 @@ def test_training_through_the_plan_has_the_reference_gradients(model, ids, skip,
     assert fast.keys() == ref.keys() and len(ref) > 10
     for name in ref:
         assert (fast[name] - ref[name]).abs().max() <= TOL, name
-    q = model.model.layers[0].self_attn.q_proj.weight
-    assert ref[q_name(model, q)].abs().max() > 0  # a real gradient, not zeros on both sides
-
-
-def q_name(model, param) -> str:
-    return next(n for n, p in model.named_parameters() if p is param)
+    assert ref["model.layers.0.self_attn.q_proj.weight"].abs().max() > 0  # a real gradient, not zeros on both sides
 
 
 @pytest.mark.parametrize("skip", ["full", "query"])
