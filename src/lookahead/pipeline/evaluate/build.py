@@ -42,9 +42,11 @@ from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.intervals import SE, claim_keys
 from lookahead.core.seeds import seed_summary, seeded_headline
+from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
+from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
 from lookahead.pipeline.evaluate.causality import causality_check
 from lookahead.pipeline.evaluate.claims import CLAIMS, best_of_k_claim, trained_claims
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
@@ -52,6 +54,7 @@ from lookahead.pipeline.evaluate.rows import (
     RowSpec,
     Shapes,
     Topologies,
+    connected_topologies,
     diffusion_topologies,
     predictor_topologies,
     random_topologies,
@@ -127,11 +130,14 @@ class Decoders:
     temperature: float
     decoder: str  # phase 2's: mlp or diffusion
     predictor2: object | None  # phase 2's predictor (decoder mlp)
-    phase2_hard: Topologies
+    phase2_hard: Topologies  # the phase-2 row's (None-returning: the stock forward, value residual's)
     skip: str = "full"  # the runtime's skip mode phase 1 trained under
     gate_kind: str = "cascade"  # how sampled bits execute (lookahead.graph.sampling)
     tau1: float | None = None  # the soft rows' edge temperatures: those phase 1 and phase 2 evaluated at
     tau2: float | None = None
+    phase2_graph: Topologies | None = None  # the phase-2 router's graph (times its connectivity): causality, explainer
+    connectivity: object | None = None  # phase 2's free connectivity (lookahead.graph.connectivity), if it trained one
+    value_residual: bool = False  # phase 2 trained with value residual: its row runs the stock forward with it
 
 
 def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Tensor, base_dir, heads_file,
@@ -161,16 +167,24 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
     denoiser.to(device).eval()
     steps, temperature = sampling_settings(dmeta, diffusion_dir)
 
-    predictor2, tau2 = None, None
+    predictor2, tau2, connectivity, value_residual = None, None, None, bool(phase2.get("value_residual"))
     if phase2["decoder"] == "mlp":
         predictor2, meta2 = load_predictor(Path(phase2_dir) / PREDICTOR_FILE)
         tau2 = meta2.get("phase2", {}).get("tau_end")
         predictor2.to(device).eval()
-        phase2_hard = predictor_topologies(predictor2, hard=True, lm=lm2)
+        if (Path(phase2_dir) / CONNECTIVITY_FILE).is_file():
+            connectivity = load_connectivity(Path(phase2_dir) / CONNECTIVITY_FILE).to(device)
+        if value_residual:  # the stock forward with its hooks (the rows' other runs of lm2 go without)
+            load_value_residual(Path(phase2_dir) / VALUE_RESIDUAL_FILE).to(device).attach(lm2)
+        phase2_graph = connected_topologies(predictor_topologies(predictor2, hard=True, lm=lm2), connectivity,
+                                            predictor2.cfg.input, lm2)
+        phase2_hard = (lambda ids, contexts, geo: None) if value_residual else phase2_graph
     else:
         phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
+        phase2_graph = phase2_hard
     return Decoders(base, lm2, control, static_control, static_fraction, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
-                    phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2)
+                    phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2, phase2_graph, connectivity,
+                    value_residual)
 
 
 def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: GeoLookup, tokenizer, base_dir,
@@ -185,7 +199,7 @@ def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: 
                 "diffusion head": (d.base, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed, device,
                                                                 reseed=True, gate_kind=d.gate_kind))}
     if d.predictor2 is not None:
-        decoders["phase-2 predictor"] = (d.lm2, predictor_topologies(d.predictor2, hard=True, lm=d.lm2))
+        decoders["phase-2 predictor"] = (d.lm2, d.phase2_graph)
     else:
         decoders["phase-2 diffusion"] = (d.lm2, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed + 1,
                                                                      device, reseed=True, gate_kind=d.gate_kind))
@@ -213,9 +227,10 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, device
         RowSpec("static_control", d.static_control, static_topologies(importance, d.static_fraction, device, d.skip),
                 skip=d.skip),
     ]
-    if d.predictor2 is not None:
-        specs.insert(4, RowSpec("phase2_soft", d.lm2, predictor_topologies(d.predictor2, hard=False, lm=d.lm2, tau=d.tau2),
-                                hard=False, skip=d.skip))
+    if d.predictor2 is not None and not d.value_residual:
+        soft = connected_topologies(predictor_topologies(d.predictor2, hard=False, lm=d.lm2, tau=d.tau2), d.connectivity,
+                                    d.predictor2.cfg.input, d.lm2)
+        specs.insert(4, RowSpec("phase2_soft", d.lm2, soft, hard=False, skip=d.skip))
     return specs
 
 
@@ -324,7 +339,8 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     add_timings(cfg, [spec for spec in specs + baselines if spec.topologies is not None], results, cache, geo, rows,
                 device)
 
-    explainer = explainer_data(cfg, cache, geo, tokenizer, d.lm2, d.predictor2, d.phase2_hard, device)
+    explainer = explainer_data(cfg, cache, geo, tokenizer, d.lm2, None if d.connectivity is not None else d.predictor2,
+                               d.phase2_graph, device)
     report = evaluate_report(results, per_seed, causality, static_curve, fraction, d.decoder, cfg, cache, rows, device)
     scoring = scoring or ScoringConfig()
     flat = [{k: torch.cat(v).numpy() for k, v in seed.items()} for seed in best_per_seed]
@@ -368,7 +384,7 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
         **seed_summary(per_seed, [f"{name}_nll" for name in SEEDED_ROWS]),
         "per_seed": per_seed,
         "attention_flops_over_dense": p2["attention_flops_over_dense"],
-        "hard_tokens_per_s_over_dense": p2["tokens_per_s_over_dense"],  # a timing: metrics/evaluate_timing.json
+        "hard_tokens_per_s_over_dense": p2.get("tokens_per_s_over_dense"),  # none for a stock phase-2 row  # a timing: metrics/evaluate_timing.json
         "causality_max_change": causality["max_change"],
         "static_pruning_interpolated_nll": interpolate_curve(static_curve, fraction),
         "decoder": decoder,

@@ -145,19 +145,23 @@ def _token_grid(ax, data: dict, n_layers: int, n_heads: int) -> None:
 
 
 def _dag(ax, data: dict, n_layers: int, n_heads: int) -> None:
-    """Panel c: the chosen token's head graph, nodes by layer, edge widths from A."""
+    """Panel c: the chosen token's head graph, nodes by layer, edge widths from A; free connectivity
+    (weights of either sign or above 1): widths from |A|, colour = sign (blue +, red −)."""
     from matplotlib.collections import LineCollection
 
     a = np.asarray(data["adjacency"])
     g = np.asarray(data["graph_gates"])
     hard = np.asarray(data["hard_gates_of_token"])
+    free = bool((a < 0).any() or (a > 1).any())
     pos = [((n_heads - 1) / 2, -1.0)] + [(h, layer) for layer in range(n_layers) for h in range(n_heads)]
-    segments, widths = [], []
-    src, dst = np.nonzero(a > 0.02)
+    scale = max(float(np.abs(a).max()), 1e-9) if free else 1.0
+    segments, widths, colors = [], [], []
+    src, dst = np.nonzero(np.abs(a) > 0.02 * scale)
     for i, j in zip(src, dst):
         segments.append([pos[i], pos[j]])
-        widths.append(0.3 + 3.0 * a[i, j])
-    ax.add_collection(LineCollection(segments, linewidths=widths, colors="tab:blue", alpha=0.35))
+        widths.append(0.3 + 3.0 * abs(a[i, j]) / scale)
+        colors.append("tab:blue" if a[i, j] > 0 else "tab:red")
+    ax.add_collection(LineCollection(segments, linewidths=widths, colors=colors, alpha=0.35))
     xs, ys = zip(*pos)
     on = hard > 0.5
     on[0] = True
@@ -171,7 +175,8 @@ def _dag(ax, data: dict, n_layers: int, n_heads: int) -> None:
     ax.set_ylim(-1.6, n_layers - 0.4)
     ax.legend(fontsize=8, loc="upper right")
     word = repr(data["tokens"][data["token"]])[1:-1]
-    ax.set_title(f"c  head graph at '{word}' (widths = A)", loc="left", fontsize=11)
+    how = (f"learned weights: widths = |A| (max {scale:.2f}), blue +, red −" if free else "widths = A")
+    ax.set_title(f"c  head graph at '{word}' ({how})", loc="left", fontsize=11)
     ax.text(0.02, 0.02, f"mean gate {g[1:].mean():.2f}", transform=ax.transAxes, fontsize=8, color="0.3")
 
 

@@ -64,7 +64,7 @@ def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, sk
         keys = on.cumsum(1)  # (B, T, L, H): positions <= t at which the head runs
         attn = (on * (8 * d * D + 4 * D * keys)).sum((-2, -1))
     dense = L * H * (8 * d * D + 4 * D * positions).expand(b, t)
-    edges_into_running = ((adjacency[..., 1:] > 0).to(adjacency.dtype).reshape(b, t, -1, L, H) * on[:, :, None]).sum((2, 3, 4))
+    edges_into_running = ((adjacency[..., 1:] != 0).to(adjacency.dtype).reshape(b, t, -1, L, H) * on[:, :, None]).sum((2, 3, 4))
     # heads that run: a head-gate graph's edges are 0/1 and its gates may weigh a running head
     # (phase2.gate_weights: softmax), which counts whole; the cascade's soft gates are summed
     head_gates = bool(((adjacency == 0) | (adjacency == 1)).all())
@@ -218,6 +218,19 @@ def predictor_topologies(predictor, hard: bool, lm=None, tau: float | None = Non
         return [predictor(router, geo if predictor.geo_dim else None, tau=tau, hard=hard)]
 
     return draw
+
+
+def connected_topologies(draw: Topologies, connectivity, router_input: str, lm) -> Topologies:
+    """``draw``'s graphs times phase 2's free connectivity weights (None: ``draw`` itself); the dynamic
+    weights read the router's input (``predictor.input`` ``router_input``) from ``lm``."""
+    if connectivity is None:
+        return draw
+
+    def connected(ids, contexts, geo):
+        router = router_context(router_input, lm, ids, contexts) if connectivity.dynamic else None
+        return [(connectivity.connect(a, router), g) for a, g in draw(ids, contexts, geo)]
+
+    return connected
 
 
 def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed: int, device,

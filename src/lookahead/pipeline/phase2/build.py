@@ -46,6 +46,7 @@ from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.graph.connectivity import CONNECTIVITY_FILE, Connectivity, save_connectivity
 from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.plan import execute
 from lookahead.graph.predictor import budget_terms
@@ -53,14 +54,19 @@ from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import forward_with_topology, recorded_skip
 from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
+from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, OutputLoRA, ValueResidual, lora_rank_for, save_value_residual
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.plots import plot_connectivity
 from lookahead.pipeline.phase2.refresh import Refresher
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
+
+
+CONNECTIVITY_FIGURE = "connectivity.png"  # in the stage's output: the learned edge weights (connectivity on)
 
 
 class _Scale(nn.Module):
@@ -101,35 +107,68 @@ def running(gates: torch.Tensor) -> torch.Tensor:
 
 
 class Phase2Model(nn.Module):
-    """The LM and (decoder mlp) the predictor, as one module so DDP sees every trained parameter."""
+    """The LM and (decoder mlp) the predictor, as one module so DDP sees every trained parameter, and
+    what phase 2 may add to them: free connectivity on the router's graph, value residual, an
+    output adapter (each None when off; the adapter lives inside the LM's weights, ``lora`` holds its
+    parameters). ``reference``: the frozen LM without the additions, where the dense figures need it."""
 
-    def __init__(self, lm, predictor: nn.Module | None = None, skip: str = "full"):
+    def __init__(self, lm, predictor: nn.Module | None = None, skip: str = "full", connectivity: nn.Module | None = None,
+                 value_residual: nn.Module | None = None, lora: nn.Module | None = None, reference=None):
         super().__init__()
         self.lm = lm
         self.predictor = predictor
         self.skip = skip  # the runtime's skip mode phase 1 trained under (its predictor's metadata)
+        self.connectivity = connectivity
+        self.value_residual = value_residual
+        self.lora = lora
+        self.reference = [reference]  # a list: not a submodule (not trained, not saved, not in DDP)
+
+    @property
+    def stock(self) -> bool:
+        """Every head runs on the plain residual stream: the stock forward is the phase-2 model (value
+        residual's hooks need it)."""
+        p = self.predictor
+        return (p is not None and self.connectivity is None and p.cfg.gate == "head" and p.cfg.keep >= 1
+                and p.cfg.edges == "all" and p.cfg.weights == "binary")
 
     def route(self, ids: torch.Tensor, contexts: torch.Tensor, geo: torch.Tensor | None, tau: float | None = None,
               hard: bool = False, keep: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The predictor's topology for windows ``ids``: it reads the cache's contexts or, per
-        ``predictor.input``, this LM's own states (no gradient through them); ``keep``: the budget now."""
+        """The predictor's topology for windows ``ids``, times the connectivity's weights: it reads the
+        cache's contexts or, per ``predictor.input``, this LM's own states (no gradient through them);
+        ``keep``: the budget now."""
         router = router_context(self.predictor.cfg.input, self.lm, ids, contexts)
-        return self.predictor(router, geo, tau=tau, hard=hard, keep=keep)
+        adjacency, gates = self.predictor(router, geo, tau=tau, hard=hard, keep=keep)
+        if self.connectivity is not None:
+            adjacency = self.connectivity.connect(adjacency, router if self.connectivity.dynamic else None)
+        return adjacency, gates
 
     def forward(self, ids: torch.Tensor, contexts: torch.Tensor | None = None, geo: torch.Tensor | None = None,
                 tau: float | None = None, hard: bool = False, topology: tuple | None = None, dense: bool = False,
                 keep: float | None = None):
         """Logits (B, T, V) and the executed topology (A, g): the given one, else the predictor's;
-        ``dense`` (or neither) the stock forward and None."""
-        if not dense and topology is None and self.predictor is not None:
+        ``dense`` (or neither, or a :attr:`stock` model) the stock forward and None."""
+        if not dense and topology is None and self.predictor is not None and not self.stock:
             topology = self.route(ids, contexts, geo, tau, hard, keep)
         if dense or topology is None:
             return self.lm(input_ids=ids).logits, None
         adjacency, gates = topology
-        if torch.is_grad_enabled() and (adjacency.requires_grad or gates.requires_grad):  # the router trains
+        if torch.is_grad_enabled() and (adjacency.requires_grad or gates.requires_grad):  # the router or the weights train
             return forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), (adjacency, gates)
         # fixed gates: the execution plan's code, differentiable in the LM's weights (0/1 gates; else the runtime)
         return execute(self.lm, ids, adjacency, gates, self.skip), (adjacency, gates)
+
+    def hard(self, ids: torch.Tensor, contexts: torch.Tensor | None, geo: torch.Tensor | None,
+             tau: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, gates or None for the stock forward) of the hard topology, as evaluated."""
+        if self.stock:
+            return self.lm(input_ids=ids).logits, None
+        adjacency, gates = self.route(ids, contexts, geo, tau=tau, hard=True)
+        return execute(self.lm, ids, adjacency, gates, self.skip), gates
+
+    def dense_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """The dense figures' logits: the frozen LM without the additions where there is one, else this LM."""
+        lm = self.reference[0] if self.reference[0] is not None else self.lm
+        return lm(input_ids=ids).logits
 
 
 class Phase2Module:
@@ -159,9 +198,15 @@ class Phase2Module:
             self.model.predictor.to(self.device)
             self.refresher = Refresher(self.model.predictor, self.cfg.refresh_lr, self.cfg.refresh_steps,
                                        self.cfg.refresh_windows, self.cfg.refresh_oracle)
-        for frozen in (self.denoiser, self.teacher):
+        for frozen in (self.denoiser, self.teacher, self.model.reference[0]):
             if frozen is not None:
                 frozen.to(self.device)
+
+    def lr_scale(self, name: str) -> float:
+        """The weights phase 2 adds (connectivity, value residual, adapter) train at ``connectivity_lr_scale``
+        times the LM's rate (the loop's parameter groups)."""
+        added = name.startswith(("connectivity.", "value_residual.", "lora.")) or ".parametrizations.weight.0." in name
+        return self.cfg.connectivity_lr_scale if added else 1.0
 
     def _sample(self, contexts: torch.Tensor, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Raw allowed-edge bits (B, T, E) of one diffusion sample per position."""
@@ -207,10 +252,13 @@ class Phase2Module:
                 self.last_refresh = self.refresher.step(self.model.lm, self.model.predictor, self.model.skip, ids,
                                                         self.geo if self.geo_used else None)
             geo = self.geo(ids) if self.geo_used else None
-            logits, (adjacency, gates) = model(ids, batch.get("contexts"), geo, tau=batch["tau"], hard=batch["hard"],
-                                               keep=batch.get("keep"))
+            logits, topology = model(ids, batch.get("contexts"), geo, tau=batch["tau"], hard=batch["hard"],
+                                     keep=batch.get("keep"))
             p = self.model.predictor
-            head, edge = budget_terms(adjacency, gates, p.n_layers, p.n_heads)
+            if topology is None:  # the stock forward: every head, every edge
+                head = edge = torch.ones(())
+            else:
+                head, edge = budget_terms(*topology, p.n_layers, p.n_heads)
             parts.update({"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]})
         loss = routed_loss(logits, targets, self.teacher, ids, self.cfg.distill, parts, self.cfg.distill_top_k)
         loss = windows_loss(loss, batch, lambda x: model(x, dense=True)[0], parts)
@@ -228,17 +276,22 @@ class Phase2Module:
             generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)  # same draws every eval
             for windows, contexts in val_batches(self.cache, self.val_rows, self.cfg.eval_batch_size, self.device):
                 ids, targets = windows[:, :-1], windows[:, 1:]
-                totals.add(targets.numel(), dense=token_nll(model.lm(input_ids=ids).logits, targets).sum().item())
+                totals.add(targets.numel(), dense=token_nll(model.dense_logits(ids), targets).sum().item())
                 if self.denoiser is not None:
                     adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
+                    hard = execute(model.lm, ids, adjacency, gates, model.skip)
                 else:
                     geo = self.geo(ids) if self.geo_used else None
-                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=False)
-                    soft = forward_with_topology(model.lm, ids, adjacency, gates, skip=model.skip)
+                    if model.stock:
+                        soft = model.lm(input_ids=ids).logits
+                    else:
+                        adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=False)
+                        soft = forward_with_topology(model.lm, ids, adjacency, gates, skip=model.skip)
                     totals.add(soft=token_nll(soft, targets).sum().item())
-                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
-                hard = execute(model.lm, ids, adjacency, gates, model.skip)
-                totals.add(hard=token_nll(hard, targets).sum().item(), heads=running(gates).mean(-1).sum().item())
+                    hard, gates = model.hard(ids, contexts, geo, self.cfg.tau_end)
+                heads = 1.0 if gates is None else running(gates).mean(-1)
+                totals.add(hard=token_nll(hard, targets).sum().item(),
+                           heads=float(ids.numel()) if gates is None else heads.sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}
         if self.denoiser is None:
@@ -252,7 +305,8 @@ class Phase2Module:
         can run that way: a head-gate router of 0/1 gates reading the LM (``lm``, ``embedding``)."""
         p = model.predictor
         if (self.denoiser is not None or p is None or p.cfg.gate != "head" or p.cfg.edges == "learned"
-                or p.cfg.input not in ("lm", "embedding") or p.cfg.weights != "binary"):
+                or p.cfg.input not in ("lm", "embedding") or p.cfg.weights != "binary" or model.connectivity is not None
+                or model.stock):
             return None
         return Router(p, model.lm, self.geo if self.geo_used else None)
 
@@ -270,14 +324,15 @@ class Phase2Module:
             generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
             for windows, contexts in batches:
                 ids, targets = windows[:, :-1], windows[:, 1:]
-                dense.append(token_nll(model.lm(input_ids=ids).logits, targets).flatten())
+                dense.append(token_nll(model.dense_logits(ids), targets).flatten())
                 if self.denoiser is not None:
                     adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
+                    logits = execute(model.lm, ids, adjacency, gates, model.skip)
                 else:
-                    geo = self.geo(ids) if self.geo_used else None
-                    adjacency, gates = model.route(ids, contexts, geo, tau=self.cfg.tau_end, hard=True)
-                hard.append(token_nll(execute(model.lm, ids, adjacency, gates, model.skip), targets).flatten())
-                heads.append(running(gates).mean(-1).flatten())
+                    logits, gates = model.hard(ids, contexts, self.geo(ids) if self.geo_used else None, self.cfg.tau_end)
+                hard.append(token_nll(logits, targets).flatten())
+                heads.append(ids.new_ones(ids.numel(), dtype=torch.float32) if gates is None
+                             else running(gates).mean(-1).flatten())
             if router is not None:
                 windows = torch.cat([w for w, _ in batches])
                 for chunk in windows.split(DEPLOYED_WINDOWS):
@@ -288,6 +343,27 @@ class Phase2Module:
         if deployed:
             out["deployed"] = torch.cat(deployed).cpu().numpy()
         return out
+
+
+@torch.no_grad()
+def connectivity_weights(model: Phase2Model, batches: list, n_batches: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The connectivity's weights W (N, N): the static ones, or for dynamic weights their mean and sd
+    over the positions of the first ``n_batches`` of ``batches`` (router inputs from the trained LM)."""
+    conn = model.connectivity
+    if not conn.dynamic:
+        return conn().cpu(), None
+    with eval_mode(model):
+        ws = [conn(router_context(model.predictor.cfg.input, model.lm, w[:, :-1], c)).flatten(0, -3)
+              for w, c in batches[:n_batches]]
+    w = torch.cat(ws).double()
+    return w.mean(0).float().cpu(), w.std(0).float().cpu()
+
+
+def weight_summary(mean: torch.Tensor, mask: torch.Tensor) -> dict:
+    """How far the learned weights moved from the plain stream (1) on the allowed edges."""
+    w = mean[mask].double()
+    return {"mean_abs_change": float((w - 1).abs().mean()), "min": float(w.min()), "max": float(w.max()),
+            "negative_edges": int((w < 0).sum()), "edges": int(mask.sum())}
 
 
 DEPLOYED_WINDOWS = 64
@@ -347,6 +423,11 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
             raise Phase2Error(f"phase2.gate_weights: {cfg.gate_weights} weighs a top-K router's kept heads: {predictor_file} "
                               f"has gate {predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder})")
         predictor.cfg = dataclasses.replace(predictor.cfg, weights=cfg.gate_weights)
+    if cfg.keep is not None:
+        if denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
+            raise Phase2Error(f"phase2.keep sets a top-K router's budget: {predictor_file} has gate {predictor.cfg.gate}, "
+                              f"budget {predictor.cfg.budget} (decoder {cfg.decoder}): set keep: null")
+        predictor.cfg = dataclasses.replace(predictor.cfg, keep=cfg.keep)
     if denoiser is not None:
         predictor = None
     if predictor is not None:
@@ -356,8 +437,9 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         else:
             scale_learning_rate(predictor, cfg.predictor_lr_scale)
     stream = load_train_stream(cfg, tokens_dir)
-    module = Phase2Module(Phase2Model(lm, predictor, recorded_skip(meta)), cache, geo, cfg, denoiser, stream=stream,
-                          gate_kind=gate_kind, teacher=teacher_lm(cfg, base_dir))
+    model = Phase2Model(lm, predictor, recorded_skip(meta), **additions(cfg, lm, predictor, meta, predictor_file, base_dir))
+    module = Phase2Module(model, cache, geo, cfg, denoiser, stream=stream, gate_kind=gate_kind,
+                          teacher=teacher_lm(cfg, base_dir))
     if denoiser is not None:
         module.set_sampling(*sampling_settings(diffusion_meta, diffusion_dir))
     files = [Path(init_file), Path(predictor_file), Path(base_dir) / "model.safetensors"]
@@ -370,12 +452,25 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     result = train(module, cfg.train, stage="phase2", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
     final = module.last_eval
-    scored = module.score(module.model, final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device))
+    scoring_batches = final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device)
+    scored = module.score(module.model, scoring_batches)
+    weights = connectivity_weights(module.model, scoring_batches) if module.model.connectivity is not None else None
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
               "encoder": cache.meta["encoder"], "skip": recorded_skip(meta),
               "active_head_fraction": final["active_head_fraction"]}  # what the static control prunes to
+    config.update(keep=cfg.keep, connectivity=cfg.connectivity, value_residual=cfg.value_residual, adapter=cfg.adapter,
+                  train_lm=cfg.train_lm, added_parameters=added_parameters(module.model))
     with atomic_dir(out_dir) as tmp:
+        if module.model.lora is not None:
+            OutputLoRA.merge(module.model.lm)  # the saved LM carries its adapter
         save_lm(module.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
+        if module.model.connectivity is not None:
+            save_connectivity(module.model.connectivity.cpu(), tmp / CONNECTIVITY_FILE)
+            plot_connectivity(*weights, meta["n_layers"], meta["n_heads"], tmp / CONNECTIVITY_FIGURE,
+                              f"phase 2, connectivity {cfg.connectivity}, keep {predictor.cfg.keep}: learned edge weights "
+                              f"(1 = the plain residual stream), seed {cfg.train.seed}")
+        if module.model.value_residual is not None:
+            save_value_residual(module.model.value_residual.cpu(), tmp / VALUE_RESIDUAL_FILE)
         if predictor is not None:
             trained = module.model.predictor.cpu()
             plain_parameters(trained)
@@ -393,6 +488,10 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
         "scored_positions": len(scored["hard"]),
+        "added_parameters": config["added_parameters"],
+        "hard_minus_dense": float((scored["hard"] - scored["dense"]).mean()),
+        "connectivity_weights": (weight_summary(weights[0], module.model.connectivity.mask.cpu())
+                                 if weights is not None else None),
         "scored_active_head_fraction": scored["active_head_fraction"],
         "cache_val": {k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
@@ -400,6 +499,41 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "token_nll": {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored},
     }
     return report, result
+
+
+def additions(cfg: Phase2Config, lm, predictor, meta: dict, predictor_file, base_dir) -> dict:
+    """Phase2Model's keyword arguments for what phase 2 adds to the LM and its router (connectivity,
+    value residual, adapter, and the frozen reference the dense figures read when the LM is frozen
+    and changed by them); freezes the LM when ``train_lm`` is off."""
+    out = {}
+    n_layers, n_heads = meta["n_layers"], meta["n_heads"]
+    if not cfg.train_lm:
+        lm.requires_grad_(False)
+        if cfg.adapter != "none" or cfg.value_residual:
+            out["reference"] = base_lm(base_dir).eval().requires_grad_(False)
+    if cfg.connectivity != "none":
+        if predictor is None or predictor.cfg.gate != "head" or predictor.cfg.input not in ("lm", "embedding"):
+            raise Phase2Error(f"phase2.connectivity weighs a head-gate router's graph and reads its input from the LM: "
+                              f"{predictor_file} has gate {getattr(predictor, 'cfg', None) and predictor.cfg.gate}, input "
+                              f"{getattr(predictor, 'cfg', None) and predictor.cfg.input}: set connectivity: none")
+        out["connectivity"] = Connectivity(cfg.connectivity, n_layers, n_heads, meta["context_dim"], cfg.connectivity_rank,
+                                           cfg.connectivity_hidden, predictor.cfg.input)
+    if cfg.value_residual:
+        out["value_residual"] = ValueResidual(n_layers).attach(lm)
+    if cfg.adapter == "lora":
+        matched = Connectivity("dynamic", n_layers, n_heads, meta["context_dim"], cfg.connectivity_rank,
+                               cfg.connectivity_hidden).n_parameters()
+        out["lora"] = OutputLoRA(n_layers, lm.config.hidden_size, lora_rank_for(matched, n_layers, lm.config.hidden_size)).attach(lm)
+    return out
+
+
+def added_parameters(model: Phase2Model) -> dict:
+    """Parameter counts of what phase 2 added (0 where off) and of the LM."""
+    count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
+    return {"connectivity": count(model.connectivity), "value_residual": count(model.value_residual),
+            "adapter": count(model.lora),
+            "adapter_rank": 0 if model.lora is None else int(model.lora.adapters[0].a.shape[0]),
+            "lm": sum(p.numel() for name, p in model.lm.named_parameters() if ".parametrizations.weight.0." not in name)}
 
 
 def share_heads(predictor, count: int, heads_file, predictor_file) -> None:

@@ -12,6 +12,8 @@ from lookahead.train.schedule import check_budget_schedule, tau_at
 
 DECODERS = ("mlp", "diffusion")
 WINDOWS = ("stream", "cache")
+CONNECTIVITY = ("none", "static", "dynamic", "both")
+ADAPTERS = ("none", "lora")
 
 
 @dataclasses.dataclass
@@ -61,6 +63,29 @@ class Phase2Config:
     budget_warmup: int = 0
     """Steps over which the kept fraction falls linearly from every head to the target (head gates under a top-K
     budget: the router's `keep`; the static control: its fraction); 0 = the target from step 0."""
+    keep: float | None = None
+    """mlp, head gates under a budget: the fraction of heads phase 2 runs per token (None: the router's own
+    predictor.keep; 1.0: every head, the router left out)."""
+    connectivity: Literal["none", "static", "dynamic", "both"] = "none"
+    """mlp: free head-to-head weights on the router's graph, 1 at the start (lookahead.graph.connectivity):
+    ``static`` one learned weight per allowed edge (DenseFormer-like), ``dynamic`` per token from the router's
+    input, low rank (MUDDFormer-like), ``both`` their sum; ``none`` the plain residual stream."""
+    connectivity_rank: int = 4
+    """Rank of the dynamic connectivity's per-token factors U, V (N x r)."""
+    connectivity_hidden: int = 64
+    """Width of the dynamic connectivity's MLP from the router's input."""
+    connectivity_lr_scale: float = 10.0
+    """Learning rate of the weights phase 2 adds (connectivity, value residual, adapter) as a multiple of train.lr."""
+    value_residual: bool = False
+    """Value residual learning (ResFormer): layer l >= 1 mixes its values with the first layer's, lambda_1 v_l +
+    lambda_2 v_0, starting at (1, 0) — a connectivity baseline that is not a head DAG (stock forward: needs
+    keep 1.0 and connectivity none)."""
+    adapter: Literal["none", "lora"] = "none"
+    """``lora``: a low-rank adapter on every layer's attention output projection, its rank chosen so that it has as
+    many parameters as the dynamic connectivity of these settings (the parameter-matched control)."""
+    train_lm: bool = True
+    """False: the LM stays frozen and only the weights phase 2 adds train (phase 1's setting: the seed's "topologies
+    that lower NLL against dense" with the LM fixed); the report adds the paired difference against the frozen LM."""
     replay: bool = False
     """Each step also trains on train.batch_size more windows of the whole train stream, dense (every run)."""
     distill: float = 0.0
@@ -104,6 +129,22 @@ class Phase2Config:
         require(math.isfinite(self.distill) and 0 <= self.distill <= 1, "distill",
                 f"must be in [0, 1]; got {self.distill}")
         require(self.distill_top_k >= 0, "distill_top_k", f"must be >= 0 (0 = the whole vocabulary); got {self.distill_top_k}")
+        require(self.keep is None or 0 < self.keep <= 1, "keep", f"must be in (0, 1] or null (the router's); got {self.keep}")
+        require(self.connectivity in CONNECTIVITY, "connectivity",
+                f"must be one of {', '.join(CONNECTIVITY)}; got {self.connectivity!r}")
+        require(self.connectivity == "none" or self.decoder == "mlp", "connectivity",
+                "weights on the router's graph need decoder mlp")
+        require(self.connectivity_rank >= 1, "connectivity_rank", f"must be >= 1; got {self.connectivity_rank}")
+        require(self.connectivity_hidden >= 1, "connectivity_hidden", f"must be >= 1; got {self.connectivity_hidden}")
+        require(math.isfinite(self.connectivity_lr_scale) and self.connectivity_lr_scale > 0, "connectivity_lr_scale",
+                f"must be a finite number > 0; got {self.connectivity_lr_scale}")
+        require(not self.value_residual or (self.keep == 1.0 and self.connectivity == "none" and self.decoder == "mlp"),
+                "value_residual", "value residual runs the stock forward: it needs keep: 1.0, connectivity: none and "
+                f"decoder mlp; got keep {self.keep}, connectivity {self.connectivity!r}, decoder {self.decoder!r}")
+        require(self.adapter in ADAPTERS, "adapter", f"must be one of {', '.join(ADAPTERS)}; got {self.adapter!r}")
+        require(self.train_lm or self.connectivity != "none" or self.value_residual or self.adapter != "none"
+                or self.predictor_lr_scale > 0, "train_lm",
+                "with the LM frozen something else must train: connectivity, value_residual, adapter or predictor_lr_scale")
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
 

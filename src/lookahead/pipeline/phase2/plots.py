@@ -59,3 +59,41 @@ def write_control_reports(result, outputs: dict) -> None:
     write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r.get("hard_nll", r["dense_nll"]),
                                        **({"dense_nll": r["dense_nll"]} if "hard_nll" in r else {})}
                                       for r in result.eval_curve])
+
+
+def plot_connectivity(mean, sd, n_layers: int, n_heads: int, path: str | Path, title: str) -> None:
+    """The learned edge weights W (N, N) of free connectivity, one row per head that reads, one column
+    per source (the embedding, then the heads of every earlier layer), coloured around 1 (the plain
+    residual stream: white); blanks are edges the graph does not allow. ``sd`` (N, N) or None: beside
+    it, the weights' spread over positions (dynamic weights). After DenseFormer's figure of its learned
+    depth weights."""
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    plt = pyplot()
+    n = 1 + n_layers * n_heads
+    sources = 1 + (n_layers - 1) * n_heads  # the last layer's heads feed no head
+    allowed = np.zeros((n, n), dtype=bool)
+    layer = np.concatenate([[-1], np.repeat(np.arange(n_layers), n_heads)])
+    allowed[layer[:, None] < layer[None, :]] = True
+    panels = [("mean over val positions" if sd is not None else "static weights", np.asarray(mean), "RdBu_r")]
+    if sd is not None:
+        panels.append(("sd over val positions", np.asarray(sd), "viridis"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), dpi=110, squeeze=False)
+    for ax, (label, w, cmap) in zip(axes[0], panels):
+        shown = np.where(allowed, w, np.nan)[:sources, 1:].T  # rows: heads that read; columns: sources
+        if cmap == "RdBu_r":
+            lim = max(float(np.nanmax(np.abs(shown - 1))), 1e-3)
+            im = ax.imshow(shown, cmap=cmap, norm=TwoSlopeNorm(1.0, 1.0 - lim, 1.0 + lim), aspect="auto")
+        else:
+            im = ax.imshow(shown, cmap=cmap, aspect="auto")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+        for k in range(1, n_layers):  # layer boundaries: readers below, sources (after the embedding) across
+            ax.axhline(k * n_heads - 0.5, color="0.4", lw=0.6)
+            ax.axvline(1 + (k - 1) * n_heads - 0.5, color="0.4", lw=0.6)
+        ax.set_yticks([l * n_heads + (n_heads - 1) / 2 for l in range(n_layers)], [f"layer {l}" for l in range(n_layers)])
+        ax.set_xticks([0] + [1 + l * n_heads + (n_heads - 1) / 2 for l in range(n_layers - 1)],
+                      ["emb"] + [f"L{l}" for l in range(n_layers - 1)])
+        ax.set(xlabel="source (embedding, heads by layer)", ylabel="head that reads", title=label)
+    fig.suptitle(title, fontsize=10)
+    save_png(fig, path, tight=True)
