@@ -270,7 +270,8 @@ def second_tiny_run(tiny_runs):
 
 # Experiments queued in the tiny run: name -> (the param set, the stages it reruns).
 QUEUED_EXPERIMENTS = {
-    "lambda-0.2": ("phase2.lambda_head=0.2", {"phase2", "evaluate"}),  # a phase-2 sweep point, as in the README
+    # free connectivity on phase 2's router graph (its weights reach evaluate's rows, causality check, explainer)
+    "connectivity-both": ("phase2.connectivity=both", {"phase2", "evaluate"}),
     "samples-3": ("evaluate.diffusion_samples=3", {"evaluate"}),  # tiny.yaml has 2: the last stage alone reruns
 }
 

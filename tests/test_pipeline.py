@@ -263,9 +263,10 @@ def test_queued_experiments_land_in_the_same_mlflow_store(queued_experiments):
         stage = key.split(".")[0]
         (run,) = [r for r in queued if r.data.tags.get("lookahead.stage") == stage]
         assert run.data.params[f"{stage}/{key}"] == value and run.data.metrics, name
-    (phase2,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "lambda-0.2"
+    (phase2,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "connectivity-both"
                  and r.data.tags.get("lookahead.stage") == "phase2"]
     assert "hard_nll" in phase2.data.metrics
+    assert phase2.data.metrics["parameters_added"] > 0  # the connectivity's weights trained (the default adds none)
     # nothing was written inside DVC's temporary workspace
     assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
     shown = sh(["dvc", "exp", "show", "--json"], path, env)

@@ -376,7 +376,7 @@ DEPLOYED_WINDOWS = 64
 SEEDED = ("dense_nll", "hard_nll", "deployed_nll", "soft_nll", "active_head_fraction")
 HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "deployed_nll", "active_head_fraction",
                             "start_active_head_fraction", "scored_positions", "train_steps", "train_tokens",
-                            "passes_over_cache", "passes_over_stream"), SEEDED)
+                            "passes_over_cache", "passes_over_stream", "parameters_added"), SEEDED)
 
 
 def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
@@ -489,6 +489,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "active_head_fraction": final["active_head_fraction"],
         "scored_positions": len(scored["hard"]),
         "added_parameters": config["added_parameters"],
+        "parameters_added": sum(config["added_parameters"][k] for k in ("connectivity", "value_residual", "adapter")),
         "hard_minus_dense": float((scored["hard"] - scored["dense"]).mean()),
         "connectivity_weights": (weight_summary(weights[0], module.model.connectivity.mask.cpu())
                                  if weights is not None else None),

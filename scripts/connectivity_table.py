@@ -1,0 +1,96 @@
+"""Phase 2's connectivity variants side by side: one markdown row per run (DVC experiments or
+commits) from what the run committed — ``params.yaml``, ``metrics/evaluate.json`` and, through the
+DVC cache, ``metrics/phase2_report.json`` and the per-position NLLs phase 2 wrote for every seed.
+
+Columns: the connectivity kind (or value residual, or the output adapter), the heads phase 2 runs,
+whether the LM trained, the parameters added, phase 2's NLL (mean ± sd over seeds), the two paired
+claims evaluate computed (phase 2 − the dense control, phase 2 − the static control; mean ± sd over
+the paired seeds and the 95 % interval), and phase 2 − its own LM run dense, the same seeds and
+positions (with the LM frozen: the frozen LM without the additions; interval by the same block
+bootstrap, ``lookahead.core.intervals.paired_interval``), and how far the weights moved from 1.
+
+    python scripts/connectivity_table.py HEAD p2c-both-all p2c-static-all
+
+Each argument is anything `git rev-parse` reads (an experiment's name resolves to its ref). The DVC
+cache must hold the runs' outputs (a `dvc exp pull` brings them). Nothing is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from lookahead.artifacts.val_scores import load_scores
+from lookahead.core.intervals import paired_interval
+
+
+def resolve(name: str) -> str:
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    matches = [r for r in refs if r.rsplit("/", 1)[-1] == name]
+    return matches[0] if matches else name
+
+
+def show(rev: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
+
+
+def cached(rev: str, path: str) -> Path:
+    """The DVC cache's copy of output ``path`` as the run's dvc.lock records it."""
+    lock = yaml.safe_load(show(rev, "dvc.lock"))
+    for stage in lock["stages"].values():
+        for out in stage.get("outs", []):
+            if out["path"] == path:
+                md5 = out["md5"]
+                return Path(".dvc/cache/files/md5") / md5[:2] / md5[2:]
+    raise SystemExit(f"{rev}: no output {path} in its dvc.lock")
+
+
+def claim(ev: dict, name: str) -> str:
+    return f"{ev[name]:+.3f} ± {ev[name + '_sd']:.3f} [{ev[name + '_ci_low']:+.3f}, {ev[name + '_ci_high']:+.3f}]"
+
+
+def own_dense(rev: str, params: dict) -> str:
+    scores = load_scores(cached(rev, "data/val_nll/phase2.safetensors"))
+    s = params["scoring"]
+    i = paired_interval(scores["hard"] - scores["dense"], params["base"]["arch"]["context_length"], s["resamples"],
+                        s["confidence"], s["seed"])
+    return f"{i['mean']:+.3f} ± {i['sd']:.3f} [{i['ci_low']:+.3f}, {i['ci_high']:+.3f}]"
+
+
+def row(name: str) -> str:
+    rev = resolve(name)
+    params = yaml.safe_load(show(rev, "params.yaml"))
+    p, pred = params["phase2"], params["predictor"]
+    ev = json.loads(show(rev, "metrics/evaluate.json"))
+    report = json.loads(cached(rev, "metrics/phase2_report.json").read_text())
+    keep = p.get("keep") if p.get("keep") is not None else pred["keep"]
+    what = ("value residual" if p.get("value_residual") else f"adapter {p['adapter']}" if p.get("adapter", "none") != "none"
+            else p.get("connectivity", "none"))
+    added = report.get("added_parameters") or {}
+    n_added = sum(v for k, v in added.items() if k in ("connectivity", "value_residual", "adapter"))
+    moved = report.get("connectivity_weights")
+    moved = "–" if not moved else f"{moved['mean_abs_change']:.3f} ({moved['min']:.2f} … {moved['max']:.2f})"
+    nll = f"{report['hard_nll']:.3f} ± {report.get('hard_nll_sd', 0.0):.3f}"
+    return (f"| `{name}` | {what} | {keep:.0%} | {'yes' if p.get('train_lm', True) else 'frozen'} | {n_added:,} | {nll} | "
+            f"{claim(ev, 'phase2_minus_control')} | {claim(ev, 'phase2_minus_static_control')} | "
+            f"{own_dense(rev, params)} | {moved} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+")
+    args = parser.parse_args()
+    print("| run | added | heads on | LM | parameters added | phase 2 NLL | − dense control [95 %] | "
+          "− static control [95 %] | − its own LM dense [95 %] | weights: mean abs(W − 1) (min … max) |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.runs:
+        print(row(name))
+
+
+if __name__ == "__main__":
+    main()
