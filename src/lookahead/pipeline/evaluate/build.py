@@ -130,7 +130,7 @@ class Decoders:
     temperature: float
     decoder: str  # phase 2's: mlp or diffusion
     predictor2: object | None  # phase 2's predictor (decoder mlp)
-    phase2_hard: Topologies  # the phase-2 row's (None-returning: the stock forward, value residual's)
+    phase2_hard: Topologies | None  # the phase-2 row's (None: the stock forward, value residual's)
     skip: str = "full"  # the runtime's skip mode phase 1 trained under
     gate_kind: str = "cascade"  # how sampled bits execute (lookahead.graph.sampling)
     tau1: float | None = None  # the soft rows' edge temperatures: those phase 1 and phase 2 evaluated at
@@ -178,7 +178,7 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
             load_value_residual(Path(phase2_dir) / VALUE_RESIDUAL_FILE).to(device).attach(lm2)
         phase2_graph = connected_topologies(predictor_topologies(predictor2, hard=True, lm=lm2), connectivity,
                                             predictor2.cfg.input, lm2)
-        phase2_hard = (lambda ids, contexts, geo: None) if value_residual else phase2_graph
+        phase2_hard = None if value_residual else phase2_graph
     else:
         phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
         phase2_graph = phase2_hard
