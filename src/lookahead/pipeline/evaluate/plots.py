@@ -175,7 +175,7 @@ def _dag(ax, data: dict, n_layers: int, n_heads: int) -> None:
     ax.set_ylim(-1.6, n_layers - 0.4)
     ax.legend(fontsize=8, loc="upper right")
     word = repr(data["tokens"][data["token"]])[1:-1]
-    how = (f"learned weights: widths = |A| (max {scale:.2f}), blue +, red −" if free else "widths = A")
+    how = "widths |A|, blue +, red −" if free else "widths = A"
     ax.set_title(f"c  head graph at '{word}' ({how})", loc="left", fontsize=11)
     ax.text(0.02, 0.02, f"mean gate {g[1:].mean():.2f}", transform=ax.transAxes, fontsize=8, color="0.3")
 
