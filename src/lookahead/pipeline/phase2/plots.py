@@ -67,6 +67,8 @@ def plot_connectivity(mean, sd, n_layers: int, n_heads: int, path: str | Path, t
     residual stream: white); blanks are edges the graph does not allow. ``sd`` (N, N) or None: beside
     it, the weights' spread over positions (dynamic weights). After DenseFormer's figure of its learned
     depth weights."""
+    import textwrap
+
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
@@ -79,7 +81,7 @@ def plot_connectivity(mean, sd, n_layers: int, n_heads: int, path: str | Path, t
     panels = [("mean over val positions" if sd is not None else "static weights", np.asarray(mean), "RdBu_r")]
     if sd is not None:
         panels.append(("sd over val positions", np.asarray(sd), "viridis"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.0), dpi=110, squeeze=False)
     for ax, (label, w, cmap) in zip(axes[0], panels):
         shown = np.where(allowed, w, np.nan)[:sources, 1:].T  # rows: heads that read; columns: sources
         if cmap == "RdBu_r":
@@ -95,5 +97,5 @@ def plot_connectivity(mean, sd, n_layers: int, n_heads: int, path: str | Path, t
         ax.set_xticks([0] + [1 + l * n_heads + (n_heads - 1) / 2 for l in range(n_layers - 1)],
                       ["emb"] + [f"L{l}" for l in range(n_layers - 1)])
         ax.set(xlabel="source (embedding, heads by layer)", ylabel="head that reads", title=label)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 60 * len(panels)), fontsize=9)
     save_png(fig, path, tight=True)
