@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -501,3 +502,55 @@ def test_softmax_gate_weights_scale_the_kept_routed_heads_by_their_softmax_weigh
         torch.testing.assert_close(logits, reference_forward(lm, ids, adjacency, g, skip="query"), rtol=1e-4, atol=1e-4)
     with pytest.raises(ConfigError, match="weights"):
         PredictorConfig(gate="cascade", budget="none", weights="softmax")
+
+
+# ------------------------------------------------------------------ what phase 2 may add (issue: learned connectivity)
+
+def _added_run(downstream_inputs, tmp_path, **changes):
+    i = downstream_inputs
+    router = lm_router(i, tmp_path / "router.safetensors")
+    cfg = from_dict(Phase2Config, {
+        "windows": "stream", "keep": 1.0, "eval_batch_size": 2, "connectivity_lr_scale": 30, **changes,
+        "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "device": "cpu"}})
+    report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"],
+                             tmp_path / "out", scoring=ScoringConfig(windows=8, batch_size=4))
+    return report, tmp_path / "out"
+
+
+def test_dynamic_connectivity_trains_with_the_lm_frozen(downstream_inputs, tmp_path):
+    from safetensors.torch import load_file
+
+    from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
+
+    report, out = _added_run(downstream_inputs, tmp_path, connectivity="dynamic", train_lm=False)
+    conn = load_connectivity(out / CONNECTIVITY_FILE)
+    assert report["active_head_fraction"] == 1.0  # phase2.keep: every head, whatever the router's budget
+    assert report["parameters_added"] == conn.n_parameters() > 0
+    assert conn.to_v.weight.abs().sum() > 0  # the weights trained (V starts at 0)
+    base = load_file(str(Path(downstream_inputs["base"]) / "model.safetensors"))
+    lm = load_file(str(out / "lm" / "model.safetensors"))
+    assert all(torch.equal(lm[k], base[k]) for k in base)  # the LM stayed frozen
+    dense, hard = report["token_nll"]["dense"], report["token_nll"]["hard"]
+    assert report["hard_minus_dense"] == pytest.approx(float((hard - dense).mean()))
+    assert np.abs(hard - dense).max() > 0  # the weights change the function; dense is the frozen LM
+    assert (out / "connectivity.png").is_file()
+
+
+def test_value_residual_and_the_adapter_train_and_the_lm_carries_the_adapter(downstream_inputs, tmp_path):
+    from safetensors.torch import load_file
+
+    from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
+
+    report, out = _added_run(downstream_inputs, tmp_path, value_residual=True, adapter="lora", train_lm=False)
+    added = report["added_parameters"]
+    assert added["value_residual"] == 2 * (load_phase2(out)["n_layers"] - 1)  # (λ₁, λ₂) of every layer after the first
+    assert added["adapter"] > 0 and report["parameters_added"] == added["value_residual"] + added["adapter"]
+    mix = load_value_residual(out / VALUE_RESIDUAL_FILE).mix
+    assert not torch.equal(mix, torch.tensor([[1.0, 0.0]]).repeat(len(mix), 1))  # λ moved
+    base = load_file(str(Path(downstream_inputs["base"]) / "model.safetensors"))
+    lm = load_file(str(out / "lm" / "model.safetensors"))
+    moved = [k for k in base if not torch.equal(lm[k], base[k])]
+    assert moved and all("o_proj" in k for k in moved)  # only the adapted projections, the adapter merged in
+    # dense is the frozen LM without the additions; the phase-2 model runs them
+    assert np.abs(report["token_nll"]["hard"] - report["token_nll"]["dense"]).max() > 0
