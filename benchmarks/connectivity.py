@@ -6,7 +6,9 @@ one process on the trained base LM and the phase-1 router, at phase 2's batch of
   control's step) against each kind, which runs through the general head-graph runtime (the
   execution plan covers standard-stream graphs only), and the default router at 50 % heads off
   with and without ``both``;
-- hard execution (inference) of one batch: stock against each kind;
+- hard execution (inference) of one batch: stock against each kind, and against the router's all-on
+  graph through the execution plan (``router_inputs``: the dense pass that computes the router's
+  input, which the dynamic weights read too, included in every kind's time);
 - FLOPs per token: the stock forward (2 per weight of the blocks and the unembedding, plus
   attention's 4·D·(t + 1) per head), the mixing that builds each head's input stream (2·d per
   allowed edge), and the dynamic weights' MLP and U Vᵀ.
@@ -32,6 +34,7 @@ import torch
 def main(argv: list[str] | None = None) -> int:
     from lookahead.graph.connectivity import Connectivity
     from lookahead.graph.nodes import n_edges, n_nodes
+    from lookahead.graph.plan import execute
     from lookahead.graph.predictor import load_init, load_predictor
     from lookahead.graph.runtime import recorded_skip
     from lookahead.graph.scoring import GeoLookup
@@ -89,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     @torch.no_grad()
-    def hard_times(kind: str | None) -> list[float]:
+    def hard_times(kind: str | None, router: bool = False) -> list[float]:
+        """Stock (kind None), or the router's all-on graph through the plan (``router``: what the
+        dynamic weights' inputs cost, a dense pass for the LM's states), or a kind's weighted graph."""
         model = make(kind, keep_all=True).eval()
         if kind:  # trained-looking weights: every parameter moved
             gen = torch.Generator().manual_seed(0)
@@ -98,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         out = []
         for step in range(args.repeats + 1):
             ids = batch(step)[:, :-1]
+            g = geo(ids) if geo is not None else None
             tic = time.perf_counter()
-            model.hard(ids, None, geo(ids) if geo is not None else None, None)
+            if router:
+                execute(model.lm, ids, *model.route(ids, None, g, hard=True), skip)
+            else:
+                model.hard(ids, None, g, None)
             if step:
                 out.append(time.perf_counter() - tic)
         return out
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ("static", "dynamic", "both")
     train = {"stock": step_times(None, True), **{k: step_times(k, True) for k in kinds},
              "routed_50": step_times(None, False), "routed_50_both": step_times("both", False)}
-    hard = {"stock": hard_times(None), **{k: hard_times(k) for k in kinds}}
+    hard = {"stock": hard_times(None), "router_inputs": hard_times(None, router=True), **{k: hard_times(k) for k in kinds}}
 
     out = {}
     for label, runs in (("train", train), ("hard", hard)):

@@ -10,6 +10,10 @@ positions (with the LM frozen: the frozen LM without the additions; interval by 
 bootstrap, ``lookahead.core.intervals.paired_interval``), and how far the weights moved from 1.
 
     python scripts/connectivity_table.py HEAD p2c-both-all p2c-static-all
+    python scripts/connectivity_table.py --pair p2f-dynamic p2f-lora    # A − B, phase 2's NLLs, paired
+
+``--pair A B`` prints one more row: run A's phase-2 NLLs minus run B's, seed i with seed i on the same
+positions (the runs must share seeds and the scoring set).
 
 Each argument is anything `git rev-parse` reads (an experiment's name resolves to its ref). The DVC
 cache must hold the runs' outputs (a `dvc exp pull` brings them). Nothing is typed by hand.
@@ -51,7 +55,7 @@ def cached(rev: str, path: str) -> Path:
 
 
 def claim(ev: dict, name: str) -> str:
-    return f"{ev[name]:+.3f} ± {ev[name + '_sd']:.3f} [{ev[name + '_ci_low']:+.3f}, {ev[name + '_ci_high']:+.3f}]"
+    return f"{ev[name]:+.4f} ± {ev[name + '_sd']:.4f} [{ev[name + '_ci_low']:+.4f}, {ev[name + '_ci_high']:+.4f}]"
 
 
 def own_dense(rev: str, params: dict) -> str:
@@ -59,7 +63,7 @@ def own_dense(rev: str, params: dict) -> str:
     s = params["scoring"]
     i = paired_interval(scores["hard"] - scores["dense"], params["base"]["arch"]["context_length"], s["resamples"],
                         s["confidence"], s["seed"])
-    return f"{i['mean']:+.3f} ± {i['sd']:.3f} [{i['ci_low']:+.3f}, {i['ci_high']:+.3f}]"
+    return f"{i['mean']:+.4f} ± {i['sd']:.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}]"
 
 
 def row(name: str) -> str:
@@ -75,16 +79,31 @@ def row(name: str) -> str:
     n_added = sum(v for k, v in added.items() if k in ("connectivity", "value_residual", "adapter"))
     moved = report.get("connectivity_weights")
     moved = "–" if not moved else f"{moved['mean_abs_change']:.3f} ({moved['min']:.2f} … {moved['max']:.2f})"
-    nll = f"{report['hard_nll']:.3f} ± {report.get('hard_nll_sd', 0.0):.3f}"
+    nll = f"{report['hard_nll']:.4f} ± {report.get('hard_nll_sd', 0.0):.4f}"
     return (f"| `{name}` | {what} | {keep:.0%} | {'yes' if p.get('train_lm', True) else 'frozen'} | {n_added:,} | {nll} | "
             f"{claim(ev, 'phase2_minus_control')} | {claim(ev, 'phase2_minus_static_control')} | "
             f"{own_dense(rev, params)} | {moved} |")
 
 
+def pair(a: str, b: str) -> str:
+    runs = [resolve(a), resolve(b)]
+    params = yaml.safe_load(show(runs[0], "params.yaml"))
+    hard = [load_scores(cached(r, "data/val_nll/phase2.safetensors"))["hard"] for r in runs]
+    s = params["scoring"]
+    i = paired_interval(hard[0] - hard[1], params["base"]["arch"]["context_length"], s["resamples"], s["confidence"],
+                        s["seed"])
+    return f"`{a}` − `{b}`, phase 2's NLL: {i['mean']:+.4f} ± {i['sd']:.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+")
+    parser.add_argument("runs", nargs="*")
+    parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
     args = parser.parse_args()
+    for a, b in args.pair:
+        print(pair(a, b))
+    if not args.runs:
+        return
     print("| run | added | heads on | LM | parameters added | phase 2 NLL | − dense control [95 %] | "
           "− static control [95 %] | − its own LM dense [95 %] | weights: mean abs(W − 1) (min … max) |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
