@@ -384,7 +384,8 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
         **seed_summary(per_seed, [f"{name}_nll" for name in SEEDED_ROWS]),
         "per_seed": per_seed,
         "attention_flops_over_dense": p2["attention_flops_over_dense"],
-        "hard_tokens_per_s_over_dense": p2.get("tokens_per_s_over_dense"),  # none for a stock phase-2 row  # a timing: metrics/evaluate_timing.json
+        # a timing (metrics/evaluate_timing.json); None where the phase-2 row is the stock forward (value residual)
+        "hard_tokens_per_s_over_dense": p2.get("tokens_per_s_over_dense"),
         "causality_max_change": causality["max_change"],
         "static_pruning_interpolated_nll": interpolate_curve(static_curve, fraction),
         "decoder": decoder,
