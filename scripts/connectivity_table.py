@@ -23,24 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 import yaml
+from phase2_table import resolve, show  # this directory: python puts a script's own directory on sys.path
 
 from lookahead.artifacts.val_scores import load_scores
 from lookahead.core.intervals import paired_interval
-
-
-def resolve(name: str) -> str:
-    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], capture_output=True, text=True,
-                          check=True).stdout.split()
-    matches = [r for r in refs if r.rsplit("/", 1)[-1] == name]
-    return matches[0] if matches else name
-
-
-def show(rev: str, path: str) -> str:
-    return subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
 
 
 def cached(rev: str, path: str) -> Path:
