@@ -6,7 +6,7 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.diffusion.build import HEADLINE, DiffusionConfig, build_diffusion_seeds
+from lookahead.pipeline.diffusion.build import DiffusionConfig, build_diffusion_seeds, headline
 from lookahead.pipeline.diffusion.plots import write_diffusion_reports
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         report, result, _ = build_diffusion_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.pairs,
                                                   args.out, args.checkpoints, tracker=run)
         write_diffusion_reports(result, report, args.outputs)
-        write_metrics(report, HEADLINE, args.metrics, args.report, run)
+        write_metrics(report, headline(args.pairs), args.metrics, args.report, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.comparison_figure)
 

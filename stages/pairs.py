@@ -1,12 +1,13 @@
-"""DVC stage `pairs`: sample topologies per position from the trained predictor, score them with
-the frozen LM, and keep the distinct ones that beat the dense NLL, as (context, topology) pairs."""
+"""DVC stage `pairs`: (context, topology) pairs for the structure decoders — every position's ε-good
+keep sets by KL to dense (pairs.target eps_good), or predictor samples that beat the dense NLL
+(beats_dense)."""
 
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.pairs import HEADLINE, PairsConfig, build_pairs_seeds
+from lookahead.pipeline.pairs import PairsConfig, build_pairs_seeds, headline
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     with stage_run("pairs", {"pairs": to_dict(cfg)}) as run:
         metrics = build_pairs_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
-        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
+        write_metrics(metrics, headline(cfg), args.metrics, args.report, run)
 
 
 if __name__ == "__main__":

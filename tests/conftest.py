@@ -320,7 +320,7 @@ def downstream_inputs(phase_inputs, tmp_path_factory):
                                              cache.dim)
     torch.nn.init.normal_(predictor.to_v.weight, std=0.5)  # as if trained: the topology depends on the context
     save_predictor(predictor, d / "predictor.safetensors")
-    build_pairs(PairsConfig(sequences=6, samples=4, keep=2, batch_size=3, approx_positions=0, device="cpu"),
+    build_pairs(PairsConfig(target="beats_dense", sequences=6, samples=4, keep=2, batch_size=3, approx_positions=0, device="cpu"),
                 phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], d / "predictor.safetensors",
                 d / "pairs")
     cfg = from_dict(DiffusionConfig, {

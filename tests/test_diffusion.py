@@ -212,7 +212,7 @@ def stage_run(phase_inputs, tmp_path_factory):
     predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=1.0), phase_inputs["init"],
                                              cache.dim)
     save_predictor(predictor, d / "predictor.safetensors")
-    build_pairs(PairsConfig(sequences=8, samples=6, keep=3, batch_size=4, approx_positions=0, device="cpu"),
+    build_pairs(PairsConfig(target="beats_dense", sequences=8, samples=6, keep=3, batch_size=4, approx_positions=0, device="cpu"),
                 phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"], d / "predictor.safetensors",
                 d / "pairs")
     cfg = from_dict(DiffusionConfig, {

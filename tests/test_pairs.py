@@ -38,7 +38,7 @@ def sampled(phase_inputs, tmp_path_factory):
     predictor = StructurePredictor.from_init(PredictorConfig.cascade(rank=2, hidden=8, init_bias=1.5), phase_inputs["init"],
                                              cache.dim)
     save_predictor(predictor, d / "predictor.safetensors")
-    cfg = PairsConfig(sequences=6, samples=6, keep=3, batch_size=4, approx_positions=40, device="cpu")
+    cfg = PairsConfig(target="beats_dense", sequences=6, samples=6, keep=3, batch_size=4, approx_positions=40, device="cpu")
     metrics = build_pairs(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                           d / "predictor.safetensors", d / "out")
     return cfg, metrics, load_file(str(d / "out" / PAIRS_FILE)), cache
@@ -95,7 +95,7 @@ def test_isolated_rescoring_of_the_first_position_is_exact(sampled, phase_inputs
 
 def test_more_sequences_than_cached_is_refused(phase_inputs, tmp_path):
     with pytest.raises(PairsError, match="contexts.train_sequences"):
-        build_pairs(PairsConfig(sequences=1000), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+        build_pairs(PairsConfig(target="beats_dense", sequences=1000), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                     tmp_path / "p.safetensors", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -103,7 +103,7 @@ def test_more_sequences_than_cached_is_refused(phase_inputs, tmp_path):
 def test_cuda_without_a_device_names_the_pairs_key(phase_inputs, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError) as info:
-        build_pairs(PairsConfig(device="cuda"), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+        build_pairs(PairsConfig(target="beats_dense", device="cuda"), phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                     tmp_path / "p.safetensors", tmp_path / "out")
     assert info.value.key == "pairs.device"
     assert not (tmp_path / "out").exists()
@@ -155,7 +155,7 @@ def test_pairs_of_a_head_gate_router_store_its_heads_and_beside_them_a_null(phas
     cfg_p = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
     predictor = StructurePredictor.from_init(cfg_p, phase_inputs["init"], input_dim("lm", cache.dim, lm.config.hidden_size))
     save_predictor(predictor, tmp_path / "predictor.safetensors", extra={"runtime": {"skip": "query"}})
-    cfg = PairsConfig(sequences=4, samples=4, keep=2, batch_size=4, approx_positions=20, flip_prob=0.0, device="cpu")
+    cfg = PairsConfig(target="beats_dense", sequences=4, samples=4, keep=2, batch_size=4, approx_positions=20, flip_prob=0.0, device="cpu")
     metrics = build_pairs(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                           tmp_path / "predictor.safetensors", tmp_path / "out")
     arrays = load_file(str(tmp_path / "out" / PAIRS_FILE))

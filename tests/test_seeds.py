@@ -46,7 +46,7 @@ def test_pairs_over_seeds_equal_separate_runs_on_each_seed(phase_inputs, downstr
     """The stage's seeded figures are the mean and sd of independent runs with seed, seed + 1, …;
     the outputs are the first run's."""
     i = downstream_inputs
-    cfg = PairsConfig(sequences=4, samples=3, keep=2, batch_size=2, approx_positions=6, device="cpu", seed=3, seeds=3)
+    cfg = PairsConfig(target="beats_dense", sequences=4, samples=3, keep=2, batch_size=2, approx_positions=6, device="cpu", seed=3, seeds=3)
     args = (i["base"], i["contexts"], i["init"], i["predictor"])
     seeded = build_pairs_seeds(cfg, *args, tmp_path / "seeded")
     runs = [build_pairs(dataclasses.replace(cfg, seed=s), *args, tmp_path / f"run{s}") for s in (3, 4, 5)]

@@ -25,7 +25,9 @@ class PairSet:
     """The pairs stage's output, split by window into train and held-out pairs."""
 
     rows: np.ndarray
-    """(P,) int64: window index · T + position, into the context cache's train split."""
+    """(P,) int64: window index · T + position, into the context cache's split ``split``."""
+    split: np.ndarray
+    """(P,) uint8: the cache split of each pair's window, 0 train, 1 val (the beats_dense pairs: all train)."""
     edges: torch.Tensor
     """(P, E) uint8: executed topology bits."""
     nll: np.ndarray
@@ -36,6 +38,8 @@ class PairSet:
     """(P,) active heads / (L · H)."""
     info: dict
     """The pairs file's metadata (graph shape, encoder, the pairs config)."""
+    kl: np.ndarray | None
+    """(P,) KL to dense of the pair's set at its position (eps_good pairs; None otherwise)."""
     train: np.ndarray
     """Indices of the training pairs."""
     heldout: np.ndarray
@@ -43,7 +47,8 @@ class PairSet:
 
 
 def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: float, seed: int) -> PairSet:
-    """Read the pairs file and split it by window (a seeded choice of held-out windows)."""
+    """Read the pairs file and split it: eps_good pairs by their cache split (the val windows held
+    out), the others by window (a seeded choice of held-out windows)."""
     path = Path(pairs_dir) / PAIRS_FILE
     info, arrays = read_safetensors(path, "np", "lookahead", PairsDataError,
                                     "run `dvc repro pairs` (or restore it: `dvc checkout pairs`)")
@@ -51,6 +56,12 @@ def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: flo
         raise PairsDataError(f"{path} was made for windows of {info['context_length']} positions but the context "
                                  f"cache holds {context_length}: rerun `dvc repro pairs`")
     rows = arrays["rows"].astype(np.int64)
+    edges = torch.from_numpy(unpack_bits(arrays["bits"], info["n_edges"]))
+    if "split" in arrays:  # eps_good: the val windows' ground truth is the held-out set
+        split = arrays["split"].astype(np.uint8)
+        return PairSet(rows=rows, split=split, edges=edges, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
+                       head_fraction=arrays["head_fraction"], info=info, kl=arrays["kl"],
+                       train=np.flatnonzero(split == 0), heldout=np.flatnonzero(split == 1))
     windows = np.unique(rows // context_length)
     if len(windows) < 2:
         raise PairsDataError(f"{path} holds pairs of {len(windows)} window(s); the diffusion stage needs at least 2 "
@@ -58,7 +69,6 @@ def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: flo
     n_out = min(len(windows) - 1, max(1, round(heldout_fraction * len(windows))))
     held = np.random.default_rng([seed, 70]).choice(windows, n_out, replace=False)
     is_held = np.isin(rows // context_length, held)
-    edges = torch.from_numpy(unpack_bits(arrays["bits"], info["n_edges"]))
-    return PairSet(rows=rows, edges=edges, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
+    return PairSet(rows=rows, split=np.zeros(len(rows), dtype=np.uint8), edges=edges, kl=None, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
                    head_fraction=arrays["head_fraction"], info=info, train=np.flatnonzero(~is_held),
                    heldout=np.flatnonzero(is_held))

@@ -171,6 +171,10 @@ class Denoiser(nn.Module):
         mask = allowed_mask(n_layers, n_heads)
         self.register_buffer("mask", mask, persistent=False)
         self.register_buffer("marginal", marginal.float().clamp(MARGINAL_EPS, 1 - MARGINAL_EPS))
+        # the context features are standardised (router inputs mix scales: a token embedding, an LM state);
+        # the diffusion stage sets these from its training pairs (lookahead.pipeline.diffusion.build)
+        self.register_buffer("context_shift", torch.zeros(context_dim))
+        self.register_buffer("context_scale", torch.ones(context_dim))
         # normalisers of the degree features: how many edges each node could have at most
         self.register_buffer("max_in", mask.sum(0).clamp_min(1).float(), persistent=False)
         self.register_buffer("max_out", mask.sum(1).clamp_min(1).float(), persistent=False)
@@ -185,6 +189,7 @@ class Denoiser(nn.Module):
         self.to_q = nn.Linear(d, cfg.rank, bias=False)
         self.edge_bias = nn.Parameter(torch.logit(self.marginal.clone()))  # p̂ starts at the marginals
         self.self_weight = nn.Linear(32, 1)  # how much a_t's own bit says about a_0, by time
+        self.meta: dict = {}  # the saved config (load_denoiser): its input kind and budget
 
     def forward(self, a_t: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
                 geo: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,6 +198,7 @@ class Denoiser(nn.Module):
         if self.geo_dim and (geo is None or geo.shape[-1] != self.geo_dim):
             raise DiffusionError(f"this diffusion head takes {self.geo_dim} geometric features per position; "
                                  f"got {None if geo is None else geo.shape[-1]}")
+        context = (context - self.context_shift.to(context.dtype)) / self.context_scale.to(context.dtype)
         temb = timestep_embedding(t).to(context.dtype)
         parts = [context, geo.to(context.dtype), temb] if self.geo_dim else [context, temb]
         cond = self.cond(torch.cat(parts, dim=-1))  # (B, cond)
@@ -215,9 +221,11 @@ class Denoiser(nn.Module):
 
     @torch.no_grad()
     def sample(self, context: torch.Tensor, geo: torch.Tensor | None, steps: int,
-               generator: torch.Generator | None = None, temperature: float = 1.0) -> torch.Tensor:
+               generator: torch.Generator | None = None, temperature: float = 1.0,
+               with_probs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Raw a_0 samples (B, E) of 0/1: one graph per row of context (B, C), by ancestral sampling.
-        ``temperature`` < 1 sharpens p̂ at every step (fewer, surer edits; 1 = the model's distribution)."""
+        ``temperature`` < 1 sharpens p̂ at every step (fewer, surer edits; 1 = the model's distribution).
+        ``with_probs``: also the last step's p̂(a_0) (B, E)."""
         rows = context.shape[0]
         x = bernoulli(self.marginal.expand(rows, -1).contiguous(), generator)  # a_1 ~ q(a_1) = the marginals
         times = torch.linspace(1.0, 0.0, steps + 1, device=context.device)
@@ -229,7 +237,20 @@ class Denoiser(nn.Module):
                 x = bernoulli(p0, generator)  # the last step draws a_0 from p̂
             else:
                 x = bernoulli(posterior_probs(x, p0, abars[k], abars[k + 1], self.marginal), generator)
-        return x
+        return (x, p0) if with_probs else x
+
+    @torch.no_grad()
+    def sample_keep_sets(self, context: torch.Tensor, geo: torch.Tensor | None, steps: int, k: int,
+                         generator: torch.Generator | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """Keep sets of exactly k heads (B, L·H) bool, for head gates under a budget: a sample's heads
+        (those its edges reach, the cascade's), brought to k by the last step's p̂ of each head's edge
+        from the source — the sample's heads first, most probable first, then the most probable others."""
+        bits, p0 = self.sample(context, geo, steps, generator, temperature, with_probs=True)
+        on = self.executed(bits)[1][..., 1:]  # (B, L·H)
+        source = to_dense(p0, self.mask)[..., 0, 1:]  # p̂ of source → head
+        score = on + source  # in [0, 2]: a sampled head outranks every other
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k]
+        return torch.zeros_like(on, dtype=torch.bool).scatter_(-1, order, True)
 
     def executed(self, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The executed graph (A (…, N, N), g (…, N)) of raw allowed-edge bits (…, E): the hard cascade."""
@@ -273,6 +294,7 @@ def load_denoiser(model_dir: str | Path) -> tuple[Denoiser, dict]:
     model = Denoiser(from_dict(DenoiserConfig, config["denoiser"]), config["n_layers"], config["n_heads"],
                      config["context_dim"], config["geo_dim"], tensors["marginal"])
     model.load_state_dict(tensors)
+    model.meta = config  # what its users feed it (draw_topology)
     return model.eval(), config
 
 
@@ -282,3 +304,36 @@ def sampling_settings(meta: dict, model_dir: str | Path) -> tuple[int, float]:
     where = Path(model_dir) / CONFIG_FILE
     return (int(recorded(meta, "diffusion", "sample_steps", stage="diffusion", source=where)),
             float(recorded(meta, "diffusion", "sample_temperature", stage="diffusion", source=where)))
+
+
+def denoiser_input(meta: dict) -> str:
+    """The router input kind a saved diffusion head reads (``predictor.input``; ``cache`` for heads
+    saved before it was recorded)."""
+    return meta.get("input") or "cache"
+
+
+@torch.no_grad()
+def draw_topology(denoiser: Denoiser, meta: dict, lm, ids: torch.Tensor, cached: torch.Tensor | None,
+                  geo: torch.Tensor | None, steps: int, temperature: float, generator: torch.Generator | None,
+                  gate_kind: str = "cascade") -> tuple[torch.Tensor, torch.Tensor]:
+    """One diffusion sample per position of windows ``ids`` (B, T) as the executed graph (A (B, T, N, N),
+    g (B, T, N)). The head reads what it was trained on (:func:`denoiser_input`: the context cache's
+    ``cached`` features, or ``lm``'s states) and ``geo`` (B, T, G) when it takes geometric features;
+    a head trained on keep sets (``heads_kept`` in its metadata) under head gates returns sets of
+    exactly that many heads (:meth:`Denoiser.sample_keep_sets`)."""
+    from lookahead.graph.nodes import head_graph
+    from lookahead.graph.router_inputs import router_context
+    from lookahead.graph.sampling import executed_topology
+
+    b, t = ids.shape
+    context = router_context(denoiser_input(meta), lm, ids, cached).flatten(0, 1)
+    flat_geo = geo.flatten(0, 1) if denoiser.geo_dim else None
+    k = meta.get("heads_kept")
+    if k and gate_kind == "head":
+        keep = denoiser.sample_keep_sets(context, flat_geo, steps, int(k), generator, temperature)
+        gates = torch.cat([torch.ones_like(keep[..., :1], dtype=context.dtype), keep.to(context.dtype)], -1)
+        adjacency = head_graph(gates, denoiser.n_layers, denoiser.n_heads)
+    else:
+        bits = denoiser.sample(context, flat_geo, steps, generator, temperature)
+        adjacency, gates = executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, gate_kind)
+    return adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)

@@ -1,6 +1,14 @@
-"""The pairs stage (DESIGN §2 pairs): (context, topology) pairs for the diffusion head.
+"""The pairs stage (DESIGN §2 pairs): (context, topology) pairs for the structure decoders.
 
-For the first ``pairs.sequences`` train windows of the context cache, ``pairs.samples`` hard
+``pairs.target: eps_good`` (the default; issue: a structure decoder that captures several good
+topologies) writes a label-free ground truth of good keep sets: for the first ``sequences`` train and
+``val_sequences`` val windows of the context cache, :func:`lookahead.graph.keepsets.search_keep_sets`
+scores the greedy oracle's keep set and ``rounds`` rounds of single swaps at every position by
+KL(dense ‖ routed), and every distinct set within ``eps`` of a position's best is a pair (the
+ε-good sets; how many a position has is its multi-modality). It needs head gates under an exact
+budget (``predictor.gate: head``, ``budget: topk``) and is deterministic: one run, no seeds.
+
+``pairs.target: beats_dense`` (the earlier definition, for comparison): for the first ``pairs.sequences`` train windows of the context cache, ``pairs.samples`` hard
 topologies are drawn per position from the trained predictor (its logistic noise on, then each
 allowed edge flipped with probability ``pairs.flip_prob``: see :func:`sample_topologies`), each sample
 scored by the frozen LM in one hard forward pass of the whole window, and up to ``pairs.keep``
@@ -16,8 +24,9 @@ and the predictor's deterministic topology everywhere else, and the Spearman cor
 the two NLL gains over dense is reported.
 
 Output: one safetensors file (a few big arrays) holding, per pair, the context row (window index ·
-T + position, into the cache's train contexts), the packed allowed-edge bits (``lookahead.graph.nodes``),
-the NLL, the dense NLL and the active head and edge fractions.
+T + position, into the cache's contexts of the pair's ``split``: 0 train, 1 val), the packed
+allowed-edge bits (``lookahead.graph.nodes``), the NLL, the dense NLL, the active head and edge
+fractions and, for ``eps_good``, the KL to dense and the set's rank at its position (0 = the best).
 """
 
 from __future__ import annotations
@@ -38,7 +47,9 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import over_seeds, seeded_headline
-from lookahead.graph.nodes import allowed_mask, n_edges, pack_bits, random_topology, unpack_bits
+from lookahead.graph.gating import keep_count
+from lookahead.graph.keepsets import eps_good, n_sets, search_keep_sets
+from lookahead.graph.nodes import allowed_mask, head_graph, n_edges, pack_bits, random_topology, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.plan import execute
@@ -56,10 +67,23 @@ class PairsError(LookaheadError, ValueError):
 class PairsConfig:
     """Sampling and scoring (context, topology) pairs."""
 
+    target: Literal["eps_good", "beats_dense"] = "eps_good"
+    """What a good topology is: ``eps_good`` (within ``eps`` of the best keep set found, by KL to
+    dense; no labels) or ``beats_dense`` (a sample whose NLL beats dense: the earlier definition)."""
+    eps: float = 0.01
+    """eps_good: a keep set is good at a position when its KL to dense is within this many nats of
+    the best one found there."""
+    rounds: int = 2
+    """eps_good: rounds of single swaps around the best set so far (the first around the greedy
+    oracle's), K·(L·H − K) candidates each."""
+    val_sequences: int = 8
+    """eps_good: val windows of the context cache with a ground truth too (the first ones): the
+    decoders are judged there."""
     seeds: int = 3
-    """Runs over seeds of the sampling noise, for each headline figure's mean and `_sd`
-    (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
-    sequences: int = 64
+    """beats_dense: runs over seeds of the sampling noise, for each headline figure's mean and `_sd`
+    (lookahead.core.seeds); the first, with the configured seeds, writes the outputs. eps_good has no
+    randomness and runs once."""
+    sequences: int = 32
     """Train windows of the context cache whose positions get pairs (the first ones)."""
     samples: int = 8
     """Topologies sampled per position (predictor noise on)."""
@@ -79,6 +103,11 @@ class PairsConfig:
 
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
+        require(self.target in ("eps_good", "beats_dense"), "target",
+                f"must be eps_good or beats_dense; got {self.target!r}")
+        require(math.isfinite(self.eps) and self.eps >= 0, "eps", f"must be a finite number >= 0; got {self.eps}")
+        require(self.rounds >= 1, "rounds", f"must be >= 1; got {self.rounds}")
+        require(self.val_sequences >= 1, "val_sequences", f"must be >= 1; got {self.val_sequences}")
         for name in ("sequences", "samples", "keep", "batch_size"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         require(self.keep <= self.samples, "keep", f"must be <= samples ({self.samples}); got {self.keep}")
@@ -113,6 +142,14 @@ SEEDED = ("pairs", "pairs_per_position", "mean_gain", "multi_topology_share", "m
           "positions_with_pair_share", "positions_with_pair_share_null", "distinct_sampled_per_position",
           "kept_active_head_fraction", "approximation_spearman")
 HEADLINE = seeded_headline(SEEDED, SEEDED)
+# pairs.target eps_good: deterministic, so no spread
+EPS_HEADLINE = ("pairs", "eps_good_per_position", "eps_good_multi_share", "val_eps_good_per_position",
+                "val_eps_good_multi_share", "greedy_kl", "best_kl", "greedy_best_share")
+
+
+def headline(cfg: PairsConfig) -> tuple[str, ...]:
+    """The headline keys of ``metrics/pairs.json`` for the configured target."""
+    return EPS_HEADLINE if cfg.target == "eps_good" else HEADLINE
 
 def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLookup, mask: torch.Tensor,
                device, skip: str = "full") -> tuple[dict[str, np.ndarray], list[int], list[int], float]:
@@ -181,8 +218,84 @@ def draw_pairs(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: GeoLoo
     return arrays, distinct, kept_counts, null_counts, seconds
 
 
+def budget_of(predictor, error: type[Exception] = ValueError) -> int:
+    """K, the heads a predictor keeps per token, for keep-set decoders: head gates under the exact
+    ``topk`` budget only."""
+    cfg = predictor.cfg
+    if cfg.gate != "head" or cfg.budget != "topk":
+        raise error(f"keep sets need a router with head gates under the topk budget (predictor.gate: head, "
+                    f"budget: topk); this one has gate {cfg.gate!r}, budget {cfg.budget!r}: "
+                    "use pairs.target: beats_dense")
+    total = predictor.n_layers * predictor.n_heads
+    return keep_count(total, predictor.n_layers, cfg.keep, per_layer=False)
+
+
+def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: torch.Tensor, device, skip: str
+                 ) -> tuple[dict[str, np.ndarray], dict]:
+    """The ε-good keep sets of the first ``cfg.sequences`` train and ``cfg.val_sequences`` val windows
+    (module docstring): (the pairs file's arrays, figures)."""
+    k = budget_of(predictor, PairsError)
+    n_l, n_h = predictor.n_layers, predictor.n_heads
+    n_e = n_edges(n_l, n_h)
+    t_len = cache.context_length
+    out = {key: [] for key in ("rows", "split", "bits", "nll", "dense_nll", "kl", "rank")}
+    counts, greedy_kl, best_kl, greedy_best, candidates = {0: [], 1: []}, [], [], [], 0
+    tic = time.perf_counter()
+    jobs = [(split, idx) for split, name, n in ((0, "train", cfg.sequences), (1, "val", cfg.val_sequences))
+            for idx in np.array_split(np.arange(n), max(1, -(-n // cfg.batch_size)))]
+    with torch.no_grad():
+        for split, idx in tqdm(jobs, desc="pairs (eps-good sets)", unit="batch", mininterval=2.0):
+            windows, _ = (x.to(device) for x in cache.batch(("train", "val")[split], idx))
+            ids, targets = windows[:, :-1], windows[:, 1:]
+            dense = token_nll(lm(input_ids=ids).logits, targets).flatten().cpu().numpy()
+            sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size)
+            candidates = sets.shape[0]
+            gates = torch.cat([torch.ones_like(sets[..., :1], dtype=torch.float32), sets.float()], -1)
+            flat_nll, flat_kl = nll.flatten(1).cpu().numpy(), kl.flatten(1).cpu()
+            greedy_kl += flat_kl[0].tolist()
+            best_kl += flat_kl.min(0).values.tolist()
+            greedy_best += (flat_kl[0] <= flat_kl.min(0).values).tolist()
+            for p, (chosen, kls) in enumerate(eps_good(sets.cpu(), kl.cpu(), cfg.eps)):
+                counts[split].append(len(chosen))
+                edges = stored_edges(head_graph(gates.flatten(1, 2)[chosen, p], n_l, n_h), gates.flatten(1, 2)[chosen, p],
+                                     mask)
+                packed = pack_bits(edges)
+                for rank, c in enumerate(chosen.tolist()):
+                    out["rows"].append(int(idx[p // t_len]) * t_len + p % t_len)
+                    out["split"].append(split)
+                    out["bits"].append(packed[rank])
+                    out["nll"].append(flat_nll[c, p])
+                    out["dense_nll"].append(dense[p])
+                    out["kl"].append(float(kls[rank]))
+                    out["rank"].append(rank)
+    seconds = time.perf_counter() - tic
+    pairs = len(out["rows"])
+    arrays = {
+        "rows": np.asarray(out["rows"], dtype=np.int64), "split": np.asarray(out["split"], dtype=np.uint8),
+        "bits": np.asarray(out["bits"], dtype=np.uint8).reshape(pairs, -1),
+        "nll": np.asarray(out["nll"], dtype=np.float32), "dense_nll": np.asarray(out["dense_nll"], dtype=np.float32),
+        "kl": np.asarray(out["kl"], dtype=np.float32), "rank": np.asarray(out["rank"], dtype=np.int32),
+        "head_fraction": np.full(pairs, k / (n_l * n_h), dtype=np.float32),
+    }
+    arrays["edge_fraction"] = (unpack_bits(arrays["bits"], n_e).sum(-1) / n_e).astype(np.float32)
+    train, val = np.asarray(counts[0]), np.asarray(counts[1])
+    every = np.concatenate([train, val])
+    figures = {
+        "positions": len(every), "pairs": pairs, "heads_kept": k, "search_space": n_sets(n_l * n_h, k),
+        "candidates_per_position": candidates,
+        "eps_good_per_position": float(train.mean()), "eps_good_multi_share": float((train >= 2).mean()),
+        "val_eps_good_per_position": float(val.mean()), "val_eps_good_multi_share": float((val >= 2).mean()),
+        "eps_good_max": int(every.max()),
+        "greedy_kl": float(np.mean(greedy_kl)), "best_kl": float(np.mean(best_kl)),
+        "greedy_best_share": float(np.mean(greedy_best)),
+        "positions_per_s": len(every) / max(seconds, 1e-9),
+    }
+    return arrays, figures
+
+
 def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
-    """Sample, score and keep pairs; write ``out_dir/pairs.safetensors``; return the metrics."""
+    """Sample, score and keep pairs (or, for ``eps_good``, search the keep sets); write
+    ``out_dir/pairs.safetensors``; return the metrics."""
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
 
@@ -194,6 +307,10 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     if cfg.sequences > n_train:
         raise PairsError(f"pairs.sequences is {cfg.sequences} but the context cache holds {n_train} train windows "
                          "(contexts.train_sequences)")
+    n_val = len(cache.windows("val"))
+    if cfg.target == "eps_good" and cfg.val_sequences > n_val:
+        raise PairsError(f"pairs.val_sequences is {cfg.val_sequences} but the context cache holds {n_val} val windows "
+                         "(contexts.val_sequences)")
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().requires_grad_(False).to(device)
     predictor, meta = load_predictor(predictor_file)
     predictor.to(device)
@@ -204,13 +321,19 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     mask = allowed_mask(predictor.n_layers, predictor.n_heads).to(device)
     n_e = n_edges(predictor.n_layers, predictor.n_heads)
     t_len = cache.context_length
+    info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
+            "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],
+            "gate": predictor.cfg.gate, "skip": skip, "config": to_dict(cfg), "target": cfg.target}
+    if cfg.target == "eps_good":
+        arrays, figures = ground_truth(cfg, lm, predictor, cache, mask, device, skip)
+        info.update(split="split (0 train, 1 val)", heads_kept=figures["heads_kept"])
+        with atomic_dir(out_dir) as tmp:
+            save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
+        return {**figures, "bits_per_pair": n_e, "bytes_per_pair": int(arrays["bits"].shape[1])}
     arrays, distinct, kept_counts, null_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device, skip)
     positions = cfg.sequences * t_len
     pairs = len(arrays["rows"])
     spearman, approx_n = approximation(cfg, lm, predictor, cache, geo, mask, arrays, n_e, device, skip)
-    info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
-            "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],
-            "gate": predictor.cfg.gate, "skip": skip, "config": to_dict(cfg)}
     with atomic_dir(out_dir) as tmp:
         save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
     gains = arrays["dense_nll"] - arrays["nll"]
@@ -273,6 +396,9 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
 
 def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
     """:func:`build_pairs`, then ``cfg.seeds - 1`` more samplings on other seeds (their pairs
-    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
+    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
+    ``eps_good`` has no randomness: one run."""
+    if cfg.target == "eps_good":
+        return build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir)
     return over_seeds(cfg, "pairs", SEEDED, lambda c, scratch: build_pairs(
         c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs" if scratch else out_dir))

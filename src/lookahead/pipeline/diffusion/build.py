@@ -1,10 +1,14 @@
 """The diffusion stage (DESIGN §2 diffusion, §7): train the diffusion head on the pairs through the
-shared loop, then judge it against the predictor's own sampler (:mod:`lookahead.pipeline.diffusion.evaluation`).
+shared loop, then judge it.
 
-Data: every pair is (the context embedding at its position, the token's geometric features, the
-executed topology's allowed-edge bits). Pairs are split by window: a seeded ``heldout_fraction`` of
-the pair set's windows is never trained on; the periodic evaluation is the denoiser's BCE on those
-held-out pairs at fixed noisy draws, and mode recall is measured on them.
+Data: every pair is (the router's inputs at its position — ``predictor.input``, the lookahead
+contract's, so every decoder reads what the router reads — the token's geometric features, the
+topology's allowed-edge bits). On the pairs stage's ε-good sets (``pairs.target: eps_good``) the
+val windows' sets are held out, an autoregressive decoder is trained beside the diffusion head, and
+every decoder is judged against its nulls (:mod:`lookahead.pipeline.diffusion.decoders`). On
+``beats_dense`` pairs a seeded ``heldout_fraction`` of the pair set's windows is held out and the
+head is judged against the predictor's own sampler (:mod:`lookahead.pipeline.diffusion.evaluation`).
+The periodic evaluation is the denoiser's BCE on held-out pairs at fixed noisy draws.
 """
 
 from __future__ import annotations
@@ -21,18 +25,43 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.pairs import PAIRS_FILE, PairSet, load_pairs
 from lookahead.core.config import to_dict
 from lookahead.core.errors import LookaheadError, require
-from lookahead.core.inputs import recorded
+from lookahead.core.inputs import read_safetensors, recorded
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.denoiser import Denoiser, DenoiserConfig, alpha_bar, q_probs, save_denoiser
+from lookahead.graph.nodes import allowed_mask
 from lookahead.graph.predictor import load_init
-from lookahead.graph.router_inputs import lm_states
+from lookahead.pipeline.diffusion.decoders import DECODERS, FIGURES, NULLS
+from lookahead.graph.router_inputs import input_dim, lm_states
 from lookahead.graph.scoring import GeoLookup
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, train
 
 
+SPLITS = ("train", "val")  # a pair's split (lookahead.artifacts.pairs) → the context cache's
+
+
 class DiffusionDataError(LookaheadError, ValueError):
     """Pairs, contexts or a predictor that do not fit the diffusion stage."""
+
+
+@dataclasses.dataclass
+class AutoregressiveConfig:
+    """The autoregressive keep-set decoder (:class:`lookahead.graph.keepsets.KeepSetAR`), trained on
+    ε-good pairs only."""
+
+    steps: int = 600
+    """Adam steps (maximum likelihood of the train windows' ε-good sets)."""
+    batch_size: int = 256
+    """Pairs per step."""
+    lr: float = 3e-3
+    """Peak learning rate (cosine decay to a tenth)."""
+    hidden: int = 128
+    """Width of the MLP from the inputs to the per-head logits."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "hidden"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
+        require(math.isfinite(self.lr) and self.lr > 0, "lr", f"must be a finite number > 0; got {self.lr}")
 
 
 @dataclasses.dataclass
@@ -64,6 +93,8 @@ class DiffusionConfig:
     """Held-out pairs scored for the periodic val BCE (at most)."""
     seed: int = 0
     """Seed of the hold-out split and of the evaluation samples."""
+    autoregressive: AutoregressiveConfig = dataclasses.field(default_factory=AutoregressiveConfig)
+    """The autoregressive decoder judged beside the diffusion head (ε-good pairs)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=1500, batch_size=128, lr=2e-3, beta2=0.99, warmup_steps=50, weight_decay=0.0, eval_every=250,
         checkpoint_every=250))
@@ -83,30 +114,51 @@ class DiffusionConfig:
 
 
 class PairFeatures:
-    """Conditioning of pairs: context embedding and geometric features at each pair's position."""
+    """Conditioning of pairs: the router's inputs (``kind``: ``predictor.input``; ``cache`` reads the
+    context cache, the others the LM's states) and the token's geometric features at each pair's
+    position, computed once per window."""
 
-    def __init__(self, cache: ContextCache, geo: GeoLookup | None):
-        self.cache, self.geo = cache, geo
+    def __init__(self, cache: ContextCache, geo: GeoLookup | None, kind: str = "cache", lm=None):
+        self.cache, self.geo, self.kind, self.lm = cache, geo, kind, lm
         self.t_len = cache.context_length
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
 
-    def __call__(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(contexts (P, C) float32, geo (P, G) or None) of cache rows (window · T + position)."""
-        w, p = rows // self.t_len, rows % self.t_len
-        order = np.argsort(w, kind="stable")  # memory-mapped reads in file order
-        contexts = np.empty((len(rows), self.cache.dim), dtype=np.float32)
-        contexts[order] = self.cache.contexts("train")[w[order], p[order]]
-        ids = torch.from_numpy(self.cache.windows("train")[w, p].astype(np.int64))
-        return torch.from_numpy(contexts), (self.geo(ids) if self.geo is not None else None)
+    @property
+    def dim(self) -> int:
+        hidden = self.lm.config.hidden_size if self.lm is not None else 0
+        layers = self.lm.config.num_hidden_layers if self.lm is not None else 1
+        return input_dim(self.kind, self.cache.dim, hidden, layers)
 
-    def router(self, rows: np.ndarray, kind: str, lm) -> torch.Tensor:
-        """The predictor's own context features (``predictor.input`` ``lm`` or ``embedding``) at cache
-        rows: the LM's states over each row's train window, read at its position. (P, C')"""
+    def _windows(self, split: int, windows: np.ndarray) -> torch.Tensor:
+        """Router inputs (W, T, C) of windows of one split (0 train, 1 val)."""
+        name = SPLITS[split]
+        missing = [int(w) for w in np.unique(windows) if (split, int(w)) not in self._inputs]
+        for start in range(0, len(missing), 8):
+            part = np.asarray(missing[start : start + 8])
+            if self.kind == "cache":
+                states = torch.from_numpy(np.asarray(self.cache.contexts(name)[part], dtype=np.float32))
+            else:
+                device = next(self.lm.parameters()).device
+                ids = torch.from_numpy(self.cache.windows(name)[part][:, :-1].astype(np.int64)).to(device)
+                states = lm_states(self.lm, ids, self.kind).cpu()
+            for i, w in enumerate(part):
+                self._inputs[(split, int(w))] = states[i]
+        return torch.stack([self._inputs[(split, int(w))] for w in windows])
+
+    def __call__(self, rows: np.ndarray, split: np.ndarray | int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(inputs (P, C) float32, geo (P, G) or None) of cache rows (window · T + position) of
+        ``split`` (one per row, or one for all)."""
+        rows = np.asarray(rows)
+        split = np.broadcast_to(np.asarray(split, dtype=np.int64), rows.shape)
         w, p = rows // self.t_len, rows % self.t_len
-        windows, inverse = np.unique(w, return_inverse=True)
-        device = next(lm.parameters()).device
-        ids = torch.from_numpy(self.cache.windows("train")[windows][:, :-1].astype(np.int64)).to(device)
-        states = lm_states(lm, ids, kind)  # (W, T, C')
-        return states[torch.from_numpy(inverse).to(device), torch.from_numpy(p).to(device)].cpu()
+        inputs = torch.empty(len(rows), self.dim)
+        ids = torch.empty(len(rows), dtype=torch.long)
+        for s in np.unique(split):
+            sel = np.flatnonzero(split == s)
+            windows, inverse = np.unique(w[sel], return_inverse=True)
+            inputs[sel] = self._windows(int(s), windows)[torch.from_numpy(inverse), torch.from_numpy(p[sel])]
+            ids[sel] = torch.from_numpy(self.cache.windows(SPLITS[s])[w[sel], p[sel]].astype(np.int64))
+        return inputs, (self.geo(ids) if self.geo is not None else None)
 
 
 class DiffusionModule:
@@ -129,7 +181,7 @@ class DiffusionModule:
         t = torch.from_numpy(1.0 - rng.random(len(idx))).float()  # (0, 1]
         u = torch.from_numpy(rng.random(a0.shape, dtype=np.float32))
         probs = q_probs(a0, alpha_bar(t, self.model.cfg.schedule_offset)[:, None], self.model.marginal.cpu())
-        contexts, geo = self.features(self.pairs.rows[idx])
+        contexts, geo = self.features(self.pairs.rows[idx], self.pairs.split[idx])
         batch = {"a0": a0, "a_t": (u < probs).float(), "t": t, "contexts": contexts}
         if geo is not None:
             batch["geo"] = geo
@@ -167,16 +219,26 @@ def edge_marginals(pairs: PairSet) -> torch.Tensor:
     return pairs.edges[pairs.train].float().mean(0)
 
 
-def build_model(cfg: DiffusionConfig, pairs: PairSet, context_dim: int, geo_dim: int) -> Denoiser:
+def build_model(cfg: DiffusionConfig, pairs: PairSet, features: PairFeatures, geo_dim: int) -> Denoiser:
     torch.manual_seed(cfg.train.seed)
-    return Denoiser(cfg.denoiser, pairs.info["n_layers"], pairs.info["n_heads"], context_dim, geo_dim,
-                    edge_marginals(pairs))
+    model = Denoiser(cfg.denoiser, pairs.info["n_layers"], pairs.info["n_heads"], features.dim, geo_dim,
+                     edge_marginals(pairs))
+    shift, scale = input_scale(features(pairs.rows[pairs.train], pairs.split[pairs.train])[0])
+    model.context_shift.copy_(shift)
+    model.context_scale.copy_(scale)
+    return model
+
+
+def input_scale(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature mean and sd (floored) of training inputs (P, C), to standardise them."""
+    return inputs.mean(0), inputs.std(0).clamp_min(1e-4)
 
 
 def train_diffusion(cfg: DiffusionConfig, cache: ContextCache, geo: GeoLookup, pairs_dir, checkpoint_dir=None,
-                    tracker=None) -> tuple[DiffusionModule, TrainResult]:
+                    tracker=None, kind: str = "cache", lm=None) -> tuple[DiffusionModule, TrainResult]:
     """Train the denoiser on the training pairs; return the module (its ``model`` trained) and the
-    curves. ``geo`` is the init stage's table; the head is conditioned on it when ``cfg.geo_features``."""
+    curves. ``geo`` is the init stage's table; the head is conditioned on it when ``cfg.geo_features``;
+    ``kind`` and ``lm``: the router inputs it reads (:class:`PairFeatures`)."""
     pairs = load_pairs(pairs_dir, cache.context_length, cfg.heldout_fraction, cfg.seed)
     if pairs.info["encoder"] != cache.meta["encoder"]:
         raise DiffusionDataError(f"the pairs were made with contexts of {pairs.info['encoder']!r} but the cache holds "
@@ -185,18 +247,22 @@ def train_diffusion(cfg: DiffusionConfig, cache: ContextCache, geo: GeoLookup, p
         raise DiffusionDataError(f"{pairs_dir}: {len(pairs.train)} training and {len(pairs.heldout)} held-out pairs "
                                  "after the split; the stage needs both (raise pairs.sequences)")
     geo = geo if cfg.geo_features else None
-    model = build_model(cfg, pairs, cache.dim, geo.table.shape[1] + 1 if geo is not None else 0)
-    module = DiffusionModule(model, pairs, PairFeatures(cache, geo), cfg)
+    features = PairFeatures(cache, geo, kind, lm)
+    model = build_model(cfg, pairs, features, geo.table.shape[1] + 1 if geo is not None else 0)
+    module = DiffusionModule(model, pairs, features, cfg)
     result = train(module, cfg.train, stage="diffusion", checkpoint_dir=checkpoint_dir, tracker=tracker)
     return module, result
 
 
-def save(module: DiffusionModule, out_dir) -> None:
-    save_denoiser(module.model.cpu(), out_dir, extra={"encoder": module.pairs.info["encoder"],
+def save(module: DiffusionModule, out_dir, kind: str = "cache") -> None:
+    """The denoiser with what its users need to feed and read it: the router input kind it reads and,
+    for keep-set pairs, the heads kept per token (samples are brought to that budget)."""
+    save_denoiser(module.model.cpu(), out_dir, extra={"encoder": module.pairs.info["encoder"], "input": kind,
+                                                      "heads_kept": module.pairs.info.get("heads_kept"),
                                                       "diffusion": to_dict(module.cfg)})
 
 
-# metrics/diffusion.json (lookahead.core.report): the issue's headline keys
+# metrics/diffusion.json (lookahead.core.report) on beats_dense pairs: the figures against the predictor's sampler
 # and their spread over training and sampling seeds (lookahead.core.seeds)
 SEEDED = ("sample_nll", "best_of_k_nll", "baseline_sample_nll", "baseline_best_of_k_nll", "density",
           "within_context_hamming", "across_context_hamming", "mode_recall", "baseline_mode_recall")
@@ -204,18 +270,36 @@ HEADLINE = seeded_headline(("sample_nll", "best_of_k_nll", "baseline_sample_nll"
                             "deterministic_nll", "dense_nll", "density", "pairs_density", "within_context_hamming",
                             "across_context_hamming", "mode_recall", "baseline_mode_recall"), SEEDED)
 
+# on eps_good pairs (issue: a structure decoder that captures several good topologies): the diffusion head's
+# figures, the MLP sampler's (baseline_), the autoregressive decoder's and the frequency-matched null's; every
+# sampler's figures are in the report as <sampler>_<figure> (lookahead.pipeline.diffusion.decoders)
+SAMPLERS = (*DECODERS, *(f"{d}_{n}" for d in DECODERS for n in NULLS), "router", "static")
+KEEPSET_SEEDED = (*(f"{name}_{fig}" for name in SAMPLERS for fig in FIGURES), "recall_at_1", "recall_at_4",
+                  "recall_at_8", "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8",
+                  "sample_nll", "best_of_k_label_free_nll", "null_frequency_best_of_k_nll")
+KEEPSET_HEADLINE = seeded_headline(
+    ("eps_good_per_position", "eps_good_multi_share", "recall_at_1", "recall_at_4", "recall_at_8",
+     "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8", "sample_nll", "deterministic_nll",
+     "best_of_k_label_free_nll", "null_frequency_best_of_k_nll", "autoregressive_recall_at_8",
+     "autoregressive_best_of_k_label_free_nll"),
+    KEEPSET_SEEDED + ("autoregressive_recall_at_8", "autoregressive_best_of_k_label_free_nll"))
+
+
+def headline(pairs_dir) -> tuple[str, ...]:
+    """The headline keys of ``metrics/diffusion.json`` for the pairs' target."""
+    info, _ = read_safetensors(Path(pairs_dir) / PAIRS_FILE, "np", "lookahead", DiffusionDataError, "run `dvc repro pairs`")
+    return KEEPSET_HEADLINE if info.get("target") == "eps_good" else HEADLINE
+
 
 def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
                     checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, DiffusionModule]:
-    """Train the diffusion head, write it to ``out_dir``, evaluate both samplers; return (report,
-    training result, module)."""
+    """Train the diffusion head, write it to ``out_dir``, evaluate it; return (report, training
+    result, module)."""
     from transformers import AutoModelForCausalLM
 
     from lookahead.core.devices import resolve_device
     from lookahead.graph.predictor import load_predictor
     from lookahead.graph.router_inputs import check_context_dim
-    from lookahead.graph.runtime import recorded_skip
-    from lookahead.pipeline.diffusion.evaluation import lm_comparison, make_samplers, mode_recall
 
     predictor, meta = load_predictor(predictor_file)  # checked before training: a mismatch fails early
     cache = ContextCache(contexts_dir)
@@ -226,8 +310,92 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     ckpt = checkpoint_dir(checkpoint_root, "diffusion", to_dict(cfg), [init_file, Path(pairs_dir) / PAIRS_FILE],
                           [cache.fingerprint()])
-    module, result = train_diffusion(cfg, cache, geo, pairs_dir, ckpt, tracker)
-    save(module, out_dir)
+    kind = predictor.cfg.input
+    module, result = train_diffusion(cfg, cache, geo, pairs_dir, ckpt, tracker, kind, lm)
+    save(module, out_dir, kind)
+    if module.pairs.info.get("target") == "eps_good":
+        report = judge_keep_sets(cfg, module, predictor, meta, lm, cache, geo, device)
+    else:
+        report = judge_samplers(cfg, module, predictor, meta, lm, cache, geo, device, pairs_dir)
+    report.update({
+        "final_val_bce": module.last_eval.get("val_bce"),
+        "final_val_bit_accuracy": module.last_eval.get("val_bit_accuracy"),
+        "train_steps": cfg.train.steps,
+        "train_graphs_per_s": result.tokens_per_s,
+        "train_seconds": result.train_seconds,
+        "parameters": sum(p.numel() for p in module.model.parameters()),
+        "pairs_train": int(len(module.pairs.train)),
+        "pairs_heldout": int(len(module.pairs.heldout)),
+    })
+    return report, result, module
+
+
+def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, meta: dict, lm, cache: ContextCache,
+                    geo: GeoLookup, device) -> dict:
+    """Train the autoregressive decoder and judge every decoder against its nulls on the val windows'
+    ε-good sets (:mod:`lookahead.pipeline.diffusion.decoders`)."""
+    from lookahead.graph.runtime import recorded_skip
+    from lookahead.graph.sampling import executed_topology, sample_topologies
+    from lookahead.pipeline.diffusion.decoders import Scorer, judge, static_set, train_autoregressive, truth_sets
+
+    pairs, features = module.pairs, module.features
+    n_l, n_h, k = pairs.info["n_layers"], pairs.info["n_heads"], int(pairs.info["heads_kept"])
+    mask = allowed_mask(n_l, n_h)
+    keep = executed_topology(pairs.edges.float(), mask, n_l, n_h, "head")[1][..., 1:] > 0.5  # (pairs, L·H)
+    # every decoder reads the router's inputs and, as each was built, the geometric features
+    full = PairFeatures(cache, geo, features.kind, lm)
+    train_x, train_g = full(pairs.rows[pairs.train], 0)
+    ar_in = torch.cat([train_x, train_g], -1) if cfg.geo_features else train_x
+    a = cfg.autoregressive
+    ar, ar_curve = train_autoregressive(ar_in, keep[pairs.train], k, a.steps, a.batch_size, a.lr, cfg.train.seed,
+                                        a.hidden, scale=input_scale(ar_in))
+    t_len = cache.context_length
+    n_val = int(pairs.rows[pairs.heldout].max() // t_len) + 1  # the first val windows
+    positions = np.arange(n_val * t_len)
+    val_x, val_g = full(positions, 1)
+    truth, valid, has_truth = truth_sets(pairs.rows[pairs.heldout], keep[pairs.heldout], len(positions))
+    denoiser = module.model.eval()
+    steps, temperature = cfg.sample_steps, cfg.sample_temperature
+    predictor.eval()
+
+    def geo_of(model_geo_dim, g):
+        return g if model_geo_dim else None
+
+    draws = {
+        "baseline": lambda x, g, gen: sample_topologies(predictor, x, geo_of(predictor.geo_dim, g), 0.0, gen)[1][..., 1:] > 0.5,
+        "autoregressive": lambda x, g, gen: ar.sample(torch.cat([x, g], -1) if cfg.geo_features else x, gen)[0],
+        "diffusion": lambda x, g, gen: denoiser.sample_keep_sets(x, geo_of(denoiser.geo_dim, g), steps, k, gen,
+                                                                 temperature),
+    }
+    with torch.no_grad():
+        deterministic = predictor(val_x, geo_of(predictor.geo_dim, val_g), hard=True)[1][..., 1:] > 0.5
+    windows = torch.from_numpy(cache.windows("val")[:n_val].astype(np.int64))
+    scorer = Scorer(lm, windows, n_l, n_h, recorded_skip(meta), cfg.eval_batch_size)
+    table = judge(draws, deterministic, static_set(keep[pairs.train], k), scorer, val_x, val_g, truth, valid,
+                  has_truth, k, cfg.eval_samples, cfg.seed)
+    counts = valid.sum(-1)[has_truth].float()
+    report = {f"{name}_{fig}": value for name, figs in table.items() for fig, value in figs.items()}
+    d, b = table["diffusion"], table["baseline"]
+    report.update({
+        "eps_good_per_position": float(counts.mean()), "eps_good_multi_share": float((counts >= 2).float().mean()),
+        **{f"recall_at_{n}": d[f"recall_at_{n}"] for n in (1, 4, 8)},
+        **{f"baseline_recall_at_{n}": b[f"recall_at_{n}"] for n in (1, 4, 8)},
+        "sample_nll": d["sample_nll"], "deterministic_nll": table["router"]["sample_nll"],
+        "best_of_k_label_free_nll": d["best_of_k_label_free_nll"],
+        "null_frequency_best_of_k_nll": table["diffusion_frequency"]["best_of_k_label_free_nll"],
+        "dense_nll": table["dense"]["sample_nll"], "heads_kept": k, "eval_samples": cfg.eval_samples,
+        "val_positions": len(positions), "truth_positions": int(has_truth.sum()),
+        "autoregressive_train_curve": ar_curve, "best_of_k_criterion": "least KL(dense || routed), no label",
+    })
+    module.autoregressive = ar
+    return report
+
+
+def judge_samplers(cfg: DiffusionConfig, module: DiffusionModule, predictor, meta: dict, lm, cache: ContextCache,
+                   geo: GeoLookup, device, pairs_dir) -> dict:
+    """The diffusion head against the predictor's own sampler on beats_dense pairs."""
+    from lookahead.graph.runtime import recorded_skip
+    from lookahead.pipeline.diffusion.evaluation import lm_comparison, make_samplers, mode_recall
 
     lm.to(device)
     denoiser = module.model.to(device).eval()
@@ -238,13 +406,12 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
     skip = recorded_skip(meta)
     lm_figures = lm_comparison(lm, predictor, samplers, cache, geo.to(device), cfg.eval_samples, cfg.eval_sequences,
                                cfg.eval_batch_size, device, cfg.seed, skip)
-    pair_features = PairFeatures(cache, geo)
-    router = None if predictor.cfg.input == "cache" else (lambda rows: pair_features.router(rows, predictor.cfg.input, lm))
-    recall = mode_recall(samplers, predictor, module.pairs, pair_features, cfg.eval_samples,
-                         cfg.recall_radius, device, router_features=router)
+    # every sampler takes the geometric features if its model was built with them: the full table here
+    features = PairFeatures(cache, geo, module.features.kind, lm)
+    recall = mode_recall(samplers, predictor, module.pairs, features, cfg.eval_samples, cfg.recall_radius, device)
     pairs = module.pairs
     diff, base = lm_figures["diffusion"], lm_figures["baseline"]
-    report = {
+    return {
         "sample_nll": diff["sample_nll"],
         "best_of_k_nll": diff["best_of_k_nll"],
         "baseline_sample_nll": base["sample_nll"],
@@ -268,23 +435,15 @@ def build_diffusion(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, pre
         "recall_positions": recall["positions"],
         "recall_topologies": recall["topologies"],
         "val_positions": lm_figures["positions"],
-        "pairs_train": int(len(pairs.train)),
-        "pairs_heldout": int(len(pairs.heldout)),
         "explore_flip_prob": flip_prob,
-        "final_val_bce": module.last_eval.get("val_bce"),
-        "final_val_bit_accuracy": module.last_eval.get("val_bit_accuracy"),
-        "train_steps": cfg.train.steps,
-        "train_graphs_per_s": result.tokens_per_s,
-        "train_seconds": result.train_seconds,
-        "parameters": sum(p.numel() for p in module.model.parameters()),
     }
-    return report, result, module
 
 
 def build_diffusion_seeds(cfg: DiffusionConfig, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, out_dir,
                           checkpoint_root=None, tracker=None) -> tuple[dict, TrainResult, DiffusionModule]:
     """:func:`build_diffusion`, then ``cfg.seeds - 1`` more trainings on other seeds (their heads
-    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds)."""
-    return over_seeds(cfg, "diffusion", SEEDED, lambda c, scratch: build_diffusion(
+    discarded): the report carries the seeded figures' mean and sd (lookahead.core.seeds)."""
+    seeded = KEEPSET_SEEDED if headline(pairs_dir) is KEEPSET_HEADLINE else SEEDED
+    return over_seeds(cfg, "diffusion", seeded, lambda c, scratch: build_diffusion(
         c, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, scratch / "diffusion" if scratch else out_dir,
         checkpoint_root, None if scratch else tracker))

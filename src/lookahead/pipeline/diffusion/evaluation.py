@@ -39,7 +39,7 @@ from lookahead.lm.nll import token_nll
 class Sampler:
     """A way to draw hard executed topologies for a batch of positions: ``draw(contexts (P, C),
     geo (P, G), router (P, C')) -> (A (P, N, N), g (P, N))``; ``router``: the predictor's own
-    context features (``predictor.input``), which the diffusion head does not read."""
+    context features (``predictor.input``), which every sampler reads (the diffusion head too)."""
 
     name: str
     draw: object
@@ -62,7 +62,7 @@ def make_samplers(denoiser: Denoiser, predictor, sample_steps: int, temperature:
     Each takes the geometric features only if its model was built with them."""
     def diffusion(contexts, geo, router):
         geo = geo if denoiser.geo_dim else None
-        bits = denoiser.sample(contexts, geo, sample_steps, generator, temperature)
+        bits = denoiser.sample(router, geo, sample_steps, generator, temperature)  # it reads the router's inputs
         return executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, predictor.cfg.gate)
 
     def baseline(contexts, geo, router):

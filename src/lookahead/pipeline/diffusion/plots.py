@@ -1,5 +1,6 @@
 """The diffusion stage's plot data (DVC plots, csv) and figures (PNG): the training curve with the
-held-out BCE, and the samplers side by side (NLL against density, diversity, mode recall)."""
+held-out BCE, and the samplers side by side (on ε-good pairs: every decoder and null's recall and
+NLL; on beats_dense pairs: NLL against density, diversity, mode recall)."""
 
 from __future__ import annotations
 
@@ -77,10 +78,69 @@ def plot_comparison(report: dict, path: str | Path) -> None:
     save_png(fig, path, tight=True)
 
 
+KEEPSET_FIGURES = ("recall_at_1", "recall_at_4", "recall_at_8", "sample_nll", "best_of_k_label_free_nll",
+                   "best_of_k_target_nll", "distinct_per_position")
+
+
+def keepset_samplers(report: dict) -> list[str]:
+    """The samplers a keep-set report holds, in its order (decoders, their nulls, router, static)."""
+    return [key.removesuffix("_recall_at_8") for key in report
+            if key.endswith("_recall_at_8") and not key.startswith("baseline_recall")
+            and key != "recall_at_8" and not key.endswith("_sd")]
+
+
+def keepset_rows(report: dict) -> list[dict]:
+    """One row per sampler for ``metrics/diffusion_samplers.csv`` (ε-good pairs): each figure and its sd."""
+    rows = []
+    for name in keepset_samplers(report):
+        row = {"sampler": name}
+        for fig in KEEPSET_FIGURES:
+            row[fig] = report.get(f"{name}_{fig}")
+            row[f"{fig}_sd"] = report.get(f"{name}_{fig}_sd", "")
+        rows.append(row)
+    return rows
+
+
+def plot_keepsets(report: dict, path: str | Path) -> None:
+    """Left: recall@1/4/8 of the val ε-good sets per sampler; right: one-sample and label-free
+    best-of-K NLL per sampler, with dense and the router's deterministic NLL (bars: mean, whiskers: sd
+    over seeds)."""
+    plt = pyplot()
+    names = keepset_samplers(report)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5), dpi=110)
+    x = list(range(len(names)))
+    for i, n in enumerate((1, 4, 8)):
+        ax.bar([j + (i - 1) * 0.27 for j in x], [report[f"{s}_recall_at_{n}"] for s in names], width=0.27,
+               yerr=[report.get(f"{s}_recall_at_{n}_sd", 0.0) for s in names], label=f"recall@{n}")
+    ax.set_xticks(x, names, rotation=60, ha="right", fontsize=8)
+    ax.set(ylabel="share of a position's eps-good sets recovered",
+           title=f"recall of the eps-good keep sets ({report['truth_positions']} val positions)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    k = report["eval_samples"]
+    for off, fig_key, label in ((-0.2, "sample_nll", "one sample"),
+                                (0.2, "best_of_k_label_free_nll", f"best of {k} by KL to dense (no label)")):
+        bx.bar([j + off for j in x], [report[f"{s}_{fig_key}"] for s in names], width=0.4,
+               yerr=[report.get(f"{s}_{fig_key}_sd", 0.0) for s in names], label=label)
+    bx.axhline(report["dense_nll"], color="black", ls="--", lw=1, label="dense")
+    bx.axhline(report["deterministic_nll"], color="gray", ls=":", lw=1.2, label="router top-K")
+    low = min(report["dense_nll"], *(report[f"{s}_best_of_k_label_free_nll"] for s in names))
+    bx.set_ylim(low - 0.1, max(report[f"{s}_sample_nll"] for s in names) + 0.1)
+    bx.set_xticks(x, names, rotation=60, ha="right", fontsize=8)
+    bx.set(ylabel="val NLL (nats / token)", title=f"LM NLL under the samplers' keep sets (K = {report['heads_kept']} heads)")
+    bx.grid(alpha=0.3, axis="y")
+    bx.legend(fontsize=8)
+    save_png(fig, path, tight=True)
+
+
 def write_diffusion_reports(result, report: dict, outputs: dict) -> None:
     """Write every plot file of the diffusion stage (paths in ``outputs``)."""
     write_csv(outputs["train_curve"], result.train_curve)
     write_csv(outputs["eval_curve"], result.eval_curve)
-    write_csv(outputs["samplers"], sampler_rows(report))
+    if "samplers" in report:
+        write_csv(outputs["samplers"], sampler_rows(report))
+        plot_comparison(report, outputs["comparison_figure"])
+    else:  # the decoders on eps-good pairs
+        write_csv(outputs["samplers"], keepset_rows(report))
+        plot_keepsets(report, outputs["comparison_figure"])
     plot_curves(result.train_curve, result.eval_curve, outputs["figure"])
-    plot_comparison(report, outputs["comparison_figure"])

@@ -144,7 +144,8 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
                   predictor_file, diffusion_dir, phase2_dir, control_dir, static_control_dir, device) -> Decoders:
     """Load every LM and decoder; refuse shapes or context sizes that do not fit together."""
     from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, load_phase2
-    from lookahead.graph.denoiser import load_denoiser, sampling_settings
+    from lookahead.graph.denoiser import denoiser_input, load_denoiser, sampling_settings
+    from lookahead.graph.router_inputs import input_dim
     from lookahead.graph.predictor import load_predictor
 
     phase2 = load_phase2(phase2_dir)
@@ -159,9 +160,10 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
     predictor1, meta = load_predictor(predictor_file)
     denoiser, dmeta = load_denoiser(diffusion_dir)
     check_context_dim(predictor1, meta, cache.dim, base, EvaluateError, predictor_file)
-    if dmeta["context_dim"] != cache.dim:
-        raise EvaluateError(f"the diffusion head takes {dmeta['context_dim']}-dim contexts but the cache holds "
-                            f"{cache.dim}-dim ones: rerun `dvc repro`")
+    wanted = input_dim(denoiser_input(dmeta), cache.dim, base.config.hidden_size, base.config.num_hidden_layers)
+    if dmeta["context_dim"] != wanted:
+        raise EvaluateError(f"the diffusion head takes {dmeta['context_dim']}-dim contexts but its input "
+                            f"({denoiser_input(dmeta)}) gives {wanted}-dim ones here: rerun `dvc repro`")
     skip, gate_kind = recorded_skip(meta), predictor1.cfg.gate
     predictor1.to(device).eval()
     denoiser.to(device).eval()
@@ -180,7 +182,8 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
                                             predictor2.cfg.input, lm2)
         phase2_hard = None if value_residual else phase2_graph
     else:
-        phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind)
+        phase2_hard = diffusion_topologies(denoiser, 1, steps, temperature, cfg.seed + 1, device, gate_kind=gate_kind,
+                                           lm=lm2)
         phase2_graph = phase2_hard
     return Decoders(base, lm2, control, static_control, static_fraction, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
                     phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2, phase2_graph, connectivity,
@@ -197,12 +200,13 @@ def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: 
     encoder = load_context_encoder(cache.meta["encoder"], base_dir, tokenizer, window, trust_remote_code, device=device)
     decoders = {"phase1 predictor": (d.base, predictor_topologies(d.predictor1, hard=True, lm=d.base)),
                 "diffusion head": (d.base, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed, device,
-                                                                reseed=True, gate_kind=d.gate_kind))}
+                                                                reseed=True, gate_kind=d.gate_kind, lm=d.base))}
     if d.predictor2 is not None:
         decoders["phase-2 predictor"] = (d.lm2, d.phase2_graph)
     else:
         decoders["phase-2 diffusion"] = (d.lm2, diffusion_topologies(d.denoiser, 1, d.steps, d.temperature, cfg.seed + 1,
-                                                                     device, reseed=True, gate_kind=d.gate_kind))
+                                                                     device, reseed=True, gate_kind=d.gate_kind,
+                                                                     lm=d.lm2))
     causality = causality_check(decoders, encoder, cache, geo, cfg, d.base.config.vocab_size, device, d.skip)
     if not causality["passed"]:
         worst = max(causality["per_decoder"], key=causality["per_decoder"].get)
@@ -220,7 +224,8 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, device
                 skip=d.skip),
         RowSpec("phase1_hard", d.base, predictor_topologies(d.predictor1, hard=True, lm=d.base), skip=d.skip),
         RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
-                                                                  d.temperature, cfg.seed, device, gate_kind=d.gate_kind),
+                                                                  d.temperature, cfg.seed, device, gate_kind=d.gate_kind,
+                                                                  lm=d.base),
                 best_of="diffusion_best_of_k", skip=d.skip),
         RowSpec("phase2_hard", d.lm2, d.phase2_hard, skip=d.skip),
         RowSpec("dense_control", d.control, None),
@@ -261,7 +266,8 @@ def seeded_rows(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int, de
     """The rows the stage's own randomness draws (diffusion samples, random heads), on ``seed``;
     every other row is a deterministic function of its inputs (lookahead.core.seeds)."""
     return [RowSpec("diffusion_sample", d.base, diffusion_topologies(d.denoiser, cfg.diffusion_samples, d.steps,
-                                                                     d.temperature, seed, device, gate_kind=d.gate_kind),
+                                                                     d.temperature, seed, device, gate_kind=d.gate_kind,
+                                                                     lm=d.base),
                     best_of="diffusion_best_of_k", skip=d.skip),
             RowSpec("random_heads", d.control, random_topologies(d.shapes.n_layers, d.shapes.n_heads, fraction,
                                                                  cfg.random_draws, seed, device, d.skip), skip=d.skip),

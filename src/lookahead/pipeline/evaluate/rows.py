@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.graph.denoiser import draw_topology
 from lookahead.graph.nodes import random_topology, static_topology
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
-from lookahead.graph.sampling import executed_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 
@@ -234,22 +234,18 @@ def connected_topologies(draw: Topologies, connectivity, router_input: str, lm) 
 
 
 def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed: int, device,
-                         reseed: bool = False, gate_kind: str = "cascade") -> Topologies:
-    """K diffusion samples per position, executed by the hard cascade. ``reseed``: the generator
-    starts again from ``seed`` at every call (the causality check needs the same draws per call)."""
+                         reseed: bool = False, gate_kind: str = "cascade", lm=None) -> Topologies:
+    """K diffusion samples per position (:func:`lookahead.graph.denoiser.draw_topology`: the head
+    reads its recorded inputs, ``lm``'s states or the cache's, and keeps its recorded budget).
+    ``reseed``: the generator starts again from ``seed`` at every call (the causality check needs the
+    same draws per call)."""
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def draw(ids, contexts, geo):
         if reseed:
             generator.manual_seed(seed)
-        b, t = ids.shape
-        flat_geo = geo.flatten(0, 1) if denoiser.geo_dim else None
-        out = []
-        for _ in range(k):
-            bits = denoiser.sample(contexts.flatten(0, 1), flat_geo, steps, generator, temperature)
-            adjacency, gates = executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, gate_kind)
-            out.append((adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)))
-        return out
+        return [draw_topology(denoiser, denoiser.meta, lm, ids, contexts, geo, steps, temperature, generator, gate_kind)
+                for _ in range(k)]
 
     return draw
 

@@ -47,12 +47,13 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, Connectivity, save_connectivity
+from lookahead.graph.denoiser import draw_topology
 from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.plan import execute
 from lookahead.graph.predictor import budget_terms
 from lookahead.graph.router_inputs import check_context_dim, router_context
 from lookahead.graph.runtime import forward_with_topology, recorded_skip
-from lookahead.graph.sampling import executed_topology
+from lookahead.graph.sampling import executed_topology, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, OutputLoRA, ValueResidual, lora_rank_for, save_value_residual
 from lookahead.lm.nll import PositionTotals, token_nll
@@ -208,13 +209,16 @@ class Phase2Module:
         added = name.startswith(("connectivity.", "value_residual.", "lora.")) or ".parametrizations.weight.0." in name
         return self.cfg.connectivity_lr_scale if added else 1.0
 
-    def _sample(self, contexts: torch.Tensor, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Raw allowed-edge bits (B, T, E) of one diffusion sample per position."""
+    def _sample(self, contexts: torch.Tensor | None, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Allowed-edge bits (B, T, E) of one diffusion sample per position (its executed graph; the
+        head reads its recorded inputs: the phase-2 LM's states, or the cache's)."""
         d = self.denoiser
-        b, t = ids.shape
-        geo = self.geo(ids.to(self.device)).flatten(0, 1) if d.geo_dim else None
-        bits = d.sample(contexts.to(self.device).flatten(0, 1), geo, self._steps, generator, self._temperature)
-        return bits.view(b, t, -1).to(torch.uint8).cpu()
+        ids = ids.to(self.device)
+        geo = self.geo(ids) if d.geo_dim else None
+        cached = contexts.to(self.device) if contexts is not None else None
+        adjacency, gates = draw_topology(d, d.meta, self.model.lm, ids, cached, geo, self._steps, self._temperature,
+                                         generator, self.gate_kind)
+        return stored_edges(adjacency, gates, d.mask).to(torch.uint8).cpu()
 
     def _executed(self, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.denoiser
