@@ -206,14 +206,15 @@ class KeepSetAR(nn.Module):
         return (per_head * self._free(bits)).sum(-1)
 
     @torch.no_grad()
-    def sample(self, x: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One keep set per row of x (P, C) and its log-probability: (P, L·H) bool, (P,)."""
+    def sample(self, x: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False,
+               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One keep set per row of x (P, C) and its log-probability under the sampled distribution:
+        (P, L·H) bool, (P,). ``temperature`` divides every free decision's logit (< 1: nearer the mode)."""
         base = self.base(x)
         bits = torch.zeros(x.shape[0], self.total, device=x.device)
         logp = torch.zeros(x.shape[0], device=x.device)
         for i in range(self.total):
-            logit = self._logits(base, bits)[:, i]
+            logit = self._logits(base, bits)[:, i] / temperature
             taken = bits[:, :i].sum(-1)
             left = self.total - i
             p = torch.sigmoid(logit)

@@ -57,11 +57,15 @@ class AutoregressiveConfig:
     """Peak learning rate (cosine decay to a tenth)."""
     hidden: int = 128
     """Width of the MLP from the inputs to the per-head logits."""
+    temperature: float = 1.0
+    """Divides every decision's logit while sampling (< 1: nearer the mode; 1 = the model)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "hidden"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
-        require(math.isfinite(self.lr) and self.lr > 0, "lr", f"must be a finite number > 0; got {self.lr}")
+        for name in ("lr", "temperature"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value > 0, name, f"must be a finite number > 0; got {value}")
 
 
 @dataclasses.dataclass
@@ -95,6 +99,9 @@ class DiffusionConfig:
     """Seed of the hold-out split and of the evaluation samples."""
     autoregressive: AutoregressiveConfig = dataclasses.field(default_factory=AutoregressiveConfig)
     """The autoregressive decoder judged beside the diffusion head (ε-good pairs)."""
+    baseline_noise: float = 1.0
+    """ε-good pairs: scale of the logistic noise on the MLP router's keep logits in its sampler (top-K
+    of logits + noise; 1 = the phase-1 sampler's)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=1500, batch_size=128, lr=2e-3, beta2=0.99, warmup_steps=50, weight_decay=0.0, eval_every=250,
         checkpoint_every=250))
@@ -106,6 +113,8 @@ class DiffusionConfig:
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         require(math.isfinite(self.sample_temperature) and self.sample_temperature > 0, "sample_temperature",
                 f"must be a finite number > 0; got {self.sample_temperature}")
+        require(math.isfinite(self.baseline_noise) and self.baseline_noise > 0, "baseline_noise",
+                f"must be a finite number > 0; got {self.baseline_noise}")
         require(self.recall_radius >= 0, "recall_radius", f"must be >= 0; got {self.recall_radius}")
         require(math.isfinite(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "heldout_fraction",
                 f"must be in (0, 1); got {self.heldout_fraction}")
@@ -335,7 +344,9 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
     """Train the autoregressive decoder and judge every decoder against its nulls on the val windows'
     ε-good sets (:mod:`lookahead.pipeline.diffusion.decoders`)."""
     from lookahead.graph.runtime import recorded_skip
-    from lookahead.graph.sampling import executed_topology, sample_topologies
+    from lookahead.graph.gating import logistic_noise
+    from lookahead.graph.keepsets import topk_set
+    from lookahead.graph.sampling import executed_topology
     from lookahead.pipeline.diffusion.decoders import Scorer, judge, static_set, train_autoregressive, truth_sets
 
     pairs, features = module.pairs, module.features
@@ -361,9 +372,15 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
     def geo_of(model_geo_dim, g):
         return g if model_geo_dim else None
 
+    def baseline(x, g, gen):  # the router's sampler: top-K of its keep logits plus logistic noise
+        with torch.no_grad():
+            z = predictor.head_logits(x, geo_of(predictor.geo_dim, g))
+        return topk_set(z + cfg.baseline_noise * logistic_noise(z.shape, z.device, z.dtype, gen), k)
+
     draws = {
-        "baseline": lambda x, g, gen: sample_topologies(predictor, x, geo_of(predictor.geo_dim, g), 0.0, gen)[1][..., 1:] > 0.5,
-        "autoregressive": lambda x, g, gen: ar.sample(torch.cat([x, g], -1) if cfg.geo_features else x, gen)[0],
+        "baseline": baseline,
+        "autoregressive": lambda x, g, gen: ar.sample(torch.cat([x, g], -1) if cfg.geo_features else x, gen,
+                                                      temperature=a.temperature)[0],
         "diffusion": lambda x, g, gen: denoiser.sample_keep_sets(x, geo_of(denoiser.geo_dim, g), steps, k, gen,
                                                                  temperature),
     }

@@ -73,7 +73,7 @@ def train_autoregressive(inputs: torch.Tensor, sets: torch.Tensor, k: int, steps
         opt.step()
         sched.step()
         if step % 50 == 0 or step == steps - 1:
-            curve.append(float(loss))
+            curve.append(float(loss.detach()))
     return model.eval(), curve
 
 

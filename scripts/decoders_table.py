@@ -1,0 +1,65 @@
+"""The README's decoder table (issue: a structure decoder that captures several good topologies),
+generated from the diffusion stage's report: every decoder and its nulls × recall@1/4/8 of the val
+windows' ε-good keep sets, one-sample NLL and best-of-K NLL (chosen by KL to dense, no label), mean
+± sd over the stage's seeds, then the research targets against the figures.
+
+    python scripts/decoders_table.py [metrics/diffusion_report.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROWS = (("router", "MLP router, top-K (deterministic)"), ("static", "static: the K heads most often eps-good"))
+DECODERS = (("baseline", "MLP router's sampler (keep logits + logistic noise)"),
+            ("autoregressive", "autoregressive keep-set decoder"), ("diffusion", "diffusion head"))
+NULLS = (("marginals", "its per-context marginals"), ("frequency", "its global head frequencies"),
+         ("shuffled", "fed shuffled contexts"))
+
+
+def cell(report: dict, key: str, digits: int) -> str:
+    value, sd = report[key], report.get(f"{key}_sd")
+    return f"{value:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def table(report: dict) -> str:
+    k = report["eval_samples"]
+    lines = [f"| sampler | recall@1 | recall@4 | recall@{k} | one-sample NLL | best of {k}, least KL (no label) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    rows = [(name, label) for name, label in ROWS]
+    for name, label in DECODERS:
+        rows.append((name, f"**{label}**"))
+        rows += [(f"{name}_{null}", f"  null: {text}") for null, text in NULLS]
+    for name, label in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            [cell(report, f"{name}_recall_at_{n}", 4) for n in (1, 4, 8)]
+            + [cell(report, f"{name}_sample_nll", 3), cell(report, f"{name}_best_of_k_label_free_nll", 3)]) + " |")
+    lines.append(f"| dense | | | | {report['dense_nll']:.3f} | |")
+    return "\n".join(lines)
+
+
+def targets(report: dict) -> str:
+    ratio = report["recall_at_8"] / max(report["baseline_recall_at_8"], 1e-12)
+    out = [f"- diffusion recall@8 / MLP sampler's: {ratio:.2f} (target >= 2)",
+           f"- diffusion one-sample NLL {report['sample_nll']:.3f} vs router top-K {report['deterministic_nll']:.3f} "
+           f"(target <=)"]
+    for name, _ in DECODERS:
+        gap = report[f"{name}_frequency_best_of_k_label_free_nll"] - report[f"{name}_best_of_k_label_free_nll"]
+        sd = max(report.get(f"{name}_best_of_k_label_free_nll_sd", 0.0),
+                 report.get(f"{name}_frequency_best_of_k_label_free_nll_sd", 0.0))
+        out.append(f"- {name}: best-of-8 below its frequency null by {gap:+.3f} = {gap / sd if sd else float('inf'):.1f} sd "
+                   "(target > 3 sd)")
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> None:
+    report = json.loads(Path(argv[0] if argv else "metrics/diffusion_report.json").read_text())
+    print(table(report))
+    print()
+    print(targets(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
