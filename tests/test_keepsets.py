@@ -204,3 +204,16 @@ def test_the_decoders_are_judged_on_the_val_ground_truth(keepset_run):
     _, drawn = draw_topology(denoiser, meta, lm, windows[:, :-1], None, geo, 2, 1.0, torch.Generator().manual_seed(0),
                              "head")
     assert (drawn[..., 1:].sum(-1) == 2).all()
+
+
+def test_a_prior_stacks_the_decoder_on_another_routers_logits():
+    torch.manual_seed(0)
+    model = KeepSetAR(2 + 5, 5, 2, hidden=4, prior=True)
+    torch.nn.init.zeros_(model.net[-1].weight)
+    torch.nn.init.zeros_(model.net[-1].bias)
+    prior = torch.tensor([[-20.0, 20.0, -20.0, 20.0, -20.0]])
+    x = torch.cat([torch.randn(50, 2), prior.expand(50, -1)], -1)
+    drawn, _ = model.sample(x, torch.Generator().manual_seed(0))
+    assert drawn.tolist() == [[False, True, False, True, False]] * 50  # the prior's top-2, at weight 1
+    every = torch.tensor([[i in c for i in range(5)] for c in itertools.combinations(range(5), 2)])
+    assert float(model.log_prob(x[:1].expand(len(every), -1), every).exp().sum()) == pytest.approx(1.0, abs=1e-5)

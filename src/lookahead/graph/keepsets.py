@@ -170,9 +170,9 @@ class KeepSetAR(nn.Module):
     budget forces (no room left, or every head left needed) have probability 1, so the likelihood is
     exact over the C(L·H, k) sets and sampling never leaves them."""
 
-    def __init__(self, context_dim: int, total: int, k: int, hidden: int = 128):
+    def __init__(self, context_dim: int, total: int, k: int, hidden: int = 128, prior: bool = False):
         super().__init__()
-        self.context_dim, self.total, self.k = context_dim, total, k
+        self.context_dim, self.total, self.k, self.prior = context_dim, total, k, prior
         self.net = nn.Sequential(nn.Linear(context_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
                                  nn.Linear(hidden, total))
         self.pair = nn.Parameter(torch.zeros(total, total))
@@ -181,9 +181,16 @@ class KeepSetAR(nn.Module):
         self.register_buffer("shift", torch.zeros(context_dim))  # input standardisation (set by the trainer)
         self.register_buffer("scale", torch.ones(context_dim))
 
+        self.prior_weight = nn.Parameter(torch.ones(total))
+
     def base(self, x: torch.Tensor) -> torch.Tensor:
-        """a(x): the per-head logits of the context alone (P, L·H)."""
-        return self.net((x - self.shift) / self.scale)
+        """a(x): the per-head logits of the context alone (P, L·H). With ``prior``, the last L·H
+        inputs are per-head prior logits (e.g. another router's keep logits), added with a learned
+        weight per head (1 at the start) to the MLP's."""
+        out = self.net((x - self.shift) / self.scale)
+        if self.prior:
+            out = out + self.prior_weight * x[..., -self.total :]
+        return out
 
     def _logits(self, base: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
         """logit_i for every i given bits (…, L·H) as the earlier decisions (teacher forcing)."""

@@ -57,8 +57,11 @@ class AutoregressiveConfig:
     """Peak learning rate (cosine decay to a tenth)."""
     hidden: int = 128
     """Width of the MLP from the inputs to the per-head logits."""
-    temperature: float = 1.0
+    temperature: float = 0.5
     """Divides every decision's logit while sampling (< 1: nearer the mode; 1 = the model)."""
+    router_logits: bool = False
+    """Stack it on the phase-1 router: its keep logits (a function of the same inputs) are an input
+    and a prior added to its own logits, with a learned weight per head."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "hidden"):
@@ -81,7 +84,7 @@ class DiffusionConfig:
     """Condition on the init stage's geometric embedding of the token (and a matched flag) too."""
     sample_steps: int = 10
     """Ancestral sampling steps from t = 1 to 0."""
-    sample_temperature: float = 1.0
+    sample_temperature: float = 0.5
     """Divides the a_0 logits while sampling: < 1 trades diversity for samples nearer the mode."""
     eval_samples: int = 8
     """K: samples per position for best-of-K NLL, diversity and mode recall (both samplers)."""
@@ -99,7 +102,7 @@ class DiffusionConfig:
     """Seed of the hold-out split and of the evaluation samples."""
     autoregressive: AutoregressiveConfig = dataclasses.field(default_factory=AutoregressiveConfig)
     """The autoregressive decoder judged beside the diffusion head (ε-good pairs)."""
-    baseline_noise: float = 1.0
+    baseline_noise: float = 0.5
     """ε-good pairs: scale of the logistic noise on the MLP router's keep logits in its sampler (top-K
     of logits + noise; 1 = the phase-1 sampler's)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
@@ -355,11 +358,26 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
     keep = executed_topology(pairs.edges.float(), mask, n_l, n_h, "head")[1][..., 1:] > 0.5  # (pairs, L·H)
     # every decoder reads the router's inputs and, as each was built, the geometric features
     full = PairFeatures(cache, geo, features.kind, lm)
-    train_x, train_g = full(pairs.rows[pairs.train], 0)
-    ar_in = torch.cat([train_x, train_g], -1) if cfg.geo_features else train_x
     a = cfg.autoregressive
+    predictor.eval()
+
+    def geo_of(model_geo_dim, g):
+        return g if model_geo_dim else None
+
+    def ar_inputs(x, g):
+        parts = [x, g] if cfg.geo_features else [x]
+        if a.router_logits:
+            with torch.no_grad():
+                parts.append(predictor.head_logits(x, geo_of(predictor.geo_dim, g)))
+        return torch.cat(parts, -1)
+
+    train_x, train_g = full(pairs.rows[pairs.train], 0)
+    ar_in = ar_inputs(train_x, train_g)
+    shift, scale = input_scale(ar_in)
+    if a.router_logits:  # the prior logits enter as they are
+        shift[-keep.shape[1] :], scale[-keep.shape[1] :] = 0.0, 1.0
     ar, ar_curve = train_autoregressive(ar_in, keep[pairs.train], k, a.steps, a.batch_size, a.lr, cfg.train.seed,
-                                        a.hidden, scale=input_scale(ar_in))
+                                        a.hidden, scale=(shift, scale), prior=a.router_logits)
     t_len = cache.context_length
     n_val = int(pairs.rows[pairs.heldout].max() // t_len) + 1  # the first val windows
     positions = np.arange(n_val * t_len)
@@ -367,10 +385,6 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
     truth, valid, has_truth = truth_sets(pairs.rows[pairs.heldout], keep[pairs.heldout], len(positions))
     denoiser = module.model.eval()
     steps, temperature = cfg.sample_steps, cfg.sample_temperature
-    predictor.eval()
-
-    def geo_of(model_geo_dim, g):
-        return g if model_geo_dim else None
 
     def baseline(x, g, gen):  # the router's sampler: top-K of its keep logits plus logistic noise
         with torch.no_grad():
@@ -379,8 +393,7 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
 
     draws = {
         "baseline": baseline,
-        "autoregressive": lambda x, g, gen: ar.sample(torch.cat([x, g], -1) if cfg.geo_features else x, gen,
-                                                      temperature=a.temperature)[0],
+        "autoregressive": lambda x, g, gen: ar.sample(ar_inputs(x, g), gen, temperature=a.temperature)[0],
         "diffusion": lambda x, g, gen: denoiser.sample_keep_sets(x, geo_of(denoiser.geo_dim, g), steps, k, gen,
                                                                  temperature),
     }

@@ -49,13 +49,14 @@ Draw = Callable[[torch.Tensor, torch.Tensor | None, torch.Generator], torch.Tens
 
 
 def train_autoregressive(inputs: torch.Tensor, sets: torch.Tensor, k: int, steps: int, batch_size: int, lr: float,
-                         seed: int, hidden: int = 128, scale: tuple[torch.Tensor, torch.Tensor] | None = None
-                         ) -> tuple[KeepSetAR, list[float]]:
+                         seed: int, hidden: int = 128, scale: tuple[torch.Tensor, torch.Tensor] | None = None,
+                         prior: bool = False) -> tuple[KeepSetAR, list[float]]:
     """Fit :class:`KeepSetAR` to (inputs (P, C), keep sets (P, L·H)) pairs by maximum likelihood (Adam,
     cosine decay); ``scale``: the inputs' (mean, sd) to standardise them by. Return the model (eval
-    mode) and the loss every 50 steps."""
+    mode) and the loss every 50 steps. ``prior``: the inputs' last L·H columns are prior logits
+    (:class:`KeepSetAR`)."""
     torch.manual_seed(seed)
-    model = KeepSetAR(inputs.shape[1], sets.shape[1], k, hidden)
+    model = KeepSetAR(inputs.shape[1], sets.shape[1], k, hidden, prior)
     if scale is not None:
         model.shift.copy_(scale[0])
         model.scale.copy_(scale[1])
