@@ -4,6 +4,11 @@ windows' ε-good keep sets, one-sample NLL and best-of-K NLL (chosen by KL to de
 ± sd over the stage's seeds, then the research targets against the figures.
 
     python scripts/decoders_table.py [metrics/diffusion_report.json]
+    python scripts/decoders_table.py --exps d45-default d45-sharp ...   # DVC experiments side by side
+
+``--exps`` reads each experiment's report from the DVC cache (as its dvc.lock records it) and prints
+one row per experiment: the params it changed against the first, and for the MLP router's sampler,
+the autoregressive decoder and the diffusion head recall@8, one-sample NLL and label-free best of K.
 """
 
 from __future__ import annotations
@@ -54,7 +59,38 @@ def targets(report: dict) -> str:
     return "\n".join(out)
 
 
+def experiments(names: list[str]) -> str:
+    from connectivity_table import cached  # this directory: python puts a script's own directory on sys.path
+    from phase2_table import resolve, show
+
+    import yaml
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in d.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    params = [flat({k: v for k, v in yaml.safe_load(show(resolve(n), "params.yaml")).items()
+                    if k in ("pairs", "diffusion")}) for n in names]
+    lines = ["| experiment | changed | " + " | ".join(f"{label}: recall@8 / one-sample NLL / best of K"
+                                                       for label in ("router's sampler", "autoregressive", "diffusion"))
+             + " |", "|---|---|---:|---:|---:|"]
+    for name, p in zip(names, params):
+        report = json.loads(cached(resolve(name), "metrics/diffusion_report.json").read_text())
+        # a param the reference's revision did not have yet counts as changed only when it is on
+        changed = ", ".join(f"{k}={v}" for k, v in p.items()
+                            if (params[0][k] != v if k in params[0] else v not in (False, None))) or "(reference)"
+        cells = [f"{cell(report, f'{d}_recall_at_8', 4)} / {cell(report, f'{d}_sample_nll', 3)} / "
+                 f"{cell(report, f'{d}_best_of_k_label_free_nll', 3)}" for d, _ in DECODERS]
+        lines.append(f"| `{name}` | {changed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--exps"]:
+        print(experiments(argv[1:]))
+        return
     report = json.loads(Path(argv[0] if argv else "metrics/diffusion_report.json").read_text())
     print(table(report))
     print()
