@@ -217,3 +217,23 @@ def test_a_prior_stacks_the_decoder_on_another_routers_logits():
     assert drawn.tolist() == [[False, True, False, True, False]] * 50  # the prior's top-2, at weight 1
     every = torch.tensor([[i in c for i in range(5)] for c in itertools.combinations(range(5), 2)])
     assert float(model.log_prob(x[:1].expand(len(every), -1), every).exp().sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_autoregressive_decoder_is_causal(phase_inputs):
+    """Its inputs are the router's (the token embedding at t, the LM's state at t − 1): changing the
+    tokens after t changes no sample at or before t (DESIGN §4.5; evaluate checks the other decoders)."""
+    from transformers import AutoModelForCausalLM
+
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.graph.router_inputs import router_context
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    ids = torch.from_numpy(ContextCache(phase_inputs["contexts"]).windows("val")[:1, :-1].astype(np.int64))
+    t = ids.shape[1] // 2
+    changed = ids.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % lm.config.vocab_size
+    torch.manual_seed(0)
+    model = KeepSetAR(2 * lm.config.hidden_size, 4, 2, hidden=8)
+    draws = [model.sample(router_context("lm", lm, x, None)[0], torch.Generator().manual_seed(3))[0] for x in (ids, changed)]
+    assert torch.equal(draws[0][: t + 1], draws[1][: t + 1])
+    assert not torch.equal(router_context("lm", lm, ids, None)[0, t + 2 :], router_context("lm", lm, changed, None)[0, t + 2 :])
