@@ -132,23 +132,22 @@ def search_keep_sets(lm, ids: torch.Tensor, targets: torch.Tensor | None, n_laye
 
 def eps_good(sets: torch.Tensor, kl: torch.Tensor, eps: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per position (flattened in (B, T) order), the distinct candidate sets within ``eps`` of its
-    lowest KL, lowest first: a list of (indices into the candidates (m,), KL (m,)). sets (C, B, T, L·H),
-    kl (C, B, T)."""
-    count = sets.shape[0]
-    flat_sets, flat_kl = sets.flatten(1, 2).transpose(0, 1), kl.flatten(1).transpose(0, 1)  # (P, C, ·)
+    lowest KL, lowest first: a list of (indices into the candidates (m,), KL (m,)), m >= 1. sets
+    (C, B, T, L·H), kl (C, B, T)."""
+    flat_sets = sets.flatten(1, 2).transpose(0, 1).cpu().numpy()  # (P, C, L·H)
+    flat_kl = kl.flatten(1).transpose(0, 1).cpu()  # (P, C)
     out = []
     for p in range(flat_sets.shape[0]):
         order = torch.sort(flat_kl[p], stable=True).indices
         good = order[flat_kl[p][order] <= flat_kl[p][order[0]] + eps]
         seen, keep = set(), []
         for c in good.tolist():
-            key = flat_sets[p, c].numpy().tobytes() if not flat_sets.is_cuda else flat_sets[p, c].cpu().numpy().tobytes()
+            key = flat_sets[p, c].tobytes()
             if key not in seen:
                 seen.add(key)
                 keep.append(c)
         idx = torch.tensor(keep, dtype=torch.long)
         out.append((idx, flat_kl[p][idx]))
-    assert all(len(i) >= 1 for i, _ in out) and count >= 1
     return out
 
 
