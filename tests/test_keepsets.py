@@ -191,6 +191,8 @@ def test_the_decoders_are_judged_on_the_val_ground_truth(keepset_run):
             assert 0.0 <= report[f"{name}_recall_at_{n}"] <= 1.0
         assert report[f"{name}_best_of_k_target_nll"] <= report[f"{name}_best_of_k_label_free_nll"] + 1e-6
     assert report["router_recall_at_1"] == report["router_recall_at_8"]  # one set
+    from lookahead.pipeline.diffusion.plots import keepset_rows
+    assert [row["sampler"] for row in keepset_rows(report)] == list(SAMPLERS)  # the plot's rows: every sampler
     # the router's figure against a plain reference: its top-2 gates run over the two val windows
     windows = torch.from_numpy(cache.windows("val")[:2].astype(np.int64))
     with torch.no_grad():

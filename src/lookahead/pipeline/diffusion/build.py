@@ -30,7 +30,7 @@ from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.denoiser import Denoiser, DenoiserConfig, alpha_bar, q_probs, save_denoiser
 from lookahead.graph.nodes import allowed_mask
 from lookahead.graph.predictor import load_init
-from lookahead.pipeline.diffusion.decoders import DECODERS, FIGURES, NULLS
+from lookahead.pipeline.diffusion.decoders import FIGURES, SAMPLERS
 from lookahead.graph.router_inputs import input_dim, lm_states
 from lookahead.graph.scoring import GeoLookup
 from lookahead.train.checkpoints import checkpoint_dir
@@ -285,7 +285,6 @@ HEADLINE = seeded_headline(("sample_nll", "best_of_k_nll", "baseline_sample_nll"
 # on eps_good pairs (issue: a structure decoder that captures several good topologies): the diffusion head's
 # figures, the MLP sampler's (baseline_), the autoregressive decoder's and the frequency-matched null's; every
 # sampler's figures are in the report as <sampler>_<figure> (lookahead.pipeline.diffusion.decoders)
-SAMPLERS = (*DECODERS, *(f"{d}_{n}" for d in DECODERS for n in NULLS), "router", "static")
 KEEPSET_SEEDED = (*(f"{name}_{fig}" for name in SAMPLERS for fig in FIGURES), "recall_at_1", "recall_at_4",
                   "recall_at_8", "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8",
                   "sample_nll", "best_of_k_label_free_nll", "null_frequency_best_of_k_nll")

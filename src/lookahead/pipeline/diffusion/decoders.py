@@ -43,6 +43,8 @@ FIGURES = ("recall_at_1", "recall_at_4", "recall_at_8", "sample_nll", "best_of_k
            "best_of_k_target_nll", "sample_kl", "distinct_per_position")
 DECODERS = ("baseline", "autoregressive", "diffusion")
 NULLS = ("marginals", "frequency", "shuffled")
+SAMPLERS = ("router", "static", *(name for d in DECODERS for name in (d, *(f"{d}_{n}" for n in NULLS))))
+"""Every sampler :func:`judge` reports, in the table's order: the references, then each decoder and its nulls."""
 
 Draw = Callable[[torch.Tensor, torch.Tensor | None, torch.Generator], torch.Tensor]
 """(router inputs (P, C), geometric features (P, G) or None, generator) → keep sets (P, L·H) bool."""

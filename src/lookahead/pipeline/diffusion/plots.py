@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lookahead.core.atomic import write_csv
+from lookahead.pipeline.diffusion.decoders import SAMPLERS
 from lookahead.train.figures import pyplot, save_png
 
 SAMPLER_LABELS = {"diffusion": "diffusion head", "baseline": "predictor noise (baseline)",
@@ -83,10 +84,9 @@ KEEPSET_FIGURES = ("recall_at_1", "recall_at_4", "recall_at_8", "sample_nll", "b
 
 
 def keepset_samplers(report: dict) -> list[str]:
-    """The samplers a keep-set report holds, in its order (decoders, their nulls, router, static)."""
-    return [key.removesuffix("_recall_at_8") for key in report
-            if key.endswith("_recall_at_8") and not key.startswith("baseline_recall")
-            and key != "recall_at_8" and not key.endswith("_sd")]
+    """The samplers a keep-set report holds, in the table's order (the references, then each decoder
+    and its nulls)."""
+    return [name for name in SAMPLERS if f"{name}_recall_at_8" in report]
 
 
 def keepset_rows(report: dict) -> list[dict]:
