@@ -203,7 +203,7 @@ def test_the_decoders_are_judged_on_the_val_ground_truth(keepset_run):
     assert meta["input"] == "lm" and meta["heads_kept"] == 2
     tensors, _ = load_init(keepset_run["init"])
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())(windows[:, :-1])
-    _, drawn = draw_topology(denoiser, meta, lm, windows[:, :-1], None, geo, 2, 1.0, torch.Generator().manual_seed(0),
+    _, drawn = draw_topology(denoiser, lm, windows[:, :-1], None, geo, 2, 1.0, torch.Generator().manual_seed(0),
                              "head")
     assert (drawn[..., 1:].sum(-1) == 2).all()
 

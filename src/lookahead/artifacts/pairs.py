@@ -38,8 +38,6 @@ class PairSet:
     """(P,) active heads / (L · H)."""
     info: dict
     """The pairs file's metadata (graph shape, encoder, the pairs config)."""
-    kl: np.ndarray | None
-    """(P,) KL to dense of the pair's set at its position (eps_good pairs; None otherwise)."""
     train: np.ndarray
     """Indices of the training pairs."""
     heldout: np.ndarray
@@ -60,7 +58,7 @@ def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: flo
     if "split" in arrays:  # eps_good: the val windows' ground truth is the held-out set
         split = arrays["split"].astype(np.uint8)
         return PairSet(rows=rows, split=split, edges=edges, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
-                       head_fraction=arrays["head_fraction"], info=info, kl=arrays["kl"],
+                       head_fraction=arrays["head_fraction"], info=info,
                        train=np.flatnonzero(split == 0), heldout=np.flatnonzero(split == 1))
     windows = np.unique(rows // context_length)
     if len(windows) < 2:
@@ -69,6 +67,6 @@ def load_pairs(pairs_dir: str | Path, context_length: int, heldout_fraction: flo
     n_out = min(len(windows) - 1, max(1, round(heldout_fraction * len(windows))))
     held = np.random.default_rng([seed, 70]).choice(windows, n_out, replace=False)
     is_held = np.isin(rows // context_length, held)
-    return PairSet(rows=rows, split=np.zeros(len(rows), dtype=np.uint8), edges=edges, kl=None, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
+    return PairSet(rows=rows, split=np.zeros(len(rows), dtype=np.uint8), edges=edges, nll=arrays["nll"], edge_fraction=arrays["edge_fraction"],
                    head_fraction=arrays["head_fraction"], info=info, train=np.flatnonzero(~is_held),
                    heldout=np.flatnonzero(is_held))

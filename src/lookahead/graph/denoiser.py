@@ -313,11 +313,12 @@ def denoiser_input(meta: dict) -> str:
 
 
 @torch.no_grad()
-def draw_topology(denoiser: Denoiser, meta: dict, lm, ids: torch.Tensor, cached: torch.Tensor | None,
+def draw_topology(denoiser: Denoiser, lm, ids: torch.Tensor, cached: torch.Tensor | None,
                   geo: torch.Tensor | None, steps: int, temperature: float, generator: torch.Generator | None,
                   gate_kind: str = "cascade") -> tuple[torch.Tensor, torch.Tensor]:
     """One diffusion sample per position of windows ``ids`` (B, T) as the executed graph (A (B, T, N, N),
-    g (B, T, N)). The head reads what it was trained on (:func:`denoiser_input`: the context cache's
+    g (B, T, N)). The head reads what it was trained on (its saved config ``denoiser.meta``,
+    :func:`denoiser_input`: the context cache's
     ``cached`` features, or ``lm``'s states) and ``geo`` (B, T, G) when it takes geometric features;
     a head trained on keep sets (``heads_kept`` in its metadata) under head gates returns sets of
     exactly that many heads (:meth:`Denoiser.sample_keep_sets`)."""
@@ -326,9 +327,9 @@ def draw_topology(denoiser: Denoiser, meta: dict, lm, ids: torch.Tensor, cached:
     from lookahead.graph.sampling import executed_topology
 
     b, t = ids.shape
-    context = router_context(denoiser_input(meta), lm, ids, cached).flatten(0, 1)
+    context = router_context(denoiser_input(denoiser.meta), lm, ids, cached).flatten(0, 1)
     flat_geo = geo.flatten(0, 1) if denoiser.geo_dim else None
-    k = meta.get("heads_kept")
+    k = denoiser.meta.get("heads_kept")
     if k and gate_kind == "head":
         keep = denoiser.sample_keep_sets(context, flat_geo, steps, int(k), generator, temperature)
         gates = torch.cat([torch.ones_like(keep[..., :1], dtype=context.dtype), keep.to(context.dtype)], -1)

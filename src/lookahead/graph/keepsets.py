@@ -21,15 +21,13 @@ inclusion probabilities, at the budget, through Gumbel-top-K of their logits) an
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lookahead.graph.gating import gumbel_noise
 from lookahead.graph.nodes import head_graph
-from lookahead.graph.oracle import DenseKL, greedy_keep, greedy_order
+from lookahead.graph.oracle import DenseKL, greedy_keep, greedy_order, top_k_gates
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll
 
@@ -40,9 +38,9 @@ def as_gates(keep: torch.Tensor) -> torch.Tensor:
 
 
 def topk_set(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The keep set of the k largest scores (…, L·H), ties to the lower head index."""
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, order, True)
+    """The keep set of the k largest scores (…, L·H), ties to the lower head index
+    (:func:`lookahead.graph.oracle.top_k_gates` without the source)."""
+    return top_k_gates(scores, k)[..., 1:] > 0.5
 
 
 def gumbel_topk(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -113,21 +111,18 @@ def search_keep_sets(lm, ids: torch.Tensor, targets: torch.Tensor | None, n_laye
         raise ValueError(f"rounds must be >= 1; got {rounds}")
     kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))
     greedy = greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows), k)[..., 1:] > 0.5
-    sets = [greedy[None]]
-    costs = list(score_keep_sets(lm, ids, targets, greedy[None], kl, n_layers, n_heads, skip, max_rows))
-    costs = [[costs[0]], [costs[1]] if targets is not None else None]
+    sets, kls, nlls = [], [], []
     best = greedy
-    for _ in range(rounds):
-        swaps = single_swaps(best)
-        kl_s, nll_s = score_keep_sets(lm, ids, targets, swaps, kl, n_layers, n_heads, skip, max_rows)
-        sets.append(swaps)
-        costs[0].append(kl_s)
-        if targets is not None:
-            costs[1].append(nll_s)
-        all_sets, all_kl = torch.cat(sets), torch.cat(costs[0])
+    for _ in range(rounds + 1):  # the greedy set, then each round's swaps of the best so far
+        candidates = greedy[None] if not sets else single_swaps(best)
+        kl_c, nll_c = score_keep_sets(lm, ids, targets, candidates, kl, n_layers, n_heads, skip, max_rows)
+        sets.append(candidates)
+        kls.append(kl_c)
+        nlls.append(nll_c)
+        all_sets, all_kl = torch.cat(sets), torch.cat(kls)
         pick = all_kl.argmin(0)  # (B, T)
         best = torch.gather(all_sets, 0, pick[None, ..., None].expand(1, *all_sets.shape[1:])).squeeze(0)
-    return torch.cat(sets), torch.cat(costs[0]), (torch.cat(costs[1]) if targets is not None else None)
+    return all_sets, all_kl, (torch.cat(nlls) if targets is not None else None)
 
 
 def eps_good(sets: torch.Tensor, kl: torch.Tensor, eps: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -231,8 +226,3 @@ class KeepSetAR(nn.Module):
             logp += torch.where(free, -F.binary_cross_entropy_with_logits(logit, draw, reduction="none"), 0.0)
             bits[:, i] = draw
         return bits > 0.5, logp
-
-
-def n_sets(total: int, k: int) -> int:
-    """How many keep sets of k heads there are: C(L·H, k)."""
-    return math.comb(total, k)

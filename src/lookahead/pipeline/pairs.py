@@ -48,7 +48,7 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.gating import keep_count
-from lookahead.graph.keepsets import eps_good, n_sets, search_keep_sets
+from lookahead.graph.keepsets import as_gates, eps_good, search_keep_sets
 from lookahead.graph.nodes import allowed_mask, head_graph, n_edges, pack_bits, random_topology, unpack_bits
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
@@ -241,7 +241,7 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
     out = {key: [] for key in ("rows", "split", "bits", "nll", "dense_nll", "kl", "rank")}
     counts, greedy_kl, best_kl, greedy_best, candidates = {0: [], 1: []}, [], [], [], 0
     tic = time.perf_counter()
-    jobs = [(split, idx) for split, name, n in ((0, "train", cfg.sequences), (1, "val", cfg.val_sequences))
+    jobs = [(split, idx) for split, n in ((0, cfg.sequences), (1, cfg.val_sequences))
             for idx in np.array_split(np.arange(n), max(1, -(-n // cfg.batch_size)))]
     with torch.no_grad():
         for split, idx in tqdm(jobs, desc="pairs (eps-good sets)", unit="batch", mininterval=2.0):
@@ -250,16 +250,15 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
             dense = token_nll(lm(input_ids=ids).logits, targets).flatten().cpu().numpy()
             sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size)
             candidates = sets.shape[0]
-            gates = torch.cat([torch.ones_like(sets[..., :1], dtype=torch.float32), sets.float()], -1)
+            flat_sets = sets.flatten(1, 2)  # (C, P, L·H)
             flat_nll, flat_kl = nll.flatten(1).cpu().numpy(), kl.flatten(1).cpu()
             greedy_kl += flat_kl[0].tolist()
             best_kl += flat_kl.min(0).values.tolist()
             greedy_best += (flat_kl[0] <= flat_kl.min(0).values).tolist()
             for p, (chosen, kls) in enumerate(eps_good(sets.cpu(), kl.cpu(), cfg.eps)):
                 counts[split].append(len(chosen))
-                edges = stored_edges(head_graph(gates.flatten(1, 2)[chosen, p], n_l, n_h), gates.flatten(1, 2)[chosen, p],
-                                     mask)
-                packed = pack_bits(edges)
+                gates = as_gates(flat_sets[chosen, p])
+                packed = pack_bits(stored_edges(head_graph(gates, n_l, n_h), gates, mask))
                 for rank, c in enumerate(chosen.tolist()):
                     out["rows"].append(int(idx[p // t_len]) * t_len + p % t_len)
                     out["split"].append(split)
@@ -281,7 +280,7 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
     train, val = np.asarray(counts[0]), np.asarray(counts[1])
     every = np.concatenate([train, val])
     figures = {
-        "positions": len(every), "pairs": pairs, "heads_kept": k, "search_space": n_sets(n_l * n_h, k),
+        "positions": len(every), "pairs": pairs, "heads_kept": k, "search_space": math.comb(n_l * n_h, k),
         "candidates_per_position": candidates,
         "eps_good_per_position": float(train.mean()), "eps_good_multi_share": float((train >= 2).mean()),
         "val_eps_good_per_position": float(val.mean()), "val_eps_good_multi_share": float((val >= 2).mean()),

@@ -356,7 +356,7 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
     mask = allowed_mask(n_l, n_h)
     keep = executed_topology(pairs.edges.float(), mask, n_l, n_h, "head")[1][..., 1:] > 0.5  # (pairs, L·H)
     # every decoder reads the router's inputs and, as each was built, the geometric features
-    full = PairFeatures(cache, geo, features.kind, lm)
+    full = features if features.geo is not None else PairFeatures(cache, geo, features.kind, lm)
     a = cfg.autoregressive
     predictor.eval()
 
@@ -416,7 +416,6 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
         "val_positions": len(positions), "truth_positions": int(has_truth.sum()),
         "autoregressive_train_curve": ar_curve, "best_of_k_criterion": "least KL(dense || routed), no label",
     })
-    module.autoregressive = ar
     return report
 
 
@@ -436,7 +435,7 @@ def judge_samplers(cfg: DiffusionConfig, module: DiffusionModule, predictor, met
     lm_figures = lm_comparison(lm, predictor, samplers, cache, geo.to(device), cfg.eval_samples, cfg.eval_sequences,
                                cfg.eval_batch_size, device, cfg.seed, skip)
     # every sampler takes the geometric features if its model was built with them: the full table here
-    features = PairFeatures(cache, geo, module.features.kind, lm)
+    features = module.features if module.features.geo is not None else PairFeatures(cache, geo, module.features.kind, lm)
     recall = mode_recall(samplers, predictor, module.pairs, features, cfg.eval_samples, cfg.recall_radius, device)
     pairs = module.pairs
     diff, base = lm_figures["diffusion"], lm_figures["baseline"]

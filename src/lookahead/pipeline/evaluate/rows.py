@@ -244,7 +244,7 @@ def diffusion_topologies(denoiser, k: int, steps: int, temperature: float, seed:
     def draw(ids, contexts, geo):
         if reseed:
             generator.manual_seed(seed)
-        return [draw_topology(denoiser, denoiser.meta, lm, ids, contexts, geo, steps, temperature, generator, gate_kind)
+        return [draw_topology(denoiser, lm, ids, contexts, geo, steps, temperature, generator, gate_kind)
                 for _ in range(k)]
 
     return draw

@@ -216,7 +216,7 @@ class Phase2Module:
         ids = ids.to(self.device)
         geo = self.geo(ids) if d.geo_dim else None
         cached = contexts.to(self.device) if contexts is not None else None
-        adjacency, gates = draw_topology(d, d.meta, self.model.lm, ids, cached, geo, self._steps, self._temperature,
+        adjacency, gates = draw_topology(d, self.model.lm, ids, cached, geo, self._steps, self._temperature,
                                          generator, self.gate_kind)
         return stored_edges(adjacency, gates, d.mask).to(torch.uint8).cpu()
 
