@@ -13,7 +13,15 @@ independently: a top-K router's shape) — it times:
   concatenates the whole cache at every step, is reported beside it as
   ``generate_T<T>_stock_dynamic_cache_over_stock``).
 
-Variants are timed in interleaved rounds (median). Each ratio is (tokens/s) / (stock dense tokens/s),
+Per-token topologies at 50 % off run under each attention backend of the plan
+(:mod:`lookahead.graph.flex`) besides the default ``auto``: ``..._50off_flex_over_dense`` (FlexAttention
+wherever it applies: packed active queries in ``query`` prefill, per-(row, head) key blocks in
+decoding) and ``..._50off_sdpa_over_dense`` (the SDPA paths only). ``flex_compile_s`` is the time the
+process spent compiling Flex kernels (``flex_compiles`` of them, one per shape), apart from every
+timing (the warm-up calls absorb it).
+
+Variants are timed in interleaved rounds (median). ``--runs N`` (≥ 2) reruns the whole benchmark in N
+fresh processes and prints each figure's mean with its ``_sd`` beside it. Each ratio is (tokens/s) / (stock dense tokens/s),
 named ``prefill_T<T>_<mode>_<pct>off_over_dense`` / ``generate_T<T>_<mode>_<pct>off_over_dense``
 (per token) and ``..._<mode>_shared_<pct>off_...`` (shared), with ``..._ideal`` beside each: the ratio
 of multiply-accumulates per token (:func:`lookahead.graph.cost.macs_per_token`), the limit skipping work can reach. The
@@ -40,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from lookahead.graph import flex
 from lookahead.graph.cost import macs_per_token
 from lookahead.graph.nodes import allowed_mask, n_nodes
 from lookahead.graph.plan import KVCache, gated_forward
@@ -49,6 +58,9 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": 
               "MALLOC_TOP_PAD_": "268435456"}
 FRACTIONS = (25, 50, 75)
 MODES = ("full", "query")
+BACKENDS = ("flex", "sdpa")
+BACKENDS_ = tuple(f"{b}_" for b in BACKENDS)
+"""Backends timed beside ``auto`` for per-token topologies at 50 % off."""
 
 
 def load_model(path: str, params: str, arch: str | None, dtype: torch.dtype, device: str, max_positions: int = 4096):
@@ -119,7 +131,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's default thresholds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=1, help="rerun in N processes: means and _sd")
     args = parser.parse_args()
+    if args.runs > 1:
+        return repeat(args.runs)
     seqs = [int(x) for x in args.seqs.split(",")]
     if args.rounds < 1 or args.new < 1 or min(seqs) < 2 or any(args.tokens < t for t in seqs):
         parser.error("--rounds and --new must be at least 1, every T at least 2 and at most --tokens")
@@ -141,6 +156,7 @@ def main() -> None:
            "prefill_tokens": args.tokens, "gen_batch": args.gen_batch, "gen_new_tokens": args.new,
            "allocator": "system" if args.system_malloc or dev != "cpu" else "glibc thresholds raised"}
     kinds = [(mode, pct, kind) for mode in MODES for pct in FRACTIONS for kind in ("", "shared_")]
+    kinds += [(mode, 50, f"{backend}_") for mode in MODES for backend in BACKENDS]
     max_diff = 0.0
 
     with torch.inference_mode():
@@ -150,23 +166,25 @@ def main() -> None:
             dense_macs = macs_per_token(cfg, (t + 1) / 2, 1.0, "query")
             attn_macs = n_layers * 2 * (t + 1) / 2 * cfg.hidden_size
             out[f"attention_share_T{t}"] = round(attn_macs / dense_macs, 3)
-            gates = {f"{mode}_{kind}{pct}off": (shared_gates(n_layers, n_heads, pct, gen) if kind else
+            gates = {f"{mode}_{kind}{pct}off": (shared_gates(n_layers, n_heads, pct, gen) if kind == "shared_" else
                                                  per_token_gates(n_layers, n_heads, pct, b, t, gen)).to(dev)
-                     for mode, pct, kind in kinds}
+                     for mode, pct, kind in kinds if kind in ("", "shared_")}
             variants = {"stock": lambda _: model(ids).logits,
                         "plan_dense": lambda _: gated_forward(model, ids, torch.ones(n, device=dev), "query")}
-            for name, g in gates.items():
-                mode = name.split("_")[0]
-                variants[name] = lambda _, g=g, mode=mode: gated_forward(model, ids, g, mode)
+            for mode, pct, kind in kinds:
+                name, backend = f"{mode}_{kind}{pct}off", kind.rstrip("_") if kind in BACKENDS_ else "auto"
+                g = gates[f"{mode}_{'shared_' if kind == 'shared_' else ''}{pct}off"]
+                variants[name] = lambda _, g=g, mode=mode, backend=backend: routed(model, ids, g, mode, backend)
             max_diff = max(max_diff, (variants["plan_dense"](None).logits.float() - model(ids).logits.float()).abs().max().item())
             if t == min(seqs) and dev == "cpu":  # the plan against the general runtime on every variant
                 mask = allowed_mask(n_layers, n_heads).float()
-                for name, g in gates.items():
-                    mode = name.split("_")[0]
+                for mode, pct, kind in kinds:
+                    g = gates[f"{mode}_{'shared_' if kind == 'shared_' else ''}{pct}off"]
                     a = mask * g[..., :, None]
                     ref = forward_with_topology(model, ids, a, g, hard=True, skip=mode)
                     out["max_abs_diff_plan_vs_runtime"] = max(out.get("max_abs_diff_plan_vs_runtime", 0.0),
-                                                              (variants[name](None).logits - ref).abs().max().item())
+                                                              (variants[f"{mode}_{kind}{pct}off"](None).logits - ref)
+                                                              .abs().max().item())
             sec = timed(variants, args.rounds, sync)
             out[f"prefill_T{t}_stock_ms"] = round(sec["stock"] * 1e3, 3)
             out[f"prefill_T{t}_plan_dense_over_stock"] = round(sec["stock"] / sec["plan_dense"], 3)
@@ -176,7 +194,38 @@ def main() -> None:
                 out[f"{key}_ideal"] = round(dense_macs / macs_per_token(cfg, (t + 1) / 2, 1 - pct / 100, mode), 3)
             out.update(generation(model, t, args, kinds, gen, sync))
     out["max_abs_diff_plan_dense_vs_stock"] = max_diff
+    out.update({f"flex_{k}": round(v, 3) if isinstance(v, float) else v for k, v in flex.stats().items()})
     print(json.dumps(out))
+
+
+def routed(model, ids, gates, mode, backend, cache=None):
+    """The plan's forward under one attention backend."""
+    with flex.use(backend):
+        return gated_forward(model, ids, gates, mode, cache)
+
+
+def repeat(runs: int) -> None:
+    """The benchmark in ``runs`` fresh processes (its own arguments minus ``--runs``): every numeric
+    figure's mean, with ``<key>_sd`` (sample sd) beside the timed ratios and times."""
+    import subprocess
+
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--runs"):
+            skip = a == "--runs"
+            continue
+        argv.append(a)
+    outs = [json.loads(subprocess.run([sys.executable, __file__, *argv], check=True, capture_output=True,
+                                      text=True).stdout.strip().splitlines()[-1]) for _ in range(runs)]
+    res = {"runs": runs}
+    for key, first in outs[0].items():
+        values = [o[key] for o in outs]
+        if isinstance(first, bool) or not isinstance(first, (int, float)) or len(set(values)) == 1:
+            res[key] = first if len(set(map(str, values))) == 1 else values
+            continue
+        res[key] = round(statistics.mean(values), 3)
+        res[f"{key}_sd"] = round(statistics.stdev(values), 3)
+    print(json.dumps(res))
 
 
 def generation(model, t: int, args, kinds, gen, sync) -> dict:
@@ -191,8 +240,11 @@ def generation(model, t: int, args, kinds, gen, sync) -> dict:
     steps = torch.randint(0, cfg.vocab_size, (b, new), generator=gen).to(dev)  # teacher-forced: same work per run
     gates = {"plan_dense": torch.ones(n, device=dev)}
     for mode, pct, kind in kinds:
-        gates[f"{mode}_{kind}{pct}off"] = (shared_gates(n_layers, n_heads, pct, gen) if kind else
-                                            per_token_gates(n_layers, n_heads, pct, b, t + new, gen)).to(dev)
+        if kind in BACKENDS_:  # the auto variant's topologies under another backend
+            gates[f"{mode}_{kind}{pct}off"] = gates[f"{mode}_{pct}off"]
+        else:
+            gates[f"{mode}_{kind}{pct}off"] = (shared_gates(n_layers, n_heads, pct, gen) if kind else
+                                                per_token_gates(n_layers, n_heads, pct, b, t + new, gen)).to(dev)
 
     def setup(name):  # the prompt's cache, untimed
         if name == "stock":  # HF's preallocated cache: the fastest stock decoding
@@ -218,11 +270,12 @@ def generation(model, t: int, args, kinds, gen, sync) -> dict:
 
     def plan(name):
         mode = "query" if name == "plan_dense" else name.split("_")[0]
+        backend = next((b for b in BACKENDS if f"_{b}_" in name), "auto")
         g = gates[name]
 
         def run(cache):
             for i in range(new):
-                gated_forward(model, steps[:, i : i + 1], g if g.dim() == 1 else g[:, t + i : t + i + 1], mode, cache)
+                routed(model, steps[:, i : i + 1], g if g.dim() == 1 else g[:, t + i : t + i + 1], mode, backend, cache)
         return run
 
     sec = timed({"stock": stock, "stock_dynamic": stock_dynamic, **{name: plan(name) for name in gates}}, args.rounds,

@@ -265,3 +265,34 @@ def test_long_context_sparse_heads_take_the_staircase_and_stay_exact(model, monk
     ref = reference_forward(model, ids, baseline_graph(g, L, H, "query"), g, "query")
     assert (gated_forward(model, ids, g, "query").logits - ref).abs().max() <= TOL
     assert calls
+
+
+def test_flex_attention_is_exact_on_every_path_it_takes(model):
+    """FlexAttention forced (``attention: flex``): per-token ``query`` prefill over packed active
+    queries (a partial last block, a head that never runs in a row), and decoding that visits only
+    the key blocks of the (row, head) pairs that run, in both skip modes, against the plain
+    reference; ``auto`` leaves short contexts on the SDPA paths (no Flex call)."""
+    from lookahead.graph import flex
+
+    if not flex.available("cpu"):
+        pytest.skip("FlexAttention does not compile here (no C++ compiler): the plan keeps its SDPA paths")
+    ids = torch.randint(0, 61, (2, 140), generator=torch.Generator().manual_seed(14))
+    g = gates_of(ids.shape, 0.5, seed=15)
+    g[0, :, 1 + 2] = 0  # layer 0's head 2 never runs in row 0
+    for skip in ("query", "full"):
+        ref = reference_forward(model, ids, baseline_graph(g, L, H, skip), g, skip)
+        with flex.use("flex"):
+            before = flex.stats()["calls"]
+            out = gated_forward(model, ids, g, skip).logits
+            cache = KVCache(model, 2, ids.shape[1], skip)
+            steps = [gated_forward(model, ids[:, :130], g[:, :130], skip, cache).logits]
+            steps += [gated_forward(model, ids[:, t:t + 1], g[:, t:t + 1], skip, cache).logits for t in range(130, 140)]
+            assert flex.stats()["calls"] - before == L * (10 + (skip == "query") * 2)  # prefill twice in query mode
+        assert (out - ref).abs().max() <= TOL
+        assert (torch.cat(steps, dim=1) - ref).abs().max() <= TOL
+    before = flex.stats()["calls"]
+    with flex.use("auto"):
+        gated_forward(model, ids, g, "query")
+    assert flex.stats()["calls"] == before and flex.stats()["compile_s"] > 0
+    with pytest.raises(flex.FlexError, match="attention must be one of"):
+        flex.set_backend("triton")

@@ -40,7 +40,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph import attention
+from lookahead.graph import attention, flex
 from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_model,
                                       forward_with_topology)
 
@@ -113,7 +113,8 @@ class KVCache:
             raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
         attn = model.model.layers[0].self_attn
         p = next(model.parameters())
-        shape = (n_layers, 2, batch, n_heads, capacity, attn.head_dim)
+        room = -(-capacity // flex.BLOCK) * flex.BLOCK  # whole blocks, as Flex decoding reads them
+        shape = (n_layers, 2, batch, n_heads, room, attn.head_dim)
         self.kv = torch.zeros(shape, dtype=p.dtype, device=p.device)
         self.stored = torch.zeros(n_layers, batch, n_heads, dtype=torch.long, device=p.device)
         self.skip, self.capacity, self.length = skip, capacity, 0
@@ -324,18 +325,28 @@ def _query_attention(layer, x, g, inv_count, share, cos, sin, cache, idx):
     w_q = qk_w[0] if sub is None else qk_w[0][sub]
     q = _rope(_norm(q, ms[..., None].expand(q.shape[:-1]), eps, w_q), cos[:, :, None], sin[:, :, None])
     q, k, v, gt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)[..., None]  # (B, h, T, …)
-    low = [i for i, h in enumerate(run) if share[h] <= STAIRCASE_BELOW]
-    if t < STAIRCASE_FROM or not low or torch.is_grad_enabled() or _flash_lse(q) is None:
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling) * gt
-    else:
-        z = torch.empty_like(q)
-        busy = [i for i in range(len(run)) if i not in low]
-        if busy:
-            z[:, busy] = F.scaled_dot_product_attention(q[:, busy], k[:, busy], v[:, busy], is_causal=True,
-                                                        scale=attn.scaling) * gt[:, busy]
-        z[:, low] = staircase_attention(q[:, low], k[:, low], v[:, low], gt[:, low, :, 0] > 0, attn.scaling)
+    z = flex.packed_query_attention(q, k, v, gt[..., 0] > 0, attn.scaling) if flex.wanted("prefill", x.device, t) else None
+    if z is None:
+        z = _sdpa_query_attention(q, k, v, gt, [share[h] for h in run], attn.scaling)
     w_o = _cols(attn.o_proj.weight, sub, d_head)
     return layer.post_attention_layernorm(F.linear(z.transpose(1, 2).reshape(bsz, t, -1), w_o))
+
+
+def _sdpa_query_attention(q, k, v, gt, share, scale):
+    """:func:`_query_attention`'s attention without Flex: q, k, v (B, h, T, D), gt (B, h, T, 1) 0/1,
+    share (h,) each head's share of positions. Busy heads attend every query causally (zeroed where
+    off); at long context sparse heads take :func:`staircase_attention`."""
+    t = q.shape[2]
+    low = [i for i, s in enumerate(share) if s <= STAIRCASE_BELOW]
+    if t < STAIRCASE_FROM or not low or torch.is_grad_enabled() or _flash_lse(q) is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) * gt
+    z = torch.empty_like(q)
+    busy = [i for i in range(len(share)) if i not in low]
+    if busy:
+        z[:, busy] = F.scaled_dot_product_attention(q[:, busy], k[:, busy], v[:, busy], is_causal=True,
+                                                    scale=scale) * gt[:, busy]
+    z[:, low] = staircase_attention(q[:, low], k[:, low], v[:, low], gt[:, low, :, 0] > 0, scale)
+    return z
 
 
 STAIRCASE_FROM = 512
@@ -457,19 +468,19 @@ def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
     if skip == "query":
         keys[:, :, cache.length], values[:, :, cache.length] = k, v
         stored += 1
-        length = cache.length + 1
-        z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
-                                           scale=attn.scaling)[:, :, 0]
     else:
         rows, heads = g.nonzero(as_tuple=True)
         at = stored[rows, heads]
         keys[rows, heads, at], values[rows, heads, at] = k[rows, heads], v[rows, heads]
         stored += g.long()
-        length = int(stored.max())
-        if length == 0:
-            return torch.zeros_like(x)
+    length = cache.length + 1 if skip == "query" else int(stored.max())
+    if length == 0:
+        return torch.zeros_like(x)
+    z = flex.decode_attention(q, keys, values, stored, g, attn.scaling) if flex.wanted("decode", x.device,
+                                                                                          length) else None
+    if z is None:
         bias = None
-        if not bool((stored == length).logical_or_(~g).all()):  # some running head holds fewer keys
+        if skip == "full" and not bool((stored == length).logical_or_(~g).all()):  # a running head holds fewer keys
             seen = torch.arange(length, device=x.device) < stored[..., None].clamp_min(1)  # (B, H, length)
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=x.device).masked_fill_(~seen, float("-inf"))[:, :, None]
         z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
