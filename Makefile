@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast verify replicate bench check-params mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test test-fast verify replicate bench check-params estimate mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -39,6 +39,12 @@ $(PLOTS_TEMPLATE): $(STAMP)
 
 check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)
+
+# Per stage: parameters, tokens, GPU memory and time of a profile before running it, e.g.
+# make estimate PROFILE=profiles/olmo2-1b.yaml (TFLOPS=…, MFU=… state the GPU; lookahead.tools.estimate)
+PROFILE ?= $(PARAMS)
+estimate: $(STAMP)
+	@$(BIN)/python -m lookahead.tools.params $(PROFILE) --estimate $(if $(TFLOPS),--tflops $(TFLOPS)) $(if $(MFU),--mfu $(MFU))
 
 repro: setup check-params
 	$(BIN)/dvc repro

@@ -157,7 +157,9 @@ class BackgroundRepro:
     run has ended, ``dvc.lock.done`` (the lock file it wrote: tests change the repository
     afterwards) and ``rc`` (its exit code)."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, prepare=None):
+        """``prepare(path, env)``, if given, adapts the fresh repository before the run (its params,
+        its environment: it returns the env the run gets)."""
         from lookahead.tools.faults import scratch_repo
 
         self.home, self.path, self.log = home, home / "repo", home / "repro.log"
@@ -174,6 +176,8 @@ class BackgroundRepro:
             return
         self.path.mkdir()
         _, self.env = scratch_repo(REPO, self.path)
+        if prepare is not None:
+            self.env = prepare(self.path, self.env)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(["dvc", "repro"], cwd=self.path, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT)
@@ -219,7 +223,7 @@ class BackgroundRepro:
         self.proc.wait(timeout=1800)
 
 
-TINY_RUNS = ("pipeline_repo", "second_tiny_run")
+TINY_RUNS = ("pipeline_repo", "second_tiny_run", "hub_profile_run")
 """The tiny runs, by the fixture that gives each; the xdist group of the tests that read it
 (:func:`pytest_itemcollected`)."""
 
@@ -237,7 +241,7 @@ def tiny_runs(request, tmp_path_factory):
     stage's work is mostly one-threaded start-up (imports, DVC), so two runs and the unit tests share
     2 cores with little loss, where one after the other they took most of the suite's time."""
     wanted = {name for item in request.session.items for name in item.fixturenames if name in TINY_RUNS}
-    runs = {name: BackgroundRepro(shared_root(tmp_path_factory) / "tiny_runs" / name)
+    runs = {name: BackgroundRepro(shared_root(tmp_path_factory) / "tiny_runs" / name, PREPARE.get(name))
             for name in TINY_RUNS if name in wanted}
     yield runs
     for run in runs.values():
@@ -257,6 +261,27 @@ def pipeline_repo(tiny_runs):
 def pipeline_repro_output(pipeline_repo, tiny_runs) -> str:
     """What `dvc repro` printed in ``pipeline_repo``."""
     return tiny_runs["pipeline_repo"].output()
+
+
+def _hub_profile(path: Path, env: dict) -> dict:
+    """The 1B profile's code path at the tiny profile's sizes, the hub a local cache (tests/hub_profile.py)."""
+    import yaml
+
+    from tests.hub_profile import hub_cache, runnable_profile
+
+    (path / "params.yaml").write_text(yaml.safe_dump(runnable_profile(REPO), sort_keys=False))
+    return {**env, "HF_HUB_CACHE": str(hub_cache(path.parent / "hub")), "HF_HUB_OFFLINE": "1"}
+
+
+PREPARE = {"hub_profile_run": _hub_profile}
+
+
+@pytest.fixture(scope="session")
+def hub_profile_run(tiny_runs):
+    """`dvc repro` of profiles/olmo2-1b.yaml's code path on tiny stand-ins of its hub models: (path, env)."""
+    run = tiny_runs["hub_profile_run"]
+    run.output()
+    return run.path, run.env
 
 
 @pytest.fixture(scope="session")

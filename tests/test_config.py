@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,41 @@ def test_make_repro_refuses_bad_params_before_dvc_runs(repo_root, tmp_path, defa
                            "-o", f"{venv}/.installed"], cwd=repo_root, capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"error (params): {path}: base.arch.n_heads: must divide hidden_size" in proc.stderr
+
+
+def test_the_estimate_counts_what_a_hugging_face_model_holds_and_runs():
+    """lookahead.tools.estimate against references: the parameters of a stock OLMo2 model, and the
+    matmul FLOPs torch's FlopCounterMode counts in its forward (attention's own FLOPs aside)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    from lookahead.tools.estimate import Arch
+
+    arch = Arch(layers=2, heads=4, hidden=64, ffn=96, vocab=300)
+    model = Olmo2ForCausalLM(Olmo2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False))
+    assert arch.params == sum(p.numel() for p in model.parameters())
+    t = 32
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, t, dtype=torch.long))
+    attention = sum(n for op, n in counter.get_flop_counts()["Global"].items() if "attention" in str(op))
+    linear = counter.get_total_flops() - attention
+    ours = arch.forward_flops(t) * t - 2 * arch.layers * t * arch.hidden * t  # our attention term aside
+    assert abs(ours - linear) / linear < 0.01, (ours, linear)  # the norms' weights: counted as parameters only
+
+
+def test_the_estimate_of_the_real_target_prints_every_stage(capsys, repo_root):
+    from lookahead.tools.params import main
+
+    assert main([str(repo_root / "profiles/olmo2-1b.yaml"), "--estimate", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    stages = {r["stage"]: r for r in est["stages"]}
+    assert list(stages) == list(yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"])  # every stage, in order
+    assert 1.4e9 < est["params"] < 1.6e9 and est["arch"]["heads"] == est["arch"]["layers"] == 16
+    assert stages["phase2"]["optimiser_gib"] * 2**30 == pytest.approx(12 * stages["phase2"]["params_trained"])
+    assert stages["phase1"]["flops"] > 2 * 2 * 1e9 * stages["phase1"]["train_tokens"]  # a forward + activation grads of 1B+
+    assert est["total_hours"] == pytest.approx(sum(r["hours"] for r in est["stages"]))
+    assert main([str(repo_root / "profiles/olmo2-1b.yaml"), "--estimate"]) == 0
+    table = capsys.readouterr().out
+    assert "phase2" in table and "GPU-hours" in table

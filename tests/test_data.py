@@ -25,9 +25,10 @@ def test_processes_share_the_global_batch():
     from lookahead.train.loop import rank_rows
 
     windows = torch.arange(8 * 5).view(8, 5)
-    batch = {"windows": windows, "tau": 0.5, "pair": (windows, torch.zeros(3))}
+    batch = {"windows": windows, "tau": 0.5, "pair": (windows, torch.zeros(3)), "rows": np.arange(8) * 3}
     shares = [rank_rows(batch, r, 2, rows=8) for r in range(2)]
     assert torch.equal(torch.cat([s["windows"] for s in shares]), windows)  # disjoint, in order, complete
+    assert shares[1]["rows"].tolist() == [12, 15, 18, 21]  # row indices (numpy) split with their rows
     assert shares[1]["tau"] == 0.5 and torch.equal(shares[1]["pair"][0], windows[4:])
     assert torch.equal(shares[0]["pair"][1], torch.zeros(3))  # not a batch-rows tensor: whole
     assert rank_rows(batch, 0, 1, rows=8) is batch

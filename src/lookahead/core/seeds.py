@@ -10,12 +10,19 @@ sample standard deviation; the report keeps every run's figures (``per_seed``) a
 run's (``primary``), which is what the stage's outputs were made with.
 
 Base pretraining is one seed: it is the pipeline's input, like a downloaded checkpoint.
+
+Under ``accelerate launch`` with N processes (DESIGN §9) every process makes every seed's run, so
+each training has all N: the main process as above, a worker each run with a scratch directory for
+its outputs (the primary's included), and it exits when the last seed's run is done — what follows
+(metrics, reports, tracking) is the main process's. :func:`following` tells the training loop that a
+worker returns from a training instead of exiting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -62,6 +69,36 @@ def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], st
 
 R = TypeVar("R")
 
+_FOLLOWING = False
+
+
+def worker() -> bool:
+    """Whether this is a worker (rank > 0) process of a multi-process launch (``accelerate launch``
+    and torchrun set ``RANK``)."""
+    return int(os.environ.get("RANK", "0")) > 0
+
+
+def following() -> bool:
+    """Whether this worker process is making a stage's seed runs with the main process
+    (:func:`over_seeds`): its trainings return rather than end the process."""
+    return _FOLLOWING
+
+
+def _follow(cfg: C, stage: str, run: Callable[[C, Path | None], Any]) -> None:
+    """A worker's part of :func:`over_seeds`: the runs the main process makes, in its order and
+    with its configs, each writing to a scratch directory; then the process ends."""
+    global _FOLLOWING
+    _FOLLOWING = True
+    for offset in range(cfg.seeds):
+        c = cfg if offset == 0 else final_evaluation_only(reseeded(cfg, offset))
+        with tempfile.TemporaryDirectory(prefix=f"{stage}-worker-seed{offset}-") as scratch:
+            run(c, Path(scratch))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(0)
+
 
 def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path | None], R],
                gather: Callable[[list[dict[str, Any]]], None] | None = None) -> R:
@@ -69,7 +106,11 @@ def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path |
     the stage's outputs, then the others, ``run(c, scratch)`` (:func:`other_seeds`). Returns the
     primary run's result with its report — the result itself, or the first element of a tuple —
     replaced by :func:`with_spread` over every run's report for ``keys``. ``gather``, if given,
-    first sees every run's report, primary first (e.g. to pop per-position NLLs and save them)."""
+    first sees every run's report, primary first (e.g. to pop per-position NLLs and save them).
+    In a worker process of a multi-process launch it makes the same runs in scratch directories
+    and ends the process (:func:`_follow`)."""
+    if worker():
+        _follow(cfg, stage, run)
     primary = run(cfg, None)
     report, rest = (primary[0], primary[1:]) if isinstance(primary, tuple) else (primary, None)
 

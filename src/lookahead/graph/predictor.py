@@ -361,10 +361,13 @@ class StructurePredictor(nn.Module):
 
     def forward(self, context: torch.Tensor, geo: torch.Tensor | None = None, tau: float | None = None,
                 hard: bool | None = None, generator: torch.Generator | None = None,
-                keep: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keep: float | None = None, with_logits: bool = False) -> tuple[torch.Tensor, ...]:
         """(A (…, N, N), g (…, N)) for every position of context (…, C); ``hard`` thresholds
-        the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values."""
-        return self.route(context, geo, tau, hard, generator, keep)[:2]
+        the edges (A_raw > 1/2 ⇔ Z + L > 0) and gates, straight-through to the soft values.
+        ``with_logits``: :meth:`route`'s triple (a training loss that needs the keep logits calls
+        the module, not ``route``, so a DistributedDataParallel wrapper sees the forward)."""
+        out = self.route(context, geo, tau, hard, generator, keep)
+        return out if with_logits else out[:2]
 
 
 def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -61,13 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m lookahead.tools.params [params.yaml]``: validate every section; one line, exit 2 on error."""
     parser = argparse.ArgumentParser(description="Validate every section of a params file.")
     parser.add_argument("params", nargs="?", default="params.yaml")
+    parser.add_argument("--estimate", action="store_true",
+                        help="also print each stage's parameters, tokens, GPU memory and time (lookahead.tools.estimate)")
+    parser.add_argument("--tflops", type=float, default=989.0, help="--estimate: the GPU's peak TFLOP/s (H100 bf16)")
+    parser.add_argument("--mfu", type=float, default=0.4, help="--estimate: the share of the peak a stage reaches")
+    parser.add_argument("--json", action="store_true", help="--estimate: one JSON object instead of the table")
     args = parser.parse_args(argv)
+    if args.tflops <= 0 or not 0 < args.mfu <= 1:
+        parser.error("--tflops must be > 0 and --mfu in (0, 1]")
     try:
-        validate_all(args.params)
+        configs = validate_all(args.params)
     except ConfigError as err:
         where = f"{args.params}: " if err.key else ""  # file-level messages name the file already
         print(f"error (params): {where}{err}", file=sys.stderr)
         return 2
+    if args.estimate:
+        from lookahead.tools.estimate import main_estimate
+
+        print(main_estimate(configs, args.tflops, args.mfu, args.json))
+        return 0
     print(f"{args.params}: ok")
     return 0
 

@@ -23,12 +23,14 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from lookahead.core.atomic import atomic_file
 from lookahead.core.config import to_dict
 from lookahead.core.errors import ConfigError, LookaheadError, require
+from lookahead.core.seeds import following
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -186,10 +188,10 @@ def logs_step(step: int, cfg: TrainConfig) -> bool:
 
 def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
     """Process ``rank``'s share of a global batch: rows ``[rank * rows / world, (rank + 1) * rows / world)``
-    of every tensor with ``rows`` rows; other values as they are."""
+    of every tensor or numpy array with ``rows`` rows; other values as they are."""
     if world == 1:
         return batch
-    if isinstance(batch, torch.Tensor):
+    if isinstance(batch, (torch.Tensor, np.ndarray)):  # row indices (numpy) are rows too
         if batch.ndim == 0 or batch.shape[0] != rows:
             return batch
         share = rows // world
@@ -244,7 +246,9 @@ def train(
         keep_checkpoint: keep the checkpoint after success (default: remove it).
 
     Under ``accelerate launch`` with N processes only the main process returns; the others exit
-    (status 0) once training has ended, since what follows training is the main process's job.
+    (status 0) once training has ended, since what follows training is the main process's job —
+    except inside a research stage's seed runs (:func:`lookahead.core.seeds.following`), where
+    they return too and go on to the next seed's training.
 
     One function of ~160 lines on purpose: the order of its steps — RNG draws, batch split over
     processes, optimiser and schedule, NaN guard, evaluation, checkpoint save and resume — is the
@@ -252,13 +256,16 @@ def train(
     Raises:
         NonFiniteLoss: with the stage, step and value, when loss or gradient norm is NaN/inf.
     """
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedDataParallelKwargs
 
     wall_start = time.perf_counter()
     use_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"{stage}: train.device is 'cuda' but no CUDA device is available")
-    accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no")
+    # a router trains only some of its parameters on a given step (e.g. phase 1 before its hard
+    # gates start): DDP must not wait for gradients that do not come
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no",
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     world, rank = accelerator.num_processes, accelerator.process_index
     if cfg.batch_size % world:
         raise ConfigError("train.batch_size", f"must be divisible by the number of processes ({world}); "
@@ -385,9 +392,9 @@ def train(
     if ckpt_path and not keep_checkpoint and accelerator.is_main_process:
         shutil.rmtree(ckpt_path.parent, ignore_errors=True)
     accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
+    if not accelerator.is_main_process and not following():
         # Everything after training (final evaluation, writing outputs, tracking) is the main
-        # process's: the others are done.
+        # process's: the others are done (unless a stage's other seeds will train with them).
         accelerator.end_training()
         raise SystemExit(0)
     module.model = accelerator.unwrap_model(model)

@@ -296,8 +296,8 @@ class Phase1Module:
         ids = windows[:, :-1]
         context, geo = self.train_inputs(ids, batch)
         context = self.routed_inputs(model, ids, context, geo)
-        model.noise_scale = batch["noise"]
-        adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=True)
+        self.model.noise_scale = batch["noise"]  # the predictor itself (``model`` may be its DDP wrapper)
+        adjacency, gates, z = model(context, geo, tau=batch["tau"], hard=True, with_logits=True)
         with torch.no_grad():
             dense_logp = F.log_softmax(self.lm(input_ids=ids).logits.float(), -1)
         logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
@@ -313,8 +313,8 @@ class Phase1Module:
         ids = windows[:, :-1]
         context, geo = self.train_inputs(ids, batch)
         context = self.routed_inputs(model, ids, context, geo)
-        model.noise_scale = batch["noise"]
-        adjacency, gates, z = model.route(context, geo, tau=batch["tau"], hard=batch["hard"])
+        self.model.noise_scale = batch["noise"]  # the predictor itself (``model`` may be its DDP wrapper)
+        adjacency, gates, z = model(context, geo, tau=batch["tau"], hard=batch["hard"], with_logits=True)
         # soft execution: every head's output exists. Without an NLL term (pure distillation) the LM
         # runs, without gradient, only for the training curve's NLL: on the steps the curve logs
         nll = None
@@ -323,7 +323,7 @@ class Phase1Module:
                 logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
                 nll = token_nll(logits, windows[:, 1:]).mean()
         head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
-        pcfg = model.cfg
+        pcfg = self.model.cfg
         penalty = l0_penalty(z).mean() if z is not None and pcfg.estimator == "hard_concrete" else head
         loss = self.cfg.lambda_head * penalty
         if self.cfg.nll_weight > 0:
@@ -341,7 +341,7 @@ class Phase1Module:
             if self.cfg.distill:
                 distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers,
                                        self.cfg.loss, per_layer=pcfg.budget in ("topk_layer", "topk_layer_static"),
-                                       counts=getattr(model, "layer_keep", None))
+                                       counts=getattr(self.model, "layer_keep", None))
                 loss = loss + self.cfg.distill * distill
                 figures["distill"] = distill.item()
             figures["logit_abs"] = z.detach().abs().mean().item()

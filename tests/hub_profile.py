@@ -1,0 +1,88 @@
+"""The real target's profile (profiles/olmo2-1b.yaml) made runnable on a CPU in a test: the hub's
+models replaced by tiny ones of the same kind in a local hub cache, the sizes of the tiny profile.
+
+- ``allenai/OLMo-2-0425-1B`` becomes a random OLMo2 with the 1B model's head layout (16 layers ×
+  16 heads) at width 64, and ``Qwen/Qwen3-Embedding-0.6B`` (the context encoder) a random 2-layer
+  Qwen3, both with a byte-level BPE trained on WordNet text, saved where the hub cache keeps those
+  ids at revision ``main``; with ``HF_HUB_OFFLINE=1`` every ``from_pretrained(<hub id>)`` of the
+  pipeline reads them there — the hub's code path, without the network.
+- :func:`runnable_profile`: every integer (steps, batch sizes, windows, seeds, counts) from
+  profiles/tiny.yaml (the greedy oracle: one window), every device ``cpu``; everything else —
+  sources, model ids, the predictor's cascade gates, pairs' target, phase 2's settings,
+  precisions, learning rates — the 1B profile's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BASE_ID = "allenai/OLMo-2-0425-1B"
+ENCODER_ID = "Qwen/Qwen3-Embedding-0.6B"
+SNAPSHOT = "0" * 40
+
+
+def runnable_profile(repo_root: Path) -> dict[str, Any]:
+    """profiles/olmo2-1b.yaml with the tiny profile's integers and every device on the CPU."""
+    real = yaml.safe_load((repo_root / "profiles/olmo2-1b.yaml").read_text())
+    tiny = yaml.safe_load((repo_root / "profiles/tiny.yaml").read_text())
+
+    def merge(a, b):
+        if isinstance(a, dict):
+            return {k: merge(v, b.get(k) if isinstance(b, dict) else None) for k, v in a.items()}
+        if isinstance(a, int) and not isinstance(a, bool) and isinstance(b, int) and not isinstance(b, bool):
+            return b
+        if isinstance(a, list) and a and all(isinstance(x, int) for x in a) and isinstance(b, list):
+            return b  # seed lists
+        return a
+
+    out = merge(real, tiny)
+    # the greedy oracle's work grows with (L·H)²: at 16 × 16 one window, in the 1B profile's batches
+    out["oracle"].update(windows=1, rows=real["oracle"]["rows"])
+
+    def cpu(node):
+        if isinstance(node, dict):
+            return {k: "cpu" if k == "device" else cpu(v) for k, v in node.items()}
+        return node
+
+    return cpu(out)
+
+
+def hub_cache(root: Path) -> Path:
+    """A hub cache at ``root`` holding tiny stand-ins of the profile's two hub models."""
+    import random
+
+    import torch
+    from transformers import AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from lookahead.pipeline.tokenizer import TokenizerConfig, train_bpe
+    from lookahead.semantics.wordnet_source import open_wordnet
+
+    wn = open_wordnet(None)
+    synsets = list(wn.all_synsets())
+    random.Random(0).shuffle(synsets)
+    text = root / "wordnet.txt"
+    root.mkdir(parents=True, exist_ok=True)
+    text.write_text("\n".join(f"{s.lemmas()[0].name().replace('_', ' ')}: {s.definition()}" for s in synsets[:6000]))
+    train_bpe(text, TokenizerConfig(vocab_size=1024, min_frequency=2)).save_pretrained(root / "tok")
+    tok = AutoTokenizer.from_pretrained(root / "tok")
+    special = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
+    torch.manual_seed(0)
+    models = {
+        BASE_ID: Olmo2ForCausalLM(Olmo2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                                              max_position_embeddings=256, **special)),
+        ENCODER_ID: Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                 head_dim=16, max_position_embeddings=256, **special)),
+    }
+    cache = root / "hub"
+    for name, model in models.items():
+        repo = cache / f"models--{name.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(SNAPSHOT)
+        model.eval().save_pretrained(repo / "snapshots" / SNAPSHOT)
+        tok.save_pretrained(repo / "snapshots" / SNAPSHOT)
+    return cache
