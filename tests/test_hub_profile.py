@@ -34,4 +34,4 @@ def test_the_real_targets_profile_runs_end_to_end_on_tiny_stand_ins_of_its_hub_m
     figures = [v for v in headline.values() if isinstance(v, float)]
     assert figures and all(math.isfinite(v) for v in figures)
     phase2 = json.loads((path / "metrics/phase2.json").read_text())
-    assert math.isfinite(phase2["hard_nll"]) and phase2["seeds"] == 2
+    assert math.isfinite(phase2["hard_nll"]) and phase2["seeds"] == 1

@@ -10,7 +10,7 @@ original position against the key's) does the rest inside the partial blocks. In
 :func:`decode_attention` gives a (row, head) that is off no key block at all and one that runs only
 the blocks it has stored, so a step reads the running heads' keys and values only.
 
-The kernel is ``torch.compile`` d once per process (``flex_attention`` has a CPU path through
+The kernel is compiled (``torch.compile``) once per process (``flex_attention`` has a CPU path through
 inductor's C++ template, and a Triton one on GPUs); shapes are kept fixed per call site (queries
 padded to the key length, the cache's full capacity as the key length), so a process compiles once
 per shape and inductor's on-disk cache serves the next process. :func:`stats` reports the time spent
@@ -18,9 +18,10 @@ compiling apart from the steady state. Where compilation fails (no C++ compiler 
 call warns and the plan keeps its SDPA paths (:func:`available`).
 
 Which path runs is :data:`ATTENTION` (``auto``, ``flex`` or ``sdpa``; the environment variable
-``LOOKAHEAD_ATTENTION`` or :func:`use` set it): ``auto`` takes Flex where it is measured to pay
-(:func:`pays`), ``flex`` wherever it applies, ``sdpa`` never. Inference only: no gradient flows
-through these calls (training runs the general runtime or the plan's SDPA paths).
+``LOOKAHEAD_ATTENTION``, :func:`set_backend` or :func:`use` set it): ``auto`` takes Flex on GPUs
+(:data:`AUTO_DEVICES`; on CPU it does not pay, measured), ``flex`` wherever it applies, ``sdpa``
+never. Inference only: no gradient flows through these calls (training runs the general runtime or
+the plan's SDPA paths).
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ BACKENDS = ("auto", "flex", "sdpa")
 BLOCK = 128
 """Query and key block of every block mask (FlexAttention's default)."""
 
-DECODE_FROM = 512
-"""``auto``: decoding takes Flex from this many cached positions (below it the step is launch-bound
-and reading half the cache saves less than the block mask costs to build)."""
+AUTO_DEVICES = ("cuda",)
+"""``auto``: the devices that take Flex. Not the CPU: there, at the default model's head dim (32),
+its kernel does half the attention of a 50 %-off head in about the time torch's flash kernel takes
+for all of it (prefill 0.87 ± 0.00× dense against SDPA's 0.99 ± 0.01 at T = 2048), and in decoding
+the block mask and the compiled call's guards cost what reading half the cache saves (1.01 ± 0.07
+against 1.04 ± 0.01; ``benchmarks/runtime.py``, README)."""
 
-PREFILL_DEVICES = ("cuda",)
-"""``auto``: devices whose prefill takes :func:`packed_query_attention` (on CPU it does half the
-work at about the time torch's flash kernel takes for all of it, ``benchmarks/runtime.py``)."""
+DECODE_FROM = 512
+"""``auto``: decoding takes Flex from this many cached positions (below it a step is launch-bound)."""
 
 
 class FlexError(LookaheadError, RuntimeError):
@@ -124,9 +127,7 @@ def wanted(kind: str, device: torch.device, positions: int) -> bool:
         return False
     if ATTENTION == "flex":
         return True
-    if kind == "decode":
-        return positions >= DECODE_FROM
-    return device.type in PREFILL_DEVICES
+    return device.type in AUTO_DEVICES and (kind == "prefill" or positions >= DECODE_FROM)
 
 
 def _call(q, k, v, block_mask, scale):

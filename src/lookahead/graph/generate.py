@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from lookahead.core.errors import LookaheadError
+from lookahead.graph import flex
 from lookahead.graph.plan import KVCache, gated_forward
 from lookahead.graph.router_inputs import lm_states
 from lookahead.graph.runtime import check_model
@@ -218,8 +219,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
     parser.add_argument("--skip", choices=["full", "query"], help="default: the one the router was trained under")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", choices=flex.BACKENDS, default=flex.ATTENTION,
+                        help="the plan's attention kernels: auto (FlexAttention where it pays), flex, sdpa")
     args = parser.parse_args(argv)
     try:
+        flex.set_backend(args.attention)
         from lookahead.graph.predictor import load_predictor
         from lookahead.graph.runtime import recorded_skip
 
@@ -242,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"skip": skip, "prompt_tokens": p, "new_tokens": args.max_new_tokens, "batch": args.batch,
                       "active_head_fraction": round(active, 4),
                       **{f"{name}_decode_tokens_per_s": round(run.tokens_per_s(p), 1) for name, run in runs.items()},
-                      "routed_over_dense": round(routed.tokens_per_s(p) / runs["dense"].tokens_per_s(p), 3)}))
+                      "routed_over_dense": round(routed.tokens_per_s(p) / runs["dense"].tokens_per_s(p), 3),
+                      "attention": args.attention, "flex_compile_s": round(flex.stats()["compile_s"], 2)}))
 
 
 if __name__ == "__main__":
