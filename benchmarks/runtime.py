@@ -166,20 +166,19 @@ def main() -> None:
             dense_macs = macs_per_token(cfg, (t + 1) / 2, 1.0, "query")
             attn_macs = n_layers * 2 * (t + 1) / 2 * cfg.hidden_size
             out[f"attention_share_T{t}"] = round(attn_macs / dense_macs, 3)
-            gates = {f"{mode}_{kind}{pct}off": (shared_gates(n_layers, n_heads, pct, gen) if kind == "shared_" else
-                                                 per_token_gates(n_layers, n_heads, pct, b, t, gen)).to(dev)
-                     for mode, pct, kind in kinds if kind in ("", "shared_")}
+            gates = topologies(kinds, lambda pct, shared: (shared_gates(n_layers, n_heads, pct, gen) if shared else
+                                                           per_token_gates(n_layers, n_heads, pct, b, t, gen)).to(dev))
             variants = {"stock": lambda _: model(ids).logits,
                         "plan_dense": lambda _: gated_forward(model, ids, torch.ones(n, device=dev), "query")}
             for mode, pct, kind in kinds:
-                name, backend = f"{mode}_{kind}{pct}off", kind.rstrip("_") if kind in BACKENDS_ else "auto"
-                g = gates[f"{mode}_{'shared_' if kind == 'shared_' else ''}{pct}off"]
-                variants[name] = lambda _, g=g, mode=mode, backend=backend: routed(model, ids, g, mode, backend)
+                name = f"{mode}_{kind}{pct}off"
+                variants[name] = lambda _, g=gates[name], mode=mode, backend=backend_of(kind): routed(model, ids, g, mode,
+                                                                                                   backend)
             max_diff = max(max_diff, (variants["plan_dense"](None).logits.float() - model(ids).logits.float()).abs().max().item())
             if t == min(seqs) and dev == "cpu":  # the plan against the general runtime on every variant
                 mask = allowed_mask(n_layers, n_heads).float()
                 for mode, pct, kind in kinds:
-                    g = gates[f"{mode}_{'shared_' if kind == 'shared_' else ''}{pct}off"]
+                    g = gates[f"{mode}_{kind}{pct}off"]
                     a = mask * g[..., :, None]
                     ref = forward_with_topology(model, ids, a, g, hard=True, skip=mode)
                     out["max_abs_diff_plan_vs_runtime"] = max(out.get("max_abs_diff_plan_vs_runtime", 0.0),
@@ -196,6 +195,20 @@ def main() -> None:
     out["max_abs_diff_plan_dense_vs_stock"] = max_diff
     out.update({f"flex_{k}": round(v, 3) if isinstance(v, float) else v for k, v in flex.stats().items()})
     print(json.dumps(out))
+
+
+def topologies(kinds, draw) -> dict:
+    """The gates of every variant ``<mode>_<kind><pct>off``, drawn in order by ``draw(pct, shared)``;
+    a backend variant (``flex_``, ``sdpa_``) runs the gates of its ``auto`` variant."""
+    gates = {}
+    for mode, pct, kind in kinds:
+        gates[f"{mode}_{kind}{pct}off"] = gates[f"{mode}_{pct}off"] if kind in BACKENDS_ else draw(pct, kind == "shared_")
+    return gates
+
+
+def backend_of(kind: str) -> str:
+    """The attention backend a variant kind runs under (``auto`` unless it names one)."""
+    return kind.rstrip("_") if kind in BACKENDS_ else "auto"
 
 
 def routed(model, ids, gates, mode, backend, cache=None):
@@ -238,13 +251,10 @@ def generation(model, t: int, args, kinds, gen, sync) -> dict:
     n, b, new, dev = n_nodes(n_layers, n_heads), args.gen_batch, args.new, args.device
     prompt = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(dev)
     steps = torch.randint(0, cfg.vocab_size, (b, new), generator=gen).to(dev)  # teacher-forced: same work per run
-    gates = {"plan_dense": torch.ones(n, device=dev)}
-    for mode, pct, kind in kinds:
-        if kind in BACKENDS_:  # the auto variant's topologies under another backend
-            gates[f"{mode}_{kind}{pct}off"] = gates[f"{mode}_{pct}off"]
-        else:
-            gates[f"{mode}_{kind}{pct}off"] = (shared_gates(n_layers, n_heads, pct, gen) if kind else
-                                                per_token_gates(n_layers, n_heads, pct, b, t + new, gen)).to(dev)
+    gates = {"plan_dense": torch.ones(n, device=dev),
+             **topologies(kinds, lambda pct, shared: (shared_gates(n_layers, n_heads, pct, gen) if shared else
+                                                     per_token_gates(n_layers, n_heads, pct, b, t + new, gen)).to(dev))}
+    backends = {f"{mode}_{kind}{pct}off": backend_of(kind) for mode, pct, kind in kinds}
 
     def setup(name):  # the prompt's cache, untimed
         if name == "stock":  # HF's preallocated cache: the fastest stock decoding
@@ -270,7 +280,7 @@ def generation(model, t: int, args, kinds, gen, sync) -> dict:
 
     def plan(name):
         mode = "query" if name == "plan_dense" else name.split("_")[0]
-        backend = next((b for b in BACKENDS if f"_{b}_" in name), "auto")
+        backend = backends.get(name, "auto")
         g = gates[name]
 
         def run(cache):

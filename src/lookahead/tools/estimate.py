@@ -94,14 +94,14 @@ def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vo
                 f"{model} not found: base.arch and tokenizer.vocab_size")
 
 
-def _encoder_params(name: str, base: Arch) -> tuple[float, int]:
-    """(parameters, context) of the context cache's encoder."""
+def _encoder_params(name: str, base: Arch) -> float:
+    """Parameters of the context cache's encoder."""
     if name == "minilm":
-        return 22.7e6, 0
+        return 22.7e6
     if name == "base":
-        return base.params, 0
+        return base.params
     p = PUBLISHED.get(name)
-    return (Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]).params if p else 0.6e9), 0
+    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]).params if p else 0.6e9
 
 
 @dataclasses.dataclass
@@ -172,7 +172,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      note=f"{mod.seeds} seeds; the LM frozen, gradients through it"))
 
     cx = configs["contexts"]
-    enc, _ = _encoder_params(cx.encoder, arch)
+    enc = _encoder_params(cx.encoder, arch)
     c_tokens = (cx.train_sequences + cx.val_sequences) * t
     out.append(Stage("contexts", frozen=enc, forward_tokens=c_tokens, flops=2 * enc * c_tokens, weights=4.0 * enc,
                      activations=4.0 * cx.batch_size * t * 1024, note=f"encoder {cx.encoder}"))
