@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast verify replicate bench check-params estimate mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate mlflow-ui push sweep-depth-width clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -60,6 +60,11 @@ test: setup
 # `slow` are left out). `make test` runs everything, as CI does.
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# docs/results.md and README.md's summary, rendered from the metrics in git (lookahead.tools.results):
+# run it after `dvc repro` and commit the page with the metrics (a test fails on a stale page).
+results: $(STAMP)
+	$(BIN)/python -m lookahead.tools.results
 
 # This workspace's headline figures against a git revision's (REV=<rev>, default HEAD), each within
 # its seed spread (DESIGN §12; "Reproducing the numbers" in the README). Exit 1: a research headline

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     with stage_run("pairs", {"pairs": to_dict(cfg)}) as run:
         metrics = build_pairs_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
-        write_metrics(metrics, headline(cfg), args.metrics, args.report, run)
+        write_metrics(metrics, headline(cfg), args.metrics, args.report, run,
+                      declared=("sd",))  # the spreads of pairs.target beats_dense
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from lookahead.pipeline.evaluate.causality import causality_check
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
 from lookahead.pipeline.evaluate.rows import Shapes, position_figures, predictor_topologies
 
-# the table's rows, in order (README "Adding an evaluate row"): written out here, not read from the code
+# the table's rows, in order (docs/development.md, "Adding an evaluate row"): written out here, not read from the code
 ROW_ORDER = ("dense_base", "phase1_soft", "phase1_hard", "diffusion_sample", "diffusion_best_of_k", "phase2_soft",
              "phase2_hard", "dense_control", "static_control", "static_pruning", "random_heads", "static_pruning_phase2",
              "random_heads_phase2", "random_sample", "random_best_of_k")

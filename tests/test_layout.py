@@ -1,4 +1,4 @@
-"""The package's import rules (README "Layout"; STYLE "The package layout"), read from the AST of
+"""The package's import rules (docs/development.md "Layout"; STYLE "The package layout"), read from the AST of
 every module, imports inside functions included:
 
 - ``core`` imports only ``core``; ``train`` and ``lm`` only ``core``; ``graph`` and ``semantics``

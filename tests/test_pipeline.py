@@ -9,7 +9,9 @@ experiments (`dvc exp run --queue` + `dvc queue start`) land in the same MLflow 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -24,7 +26,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lookahead.core.config import flatten
-from lookahead.core.report import MAX_HEADLINE
+from lookahead.core.report import MAX_HEADLINE, read_headline
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
@@ -34,6 +36,18 @@ STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator"
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def metrics_width(shown: dict, name: str) -> int:
+    """How wide `dvc metrics show <name>` prints, from `dvc metrics show --json`'s output ``shown``:
+    DVC's own table (dvc.compare), as its command renders it."""
+    from dvc.compare import metrics_table
+
+    one = {rev: {"data": {name: data["data"][name]}} for rev, data in shown.items()}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics_table(one, precision=5, round_digits=True).render()
+    return max(len(line) for line in out.getvalue().splitlines())
 
 
 def stage_runs(repo: Path) -> list:
@@ -52,15 +66,25 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     out = pipeline_repro_output  # the session's tiny run (tests/conftest.py), started with the session
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out
-    headline = {stage: json.loads((path / "metrics" / f"{stage}.json").read_text()) for stage in STAGES}
+    headline = {stage: read_headline(path / "metrics" / f"{stage}.json") for stage in STAGES}
     report = {stage: json.loads((path / "metrics" / f"{stage}_report.json").read_text()) for stage in STAGES}
-    readme = (path / "README.md").read_text()
+    docs = "\n".join(page.read_text() for page in [path / "README.md", *sorted((path / "docs").rglob("*.md"))])
     for stage in STAGES:  # headline figures: flat, a few, documented; the report holds the rest
         assert 1 <= len(headline[stage]) <= MAX_HEADLINE and len(flatten(report[stage])) >= len(headline[stage]), stage
         # scalars, or a dict of scalars (`dvc metrics show` flattens it: alpha_per_layer.l0, ...)
         assert all(not isinstance(v, list) and (not isinstance(v, dict) or all(isinstance(x, (int, float)) for x in v.values()))
                    for v in headline[stage].values()), stage
-        assert all(f"`{key}`" in readme for key in headline[stage]), (stage, set(headline[stage]))
+        assert all(f"`{key}`" in docs for key in headline[stage]), (stage, set(headline[stage]))
+    # every headline file fits a terminal: `dvc metrics show metrics/<stage>.json` at most 400 characters
+    # wide (spreads and intervals in the sibling files, lookahead.core.report), each sibling declared
+    shown = json.loads(sh(["dvc", "metrics", "show", "--json"], path, env))
+    declared = {name for rev in shown.values() for name in rev["data"]}
+    written = {f"metrics/{name}.json" for stage in STAGES for name in (stage, f"{stage}_sd", f"{stage}_ci")
+               if (path / "metrics" / f"{name}.json").is_file()}
+    assert written == declared, written ^ declared
+    assert {f"metrics/{stage}_{part}.json" for stage, part in (("phase1", "ci"), ("evaluate", "ci"), ("phase2", "sd"))} <= declared
+    widths = {name: metrics_width(shown, name) for name in declared}
+    assert max(widths.values()) <= 400, widths
     base = headline["base"]
     assert set(base) == {"val_nll", "val_ppl", "val_unigram_nll", "parameters", "train_steps"}
     assert base["val_nll"] == report["base"]["val_nll"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lookahead.core.report import MAX_HEADLINE, pick, write_metrics
+from lookahead.core.report import MAX_HEADLINE, pick, read_headline, write_metrics
 from lookahead.pipeline.probe import build as probe
 
 REPORT = {"train": {"lines": 10, "words": 55}, "val_nll": 3.25, "per_layer": [0.5, 1.0], "encoder": "minilm",
@@ -54,6 +54,27 @@ def test_write_metrics_writes_headline_and_whole_report_and_logs_the_report(tmp_
     assert json.loads((tmp_path / "m.json").read_text()) == headline == {"train_lines": 10}
     assert json.loads((tmp_path / "r.json").read_text()) == REPORT
     assert run.metrics == [REPORT] and run.artifacts == [str(tmp_path / "r.json"), str(tmp_path / "m_timing.json")]
+
+
+def test_spreads_and_intervals_go_to_sibling_files_and_read_back_as_one_headline(tmp_path):
+    """So that `dvc metrics show metrics/<stage>.json` fits a terminal: the figures in it, their
+    spreads in <stage>_sd.json, the claims' intervals in <stage>_ci.json (each only where it has one)."""
+    report = {"nll": 4.0, "nll_sd": 0.1, "gap": -0.5, "gap_sd": 0.2, "gap_se": 0.1, "gap_ci_low": -0.7,
+              "gap_ci_high": -0.3, "seeds": 3, "kind": "lerp", "layers": {"l0": 0.5}}
+    keys = tuple(report)
+    headline = write_metrics(report, keys, tmp_path / "m.json", tmp_path / "r.json")
+    assert headline == report and read_headline(tmp_path / "m.json") == report
+    assert json.loads((tmp_path / "m.json").read_text()) == {"nll": 4.0, "gap": -0.5, "kind": "lerp", "layers": {"l0": 0.5}}
+    assert json.loads((tmp_path / "m_sd.json").read_text()) == {"nll_sd": 0.1, "gap_sd": 0.2, "gap_se": 0.1, "seeds": 3}
+    assert json.loads((tmp_path / "m_ci.json").read_text()) == {"gap_ci_low": -0.7, "gap_ci_high": -0.3}
+    # a later headline without intervals leaves no stale sibling to be read back with it
+    write_metrics(report, ("nll", "nll_sd", "seeds"), tmp_path / "m.json", tmp_path / "r.json")
+    assert not (tmp_path / "m_ci.json").exists() and read_headline(tmp_path / "m.json") == {"nll": 4.0, "nll_sd": 0.1, "seeds": 3}
+    write_metrics(report, ("nll",), tmp_path / "m.json", tmp_path / "r.json")
+    assert not (tmp_path / "m_sd.json").exists()
+    # a sibling dvc.yaml declares for a stage whose headline has it under some settings only: always written
+    write_metrics(report, ("nll",), tmp_path / "m.json", tmp_path / "r.json", declared=("sd",))
+    assert json.loads((tmp_path / "m_sd.json").read_text()) == {} and read_headline(tmp_path / "m.json") == {"nll": 4.0}
 
 
 def test_timings_leave_the_headline_and_the_report_for_their_own_file(tmp_path):

@@ -109,7 +109,7 @@ def share_round_trip(a: Path, env: dict, seed1_report: bytes, remote_args: list[
 def test_local_directory_remote_round_trip(pushed_repo, tmp_path):
     a, env, seed1_report = pushed_repo
     store = tmp_path / "store"
-    remote = [["add", "-f", "-d", "team", str(store)], ["modify", "team", "verify", "true"]]  # as the README says
+    remote = [["add", "-f", "-d", "team", str(store)], ["modify", "team", "verify", "true"]]  # as docs/sharing.md says
     timings = share_round_trip(a, env, seed1_report, remote, tmp_path)
     print("local remote", json.dumps({k: round(v, 2) for k, v in timings.items()}))
     assert any(store.rglob("*")) and (store / "runs").is_dir()  # outputs and run records
@@ -170,7 +170,7 @@ def test_experiments_travel_through_git_and_dvc_remotes(queued_experiments, tmp_
     t = time.perf_counter()
     sh(["dvc", "exp", "pull", "origin", *names], d, env)
     exp_pull_s = time.perf_counter() - t
-    # experiments belong to the commit they were queued from (the README says so)
+    # experiments belong to the commit they were queued from (docs/sharing.md says so)
     shown = subprocess.run(["dvc", "exp", "show", "--json", "--rev", baseline], cwd=d, env=env, capture_output=True,
                            text=True, check=True)
     listed = {rev["name"]: rev for row in json.loads(shown.stdout) for exp in (row.get("experiments") or [])

@@ -135,3 +135,32 @@ def test_against_another_workspace_instead_of_a_revision(repo, tmp_path_factory,
     assert main(["--repo", str(repo), "--against", str(other)]) == 1
     out = capsys.readouterr().out
     assert "OUTSIDE: a.ratio" in out and f"claims agree with {other}" in out
+
+
+def test_spreads_and_intervals_in_sibling_files_judge_their_figures(tmp_path):
+    """As the stages write them (lookahead.core.report): metrics/<stage>.json the figures,
+    <stage>_sd.json their spreads, <stage>_ci.json the claims' intervals — at the revision and here."""
+    from lookahead.core.report import write_metrics
+
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML.replace("      - metrics/b.json:\n          cache: false\n",
+                                                        "      - metrics/b.json:\n          cache: false\n"
+                                                        "      - metrics/b_sd.json:\n          cache: false\n"
+                                                        "      - metrics/b_ci.json:\n          cache: false\n"))
+    (tmp_path / "metrics").mkdir()
+    keys = ("nll", "nll_sd", "gap", "gap_sd", "gap_se", "gap_ci_low", "gap_ci_high", "seeds")
+    write_metrics({"nll": 4.0, "nll_sd": 0.01, "seeds": 3, **claim(-0.009, -0.012, -0.006)}, keys,
+                  tmp_path / "metrics/b.json", tmp_path / "metrics/b_report.json")
+    assert set(json.loads((tmp_path / "metrics/b.json").read_text())) == {"nll", "gap"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "run"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True)
+    write_metrics({"nll": 4.02, "nll_sd": 0.01, "seeds": 3, **claim(-0.004, -0.007, -0.001)}, keys,
+                  tmp_path / "metrics/b.json", tmp_path / "metrics/b_report.json")
+    rows = {r.figure: r for r in verify(tmp_path, "HEAD")}
+    assert set(rows) == {"b.nll", "b.gap"}  # no row of its own for a spread, an interval or a sibling file
+    assert rows["b.nll"].research and rows["b.nll"].basis == "3 sd" and rows["b.nll"].within  # 0.02 <= 3 x 0.01
+    assert rows["b.gap"].claim and rows["b.gap"].committed_interval == (-0.012, -0.006) and rows["b.gap"].within
+    write_metrics({"nll": 4.05, "nll_sd": 0.01, "seeds": 3, **claim(0.002, -0.008, 0.012)}, keys,
+                  tmp_path / "metrics/b.json", tmp_path / "metrics/b_report.json")
+    rows = {r.figure: r for r in verify(tmp_path, "HEAD")}
+    assert not rows["b.nll"].within and rows["b.gap"].sign_flipped

@@ -3,7 +3,7 @@ same way, each then retried. Both end consistent: nothing lost locally, every ob
 and in the clone's cache whole (its md5 is its name), the clone's workspace equal to the original's.
 
 The server is the sharing tests' real sshd; the failure is a TCP relay in front of it that dies
-after a byte budget (lookahead.tools.faults.CuttingProxy). The remote is set up as the README says, with
+after a byte budget (lookahead.tools.faults.CuttingProxy). The remote is set up as docs/sharing.md says, with
 ``verify = true``: without it DVC (dvc-objects 5.2) can keep the half-downloaded object of a cut
 pull in its cache under the object's name, and the retried pull checks that truncated file out while
 `dvc status` says all is up to date (it happened here when the cut landed on a lone download)."""

@@ -15,11 +15,17 @@ A stage computes a nested dict of figures — its *report*. Three files come out
   same inputs write the same bytes (DESIGN §12). Git-ignored, not a DVC output; logged to MLflow.
 
 Research headlines measured over several seeds (DESIGN §12) carry ``<name>`` (the mean) and
-``<name>_sd`` (the sample standard deviation): see :mod:`lookahead.core.seeds`.
+``<name>_sd`` (the sample standard deviation): see :mod:`lookahead.core.seeds`; paired claims carry
+``<name>_ci_low`` and ``<name>_ci_high`` (:mod:`lookahead.core.intervals`). The headline is one set of
+figures, written to up to three DVC metrics files so that ``dvc metrics show metrics/<stage>.json``
+fits a terminal: the figures in ``metrics/<stage>.json``, their spreads (``_sd``, ``_se``, ``seeds``)
+in ``metrics/<stage>_sd.json`` and the claims' intervals in ``metrics/<stage>_ci.json``, each written
+where it has a figure. :func:`read_headline` reads the three back as one dict.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -103,15 +109,53 @@ def timing_path(metrics_path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.stem}_timing.json")
 
 
+SIBLINGS = {"sd": ("_sd", "_se"), "ci": ("_ci_low", "_ci_high")}
+"""The headline's sibling files (``metrics/<stage>_<part>.json``) and the key suffixes each holds."""
+
+
+def sibling_path(metrics_path: str | os.PathLike, part: str) -> Path:
+    """``metrics/<stage>_<part>.json`` beside ``metrics/<stage>.json`` (``part``: a key of :data:`SIBLINGS`)."""
+    path = Path(metrics_path)
+    return path.with_name(f"{path.stem}_{part}.json")
+
+
+def split_headline(headline: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"": figures, "sd": spreads and the seed count, "ci": intervals}``, each in headline order."""
+    parts: dict[str, dict[str, Any]] = {"": {}, **{part: {} for part in SIBLINGS}}
+    for key, value in headline.items():
+        part = "sd" if key == "seeds" else next((p for p, ends in SIBLINGS.items() if key.endswith(ends)), "")
+        parts[part][key] = value
+    return parts
+
+
+def read_headline(metrics_path: str | os.PathLike) -> dict[str, Any]:
+    """A stage's whole headline: ``metrics/<stage>.json`` with its sibling files' figures."""
+    path = Path(metrics_path)
+    headline = json.loads(path.read_text(encoding="utf-8"))
+    for part in SIBLINGS:
+        if sibling_path(path, part).is_file():
+            headline.update(json.loads(sibling_path(path, part).read_text(encoding="utf-8")))
+    return headline
+
+
 def write_metrics(report: dict[str, Any], headline_keys: Mapping[str, FigurePath] | tuple[str, ...],
-                  metrics_path: str | os.PathLike, report_path: str | os.PathLike, tracker=None) -> dict[str, Any]:
-    """Write the headline metrics, the full report and the timings (atomically; see the module
-    docstring); log all three to ``tracker`` (a :class:`lookahead.core.tracking.StageRun`). A timing
-    named as a headline key is an error. Returns the headline dict."""
+                  metrics_path: str | os.PathLike, report_path: str | os.PathLike, tracker=None,
+                  declared: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Write the headline metrics (with their sibling files), the full report and the timings
+    (atomically; see the module docstring); log them to ``tracker`` (a
+    :class:`lookahead.core.tracking.StageRun`). A timing named as a headline key is an error. Returns
+    the whole headline dict. ``declared``: the siblings (:data:`SIBLINGS` keys) dvc.yaml declares for a
+    stage whose headline has them under some settings only, written even where empty."""
     results, timing = split_timings(report)
     headline = pick(results, headline_keys)
     write_json(report_path, results)
-    write_json(metrics_path, headline)
+    parts = split_headline(headline)
+    write_json(metrics_path, parts.pop(""))
+    for part, figures in parts.items():
+        if figures or part in declared:
+            write_json(sibling_path(metrics_path, part), figures)
+        else:  # a stale sibling of an earlier headline would be read back with this one
+            sibling_path(metrics_path, part).unlink(missing_ok=True)
     write_json(timing_path(metrics_path), timing)
     if tracker is not None:
         tracker.log_metrics(report)

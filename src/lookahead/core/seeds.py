@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tqdm import tqdm
+
+from lookahead.core.tracking import is_main_process
 
 C = TypeVar("C")
 
@@ -72,12 +73,6 @@ R = TypeVar("R")
 _FOLLOWING = False
 
 
-def worker() -> bool:
-    """Whether this is a worker (rank > 0) process of a multi-process launch (``accelerate launch``
-    and torchrun set ``RANK``)."""
-    return int(os.environ.get("RANK", "0")) > 0
-
-
 def following() -> bool:
     """Whether this worker process is making a stage's seed runs with the main process
     (:func:`over_seeds`): its trainings return rather than end the process."""
@@ -109,7 +104,7 @@ def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path |
     first sees every run's report, primary first (e.g. to pop per-position NLLs and save them).
     In a worker process of a multi-process launch it makes the same runs in scratch directories
     and ends the process (:func:`_follow`)."""
-    if worker():
+    if not is_main_process():
         _follow(cfg, stage, run)
     primary = run(cfg, None)
     report, rest = (primary[0], primary[1:]) if isinstance(primary, tuple) else (primary, None)

@@ -3,8 +3,9 @@
     python -m lookahead.tools.verify                 # the workspace's metrics/*.json against HEAD's
     python -m lookahead.tools.verify --rev v1.2      # ... against another git revision's
 
-Every headline figure of every ``metrics/<stage>.json`` is compared with the same figure at the
-revision, within a tolerance:
+Every headline figure of every ``metrics/<stage>.json`` (with its spreads and intervals, in
+``metrics/<stage>_sd.json`` and ``metrics/<stage>_ci.json``: :mod:`lookahead.core.report`) is
+compared with the same figure at the revision, within a tolerance:
 
 - a **research headline** — a figure measured over seeds, i.e. one with a ``<name>_sd`` beside it
   — within ``--sd-factor`` (3) times its seed sd (the larger of the two runs'), and never tighter
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lookahead.core.config import flatten
+from lookahead.core.report import SIBLINGS, read_headline, sibling_path
 
 SD_SUFFIX = "_sd"
 LOW, HIGH = "_ci_low", "_ci_high"  # a claim's interval (lookahead.core.intervals): part of its row
@@ -182,18 +184,39 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, 
     """Every headline figure of the workspace's DVC metrics files against the same at ``rev``, or in
     the workspace ``against`` (its files stand for the committed run)."""
     rows: list[Row] = []
-    for relpath in metrics_files(repo):
+    files = metrics_files(repo)
+    for relpath in headline_files(files):
         path = repo / relpath
+        siblings = [str(sibling_path(relpath, part)) for part in SIBLINGS]
         if against is not None:
-            other = Path(against) / relpath
-            committed = json.loads(other.read_text(encoding="utf-8")) if other.is_file() else None
+            committed = _merged([_read(Path(against) / name) for name in (relpath, *siblings)])
         else:
-            committed = read_at_revision(repo, rev, relpath)
+            committed = _merged([read_at_revision(repo, rev, name) for name in (relpath, *siblings)])
         if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
             continue
-        rows += compare(committed, json.loads(path.read_text(encoding="utf-8")), Path(relpath).stem, sd_factor, rel_tol,
-                        floor)
+        rows += compare(committed, read_headline(path), Path(relpath).stem, sd_factor, rel_tol, floor)
     return rows
+
+
+def headline_files(files: list[str]) -> list[str]:
+    """The stages' headline files among DVC metrics ``files``: without the sibling files that hold
+    their spreads and intervals (:func:`lookahead.core.report.read_headline` reads those with them)."""
+    siblings = {str(sibling_path(name, part)) for name in files for part in SIBLINGS}
+    return [name for name in files if name not in siblings]
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _merged(parts: list[dict | None]) -> dict | None:
+    """A headline file with its siblings' figures; None where the headline file itself is missing."""
+    if parts[0] is None:
+        return None
+    merged = dict(parts[0])
+    for part in parts[1:]:
+        merged.update(part or {})
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,402 @@
+"""The results page, rendered from the committed metrics: ``make results`` writes ``docs/results.md``.
+
+    python -m lookahead.tools.results                # (re)write docs/results.md and README.md's summary
+    python -m lookahead.tools.results --check        # exit 1 where either differs from a fresh render
+
+Every figure on the page is read from a file in git that the pipeline or a benchmark wrote — the
+stages' headlines (``metrics/<stage>.json`` with their spreads and intervals,
+:func:`lookahead.core.report.read_headline`), evaluate's rows (``metrics/evaluate_pareto.csv``), and
+the runtime benchmark's JSON line kept in ``benchmarks/results/runtime.json`` — and nothing else in the docs quotes a current figure: they link
+here, but for README.md's five-line summary, which is rendered from the same files between two
+markers (:data:`BEGIN`, :data:`END`). A test renders the page afresh and compares it with the committed one, so a change of metrics
+without the page fails CI.
+
+Each finding is a table of comparisons: the figure (mean ± sd over its stage's seeds), the figure it
+is judged against, and a verdict by a rule stated beside the table:
+
+- a paired difference with its 95 % interval (:mod:`lookahead.core.intervals`) *holds* where the
+  interval lies on the claimed side of the reference, *fails* where it lies on the other side, and is
+  *unresolved* where it straddles it;
+- a mean against a fixed reference, or against another mean, *holds* where it lies on the claimed
+  side (below or above) by more than twice its standard error (sd / √seeds, the two combined for two
+  means), *fails* where it lies on the other side by as much, and is *within noise* otherwise;
+- a speed is judged by the share of its FLOP ideal it reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lookahead.core.atomic import atomic_file
+from lookahead.core.report import read_headline
+
+PAGE = Path("docs/results.md")
+RUNTIME = Path("benchmarks/results/runtime.json")
+PARETO = Path("metrics/evaluate_pareto.csv")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One stage's headline (mean, ``_sd``, ``_ci_low``/``_ci_high``, ``seeds``)."""
+
+    stage: str
+    values: dict
+
+    def has(self, *keys: str) -> bool:
+        return all(isinstance(self.values.get(k), (int, float)) and not isinstance(self.values.get(k), bool)
+                   for k in keys)
+
+    @property
+    def seeds(self) -> int:
+        return int(self.values.get("seeds", 1))
+
+    def mean(self, key: str) -> float:
+        return float(self.values[key])
+
+    def sd(self, key: str) -> float:
+        return float(self.values.get(f"{key}_sd") or 0.0)
+
+    def show(self, key: str, digits: int = 3) -> str:
+        """``mean ± sd (n)``, or the one value of a figure without a spread."""
+        if f"{key}_sd" not in self.values:
+            return _num(self.mean(key), digits)
+        return f"{_num(self.mean(key), digits)} ± {_num(self.sd(key), digits)} ({self.seeds})"
+
+    def interval(self, key: str) -> tuple[float, float] | None:
+        low, high = self.values.get(f"{key}_ci_low"), self.values.get(f"{key}_ci_high")
+        return (float(low), float(high)) if low is not None and high is not None else None
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:+.{digits}f}" if digits < 0 else f"{value:.{digits}f}"
+
+
+def claim_verdict(interval: tuple[float, float], below: bool, reference: float = 0.0) -> str:
+    """A paired difference's interval against ``reference``, claimed ``below`` it (else above)."""
+    low, high = interval
+    if (high < reference) if below else (low > reference):
+        return "holds"
+    if (low > reference) if below else (high < reference):
+        return "fails"
+    return "unresolved"
+
+
+def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: float = 0.0) -> str:
+    """``mean`` (sd over ``n`` seeds) against ``reference`` (a value, or a mean with ``other_sd``)."""
+    se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
+    diff = mean - reference
+    if se == 0.0:
+        return "above" if diff > 0 else "below" if diff < 0 else "equal"
+    if abs(diff) <= 2 * se:
+        return "within noise"
+    return "above" if diff > 0 else "below"
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+COMPARISON = ("comparison", "figure", "mean ± sd (seeds)", "judged against", "verdict")
+
+
+def _claim_row(f: Figures, what: str, key: str, below: bool, against: str) -> tuple[str, ...] | None:
+    if not f.has(key) or f.interval(key) is None:
+        return None
+    low, high = f.interval(key)
+    return (what, f"`{key}`", f"{f.show(key)}, 95 % CI [{low:.3f}, {high:.3f}]", against,
+            claim_verdict((low, high), below))
+
+
+def _mean_row(f: Figures, what: str, key: str, claimed: str, reference: float, against: str, other: str | None = None,
+              digits: int = 3) -> tuple[str, ...] | None:
+    """A mean judged against ``reference`` (or the mean ``other``), claimed ``below`` or ``above`` it."""
+    if not f.has(key) or (other is not None and not f.has(other)):
+        return None
+    ref, other_sd = (f.mean(other), f.sd(other)) if other else (reference, 0.0)
+    if other:
+        against = f"{against}: {f.show(other, digits)}"
+    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, ref, other_sd)
+    verdict = "within noise" if side == "within noise" else f"{'holds' if side == claimed else 'fails'} ({side})"
+    return (what, f"`{key}`", f.show(key, digits), f"{claimed} {against}", verdict)
+
+
+def _rows(*rows) -> list[tuple[str, ...]]:
+    return [row for row in rows if row is not None]
+
+
+def phase1_section(m: dict[str, Figures]) -> list[str]:
+    p = m["phase1"]
+    frac = p.values.get("active_head_fraction")
+    out = ["## Phase 1: the router against static pruning and the oracles",
+           "",
+           f"The base LM frozen; the lookahead router picks each token's heads from the context, at "
+           f"{frac:.0%} of heads active (`metrics/phase1.json`). Lower NLL is better.", ""]
+    out += table(COMPARISON, _rows(
+        _claim_row(p, "router below static pruning, paired per position", "router_minus_static_pruning", True,
+                   "< 0"),
+        _mean_row(p, "the router's NLL increase over static pruning's", "increase_over_static_increase", "below", 1.0,
+                  "1 (as much as static pruning)"),
+        _mean_row(p, "deployed router (its own routed states) over static pruning's", "deployed_increase_over_static_increase",
+                  "below", 1.0, "1 (as much as static pruning)"),
+        _mean_row(p, "the router captures the greedy per-token oracle's gain", "greedy_capture", "above", 0.6,
+                  "0.6 (the router's target)"),
+        _mean_row(p, "the router keeps the greedy oracle's heads", "oracle_recall_at_k", "above", frac,
+                  f"{frac:g}, the active fraction (chance)"),
+    ))
+    out += ["", "The NLLs behind it (val scoring set):", ""]
+    nll = [("dense (every head)", "dense_nll"), ("router, hard gates", "hard_nll"),
+           ("router, deployed", "deployed_nll"), ("static importance pruning", "static_pruning_nll"),
+           ("random per-token heads", "random_heads_nll"), ("label-free oracle", "oracle_nll"),
+           ("greedy per-token oracle", "greedy_oracle_nll")]
+    out += table(("topology", "figure", "val NLL"), [(name, f"`{key}`", p.show(key)) for name, key in nll if p.has(key)])
+    return out
+
+
+def phase2_section(m: dict[str, Figures]) -> list[str]:
+    e = m["evaluate"]
+    frac = e.values.get("phase2_active_head_fraction")
+    out = ["## Phase 2: the LM trained with its router, against both controls", "",
+           f"Phase 2 continues pretraining the LM jointly with its router at {frac:.0%} of heads active; the "
+           "dense control continues pretraining the same LM for the same tokens with every head on, the "
+           "static control under a fixed importance mask at the same fraction (`metrics/evaluate.json`). "
+           "The seed's goal is topologies that *lower* NLL against dense.", ""]
+    out += table(COMPARISON, _rows(
+        _claim_row(e, "phase 2 below the dense control (the seed's goal)", "phase2_minus_control", True, "< 0"),
+        _claim_row(e, "phase 2 below the static control (per-token routing pays)", "phase2_minus_static_control",
+                   True, "< 0"),
+    ))
+    out += ["", "The NLLs behind it:", ""]
+    nll = [("base LM, dense", "dense_base_nll"), ("dense control", "dense_control_nll"),
+           ("static control", "static_control_nll"), ("phase 1 router on the base LM", "phase1_hard_nll"),
+           ("phase 2, hard gates", "phase2_hard_nll")]
+    out += table(("model", "figure", "val NLL"), [(name, f"`{key}`", e.show(key)) for name, key in nll if e.has(key)])
+    if e.has("attention_flops_over_dense"):
+        out += ["", f"Attention FLOPs of the routed rows over dense: {e.mean('attention_flops_over_dense'):.3f} "
+                "(`attention_flops_over_dense`)."]
+    return out
+
+
+def decoders_section(m: dict[str, Figures]) -> list[str]:
+    d, e = m["diffusion"], m["evaluate"]
+    out = ["## Structure decoders against their nulls", "",
+           "Can a decoder reading the context propose the keep sets that are good for a token? The ground "
+           "truth is each val position's ε-good keep sets (`metrics/pairs.json`); the decoders are the MLP "
+           "router's sampler (`baseline_`), the autoregressive keep-set decoder (`autoregressive_`) and the "
+           "diffusion head (`metrics/diffusion.json`). Best of K is chosen without labels (by KL to dense).", ""]
+    rows = _rows(
+        _mean_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
+                  0.0, "`baseline_recall_at_8`", other="baseline_recall_at_8"),
+        _mean_row(d, "autoregressive decoder's recall@8, against the router's sampler", "autoregressive_recall_at_8",
+                  "above", 0.0, "`baseline_recall_at_8`", other="baseline_recall_at_8"),
+        _mean_row(d, "diffusion best of K (label-free) against frequency-matched random sets",
+                  "best_of_k_label_free_nll", "below", 0.0, "`null_frequency_best_of_k_nll`",
+                  other="null_frequency_best_of_k_nll"),
+        _mean_row(d, "autoregressive best of K (label-free) against the same null",
+                  "autoregressive_best_of_k_label_free_nll", "below", 0.0, "`null_frequency_best_of_k_nll`",
+                  other="null_frequency_best_of_k_nll"),
+        _mean_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below", 0.0,
+                  "`baseline_best_of_k_nll`", other="baseline_best_of_k_nll"),
+        _claim_row(e, "diffusion best of K below random best of K (evaluate, oracle choice)",
+                   "diffusion_best_of_k_minus_null", True, "< 0"),
+    )
+    out += table(COMPARISON, rows)
+    if d.has("eps_good_per_position"):
+        out += ["", f"ε-good keep sets per val position: {d.mean('eps_good_per_position'):.2f}, two or more at "
+                f"{d.mean('eps_good_multi_share'):.1%} of positions (`eps_good_per_position`, `eps_good_multi_share`)."]
+    return out
+
+
+def modulator_section(m: dict[str, Figures]) -> list[str]:
+    mod = m["modulator"]
+    kind = mod.values.get("kind")
+    out = ["## The geometric modulator against the seed's claim", "",
+           f"The seed claims that nudging the residual stream toward each token's WordNet geometry (here the "
+           f"`{kind}` modulator, the LM frozen) raises the alignment of the model's representations with WordNet "
+           "while NLL stays within +1 % (`metrics/modulator.json`).", ""]
+    out += table(COMPARISON, _rows(
+        _mean_row(mod, "NLL change, % (coherence kept)", "val_nll_change_pct", "below", 1.0, "+1 % (the seed's bar)"),
+        _mean_row(mod, "gloss-level Pearson gain, %", "pearson_gain_pct", "above", 0.0, "0 (no gain)"),
+        _mean_row(mod, "gloss-level Spearman gain, %", "spearman_gain_pct", "above", 0.0, "0 (no gain)"),
+        _mean_row(mod, "token-level Spearman gain, %", "token_spearman_gain_pct", "above", 0.0, "0 (no gain)"),
+        _mean_row(mod, "mean α (how far the stream is pulled)", "alpha_mean", "above", 0.0, "0",
+                  digits=4),
+    ))
+    if "cv_in_band" in mod.values:
+        out += ["", f"Pentachoron CV of the gloss encodings after: {mod.mean('cv_ratio_after'):.3f} of a Gaussian's "
+                f"(`cv_ratio_after`); inside the seed's band: {'yes' if mod.values['cv_in_band'] else 'no'} (`cv_in_band`)."]
+    return out
+
+
+SPEED = (("prefill", 128, "query"), ("prefill", 512, "query"), ("prefill", 2048, "query"), ("prefill", 2048, "full"),
+         ("generate", 128, "query"), ("generate", 2048, "query"), ("generate", 2048, "full"))
+
+
+def speed_section(runtime: dict | None) -> list[str]:
+    out = ["## Speed against the FLOP ideal", ""]
+    if runtime is None:
+        return out + [f"No runtime record: run `python benchmarks/runtime.py --runs 3 > {RUNTIME}`."]
+    runs = runtime.get("runs", 1)
+    out += [f"Per-token topologies with 50 % of heads off, executed by the plan (`lookahead.graph.plan`, backend "
+            f"`auto`) against the stock dense forward, tokens/s over dense: mean ± sd over {runs} runs of "
+            f"`python benchmarks/runtime.py --runs {runs}` on {runtime.get('device')} "
+            f"({runtime.get('threads')} threads, {runtime.get('layers_x_heads')} heads, hidden {runtime.get('hidden')}; "
+            f"`{RUNTIME}`). The ideal is the ratio of multiply-accumulates per token; the verdict is the share of the "
+            "ideal's speed-up reached, (ratio − 1) / (ideal − 1).", ""]
+    rows = []
+    for phase, t_len, mode in SPEED:
+        key = f"{phase}_T{t_len}_{mode}_50off_over_dense"
+        if key not in runtime:
+            continue
+        ratio, sd, ideal = runtime[key], runtime.get(f"{key}_sd", 0.0), runtime[f"{key}_ideal"]
+        share = (ratio - 1.0) / (ideal - 1.0) if ideal > 1.0 else float("nan")
+        rows.append((f"{phase}, T = {t_len}, skip `{mode}`", f"`{key}`", f"{ratio:.2f} ± {sd:.2f} ({runs})",
+                     f"{ideal:.2f} (FLOP ideal)", f"{share:.2f} of the ideal speed-up" if math.isfinite(share) else "–"))
+    return out + table(("comparison", "figure", "mean ± sd (runs)", "judged against", "verdict"), rows)
+
+
+BEGIN, END = "<!-- results: begin (make results) -->", "<!-- results: end -->"
+"""The README's five-line summary sits between these markers; ``make results`` rewrites it."""
+
+
+def _claim_line(f: Figures, key: str, below: bool) -> str:
+    low, high = f.interval(key)
+    claimed = "< 0" if below else "> 0"
+    return f"{f.mean(key):+.3f} nats, 95 % CI [{low:+.3f}, {high:+.3f}]: {claim_verdict((low, high), below)} (claimed {claimed})"
+
+
+def summary(m: dict[str, Figures], runtime: dict | None) -> list[str]:
+    """Five lines for the README, one per finding, each with its verdict."""
+    p, e, d, mod = m["phase1"], m["evaluate"], m["diffusion"], m["modulator"]
+    lines = [f"- **Phase 1** (LM frozen): router − static pruning at the same head budget "
+             f"{_claim_line(p, 'router_minus_static_pruning', True)}; it captures "
+             f"{p.show('greedy_capture', 2)} of the greedy per-token oracle's gain (`greedy_capture`).",
+             f"- **Phase 2** (LM trained with its router): phase 2 − dense control "
+             f"{_claim_line(e, 'phase2_minus_control', True)}; phase 2 − static control "
+             f"{_claim_line(e, 'phase2_minus_static_control', True)}."]
+    if d.has("recall_at_8", "baseline_recall_at_8"):
+        lines.append(f"- **Decoders**: the diffusion head's recall@8 of the ε-good keep sets {d.show('recall_at_8')} "
+                     f"against the router's sampler's {d.show('baseline_recall_at_8')}; its best of K − random best of K "
+                     f"{_claim_line(e, 'diffusion_best_of_k_minus_null', True)}.")
+    else:
+        lines.append(f"- **Decoders**: diffusion best of K − random best of K "
+                     f"{_claim_line(e, 'diffusion_best_of_k_minus_null', True)}.")
+    lines.append(f"- **Modulator** (`{mod.values.get('kind')}`): NLL change {mod.show('val_nll_change_pct')} %, gloss-level "
+                 f"Spearman gain {mod.show('spearman_gain_pct')} %, token-level {mod.show('token_spearman_gain_pct')} % "
+                 "(the seed claims a gain within +1 % NLL).")
+    key = "prefill_T2048_query_50off_over_dense"
+    if runtime and key in runtime:
+        gen = "generate_T2048_query_50off_over_dense"
+        lines.append(f"- **Speed** (per token, 50 % of heads off, T = 2048, {runtime.get('device')}): prefill "
+                     f"{runtime[key]:.2f}× dense (FLOP ideal {runtime[key + '_ideal']:.2f}), generation "
+                     f"{runtime[gen]:.2f}× (ideal {runtime[gen + '_ideal']:.2f}).")
+    return lines
+
+
+def render_readme(root: Path, readme: str) -> str:
+    """``readme`` with its summary block rewritten from the metrics at ``root``."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"README.md has no results block ({BEGIN} … {END})")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    block = "\n".join(summary(_stages(root), _runtime(root)))
+    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def _stages(root: Path) -> dict[str, Figures]:
+    return {stage: Figures(stage, read_headline(root / "metrics" / f"{stage}.json"))
+            for stage in ("phase1", "evaluate", "diffusion", "modulator")}
+
+
+def _runtime(root: Path) -> dict | None:
+    path = root / RUNTIME
+    return json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1]) if path.is_file() else None
+
+
+def rows_section(path: Path) -> list[str]:
+    """Every evaluate row's val NLL and active-head fraction, from ``metrics/evaluate_pareto.csv``."""
+    import csv
+
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if not r["row"].startswith("static pruning curve")]
+    out = ["## Every row of the final table", "",
+           f"Evaluate's rows on the context cache's val windows, the first seed's LMs (`{PARETO}`; the whole table, "
+           "with edges, per-layer fractions and attention FLOPs, is `metrics/evaluate_table.md`, a DVC output):", ""]
+    return out + table(("row", "active heads", "val NLL"),
+                       [(f"`{r['row']}`", f"{float(r['active_head_fraction']):.3f}", f"{float(r['nll']):.3f}")
+                        for r in rows]) + [""]
+
+
+def render(root: Path) -> str:
+    """The page for the repository at ``root``."""
+    m, runtime = _stages(root), _runtime(root)
+    base = read_headline(root / "metrics" / "base.json")
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by `make results` (lookahead.tools.results) from metrics/ and benchmarks/results/: "
+        "do not edit by hand. A test fails when this page differs from a fresh render. -->",
+        "",
+        "**The question.** Can a small predictor that reads only the context choose, for every token, which "
+        "attention heads of a language model run and which feed which, so that the model loses less than "
+        "static pruning at the same compute, or even beats the dense model? And does nudging the model's "
+        "residual stream toward WordNet geometry make its representations more WordNet-like at no cost in NLL?",
+        "",
+        f"**The run.** The committed profile (`params.yaml`): a base LM of {base.get('parameters', 0) / 1e6:.1f} M "
+        f"parameters pretrained to val NLL {base['val_nll']:.3f} (`metrics/base.json`, one run). The figures below "
+        "are means ± sd over each stage's training seeds (their number in brackets); what each stage scores on: "
+        "[pipeline](pipeline.md); how far the figures should move on another machine: "
+        "[reproducibility](reproducibility.md).",
+        "",
+        "Verdicts: a paired difference with its 95 % interval *holds* where the interval lies on the claimed "
+        "side, *fails* where it lies on the other, and is *unresolved* where it straddles it; a mean against "
+        "a reference *holds* where it lies on the claimed side (below or above) beyond twice its standard error "
+        "(sd / √seeds), *fails* where it lies on the other, else it is *within noise*.",
+        "",
+    ]
+    for section in (phase1_section(m), phase2_section(m), decoders_section(m), modulator_section(m),
+                    speed_section(runtime)):
+        lines += section + [""]
+    lines += rows_section(root / PARETO)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the repository (default: here)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when docs/results.md or README.md's summary differs from a fresh render")
+    args = parser.parse_args(argv)
+    readme = args.repo / "README.md"
+    try:
+        fresh = {args.repo / PAGE: render(args.repo), readme: render_readme(args.repo, readme.read_text(encoding="utf-8"))}
+    except FileNotFoundError as err:
+        print(f"error (results): {err.filename} is missing: run `dvc repro` (or `dvc pull`) first", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = [str(path.relative_to(args.repo)) for path, text in fresh.items()
+                 if not path.is_file() or path.read_text(encoding="utf-8") != text]
+        if stale:
+            print(f"stale: {', '.join(stale)}: run `make results` and commit", file=sys.stderr)
+            return 1
+        print(f"{PAGE} and README.md's summary are up to date")
+        return 0
+    for path, text in fresh.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        print(f"wrote {path.relative_to(args.repo)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

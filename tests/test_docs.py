@@ -1,0 +1,176 @@
+"""The documentation: README and docs/ point only at things that exist, the results page and
+README's summary are what the committed metrics render to, README stays short."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lookahead.tools import results
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
+
+
+def dvc_outputs() -> set[str]:
+    """The outputs dvc.yaml declares: a link to one resolves after `dvc pull` or `dvc repro`."""
+    files = set()
+    for stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []):
+                files |= set(entry) if isinstance(entry, dict) else {entry}
+    return files
+
+
+def test_every_relative_link_resolves_to_a_file_and_heading():
+    outputs, broken = dvc_outputs(), []
+    for page in PAGES:
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
+        for match in LINK.finditer(text):
+            target = match.group(1) or match.group(2)
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            inside = dest == REPO or REPO in dest.parents
+            if path and not (inside and (dest.exists() or str(dest.relative_to(REPO)) in outputs)):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+NOT_MODULES = {"lookahead.failed_stages"}  # an MLflow tag (docs/tracking.md), not a module
+
+
+def _module_exists(dotted: str) -> bool:
+    """``lookahead.a.b`` a module or package, or ``lookahead.a.b.name`` something defined in one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = REPO / "src" / Path(*parts[:cut])
+        source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if source.is_file():
+            rest = parts[cut:]
+            if not rest:
+                return True
+            if len(rest) > 1:
+                return False
+            return re.search(rf"^\s*(def|class)\s+{rest[0]}\b|^{rest[0]}\b\s*[:=]", source.read_text(encoding="utf-8"),
+                             re.M) is not None
+    return False
+
+
+def test_every_module_make_target_stage_and_path_named_exists():
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    missing = []
+    for page in PAGES:
+        text, where = page.read_text(encoding="utf-8"), page.relative_to(REPO)
+        for dotted in set(re.findall(r"\blookahead(?:\.[A-Za-z_]\w*)+", text)) - NOT_MODULES:
+            if not _module_exists(dotted.rstrip(".")):
+                missing.append(f"{where}: {dotted}")
+        # commands: in code (after a backtick, or starting a line of a code block), not prose ("make its")
+        for target in set(re.findall(r"(?:`|^\s*)make ([a-z][\w-]*)", text, re.M)):
+            if target not in targets:
+                missing.append(f"{where}: make {target}")
+        for stage in set(re.findall(r"(?:`|^\s*)dvc repro (?:-[fs] )*([a-z]\w*)", text, re.M)):
+            if stage not in stages:
+                missing.append(f"{where}: dvc repro {stage}")
+        for path in set(re.findall(r"\b((?:stages|scripts|benchmarks|tests|profiles)/[\w/.-]+\.(?:py|yaml|sh))", text)):
+            if not (REPO / path).is_file():
+                missing.append(f"{where}: {path}")
+    assert not missing, "\n".join(sorted(missing))
+
+
+def test_the_readme_is_short_and_answers_the_newcomer_first():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    headings = re.findall(r"^## (.*)$", FENCE.sub("", readme), re.M)
+    assert headings[:5] == ["What it found", "Quick start", "Run it on OLMo-2-1B", "Change a parameter and see the effect",
+                            "Share results"]
+    for page in (REPO / "docs").glob("*.md"):  # every topic page is in the index
+        assert f"(docs/{page.name})" in readme, page.name
+
+
+def test_the_estimate_in_the_readme_is_what_make_estimate_prints():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- make estimate PROFILE=profiles/olmo2-1b.yaml", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-m", "lookahead.tools.params", "profiles/olmo2-1b.yaml", "--estimate"],
+                         cwd=REPO, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(REPO / ".no-hub-cache")}).stdout
+    assert block == out
+
+
+def test_the_committed_results_page_and_summary_are_a_fresh_render():
+    """`make results` renders docs/results.md and README's summary from the metrics in git: a change
+    of metrics without the page fails here."""
+    assert results.render(REPO) == (REPO / results.PAGE).read_text(encoding="utf-8"), "run `make results`"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert results.render_readme(REPO, readme) == readme, "run `make results`"
+
+
+def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
+    for rel in ("README.md", "docs/results.md", "benchmarks/results/runtime.json", "metrics/evaluate_pareto.csv"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    for path in (REPO / "metrics").glob("*.json"):
+        shutil.copy(path, tmp_path / "metrics" / path.name)
+    assert results.main(["--repo", str(tmp_path), "--check"]) == 0
+    phase1 = json.loads((tmp_path / "metrics/phase1.json").read_text())
+    phase1["hard_nll"] += 0.01
+    (tmp_path / "metrics/phase1.json").write_text(json.dumps(phase1))
+    assert results.main(["--repo", str(tmp_path), "--check"]) == 1
+    assert "stale: docs/results.md" in capsys.readouterr().err
+    assert results.main(["--repo", str(tmp_path)]) == 0 and results.main(["--repo", str(tmp_path), "--check"]) == 0
+    assert f"| `hard_nll` | {phase1['hard_nll']:.3f} ± " in (tmp_path / "docs/results.md").read_text()
+    # a changed interval flips a verdict in the README's summary too
+    ci = json.loads((tmp_path / "metrics/evaluate_ci.json").read_text()) if (tmp_path / "metrics/evaluate_ci.json").exists() \
+        else json.loads((tmp_path / "metrics/evaluate.json").read_text())
+    ci["phase2_minus_static_control_ci_low"], ci["phase2_minus_static_control_ci_high"] = -0.02, -0.01
+    target = "evaluate_ci.json" if (tmp_path / "metrics/evaluate_ci.json").exists() else "evaluate.json"
+    (tmp_path / "metrics" / target).write_text(json.dumps(ci))
+    assert results.main(["--repo", str(tmp_path), "--check"]) == 1
+    results.main(["--repo", str(tmp_path)])
+    summary = (tmp_path / "README.md").read_text().split(results.BEGIN)[1].split(results.END)[0]
+    assert "phase 2 − static control" in summary and "[-0.020, -0.010]: holds (claimed < 0)" in summary
+
+
+@pytest.mark.parametrize("interval, below, verdict", [
+    ((-0.3, -0.1), True, "holds"), ((0.1, 0.3), True, "fails"), ((-0.1, 0.1), True, "unresolved"),
+    ((0.1, 0.3), False, "holds"), ((-0.3, -0.1), False, "fails"),
+])
+def test_a_claim_is_judged_by_where_its_interval_lies(interval, below, verdict):
+    assert results.claim_verdict(interval, below) == verdict
+
+
+def test_a_mean_is_judged_by_twice_its_standard_error():
+    # 3 seeds, sd 0.3: se = 0.173, so 2 se = 0.346
+    assert results.mean_verdict(1.35, 0.3, 3, 1.0) == "above"
+    assert results.mean_verdict(1.34, 0.3, 3, 1.0) == "within noise"
+    assert results.mean_verdict(0.6, 0.3, 3, 1.0) == "below"
+    assert results.mean_verdict(0.9, 0.0, 1, 1.0) == "below"  # no spread: the sign decides
+    # two means: their spreads combine, sqrt((0.3² + 0.4²) / 3) = 0.289
+    assert results.mean_verdict(1.5, 0.3, 3, 1.0, other_sd=0.4) == "within noise"
+    assert results.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "above"
