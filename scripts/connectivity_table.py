@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 import yaml
-from phase2_table import resolve, show  # this directory: python puts a script's own directory on sys.path
+from phase2_table import headline, resolve, show  # this directory: python puts a script's own directory on sys.path
 
 from lookahead.artifacts.val_scores import load_scores
 from lookahead.core.intervals import paired_interval
@@ -59,7 +59,7 @@ def row(name: str) -> str:
     rev = resolve(name)
     params = yaml.safe_load(show(rev, "params.yaml"))
     p, pred = params["phase2"], params["predictor"]
-    ev = json.loads(show(rev, "metrics/evaluate.json"))
+    ev = headline(rev, "evaluate")
     report = json.loads(cached(rev, "metrics/phase2_report.json").read_text())
     keep = p.get("keep") if p.get("keep") is not None else pred["keep"]
     what = ("value residual" if p.get("value_residual") else f"adapter {p['adapter']}" if p.get("adapter", "none") != "none"

@@ -19,6 +19,8 @@ import subprocess
 
 import yaml
 
+from lookahead.core.report import SIBLINGS
+
 
 def resolve(name: str) -> str:
     refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], capture_output=True, text=True,
@@ -31,6 +33,17 @@ def show(rev: str, path: str) -> str:
     return subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
 
 
+def headline(rev: str, stage: str) -> dict:
+    """A stage's headline at ``rev``: ``metrics/<stage>.json`` with its spreads and intervals, which
+    revisions since the headline split keep in ``<stage>_sd.json`` and ``<stage>_ci.json``."""
+    figures = json.loads(show(rev, f"metrics/{stage}.json"))
+    for part in SIBLINGS:
+        done = subprocess.run(["git", "show", f"{rev}:metrics/{stage}_{part}.json"], capture_output=True, text=True)
+        if done.returncode == 0:
+            figures.update(json.loads(done.stdout))
+    return figures
+
+
 def claim(ev: dict, name: str) -> str:
     return (f"{ev[name]:+.3f} ± {ev[name + '_sd']:.3f} [{ev[name + '_ci_low']:+.3f}, {ev[name + '_ci_high']:+.3f}]")
 
@@ -38,8 +51,7 @@ def claim(ev: dict, name: str) -> str:
 def row(name: str) -> str:
     rev = resolve(name)
     params = yaml.safe_load(show(rev, "params.yaml"))
-    ev, p2 = json.loads(show(rev, "metrics/evaluate.json")), json.loads(show(rev, "metrics/phase2.json"))
-    static = json.loads(show(rev, "metrics/static_control.json"))
+    ev, p2, static = headline(rev, "evaluate"), headline(rev, "phase2"), headline(rev, "static_control")
     p, pred = params["phase2"], params["predictor"]
     heads = 16 if "n_heads" not in p2 else p2["n_heads"]
     kept = round(pred["keep"] * heads)
