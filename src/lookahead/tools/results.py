@@ -3,13 +3,13 @@
     python -m lookahead.tools.results                # (re)write docs/results.md and README.md's summary
     python -m lookahead.tools.results --check        # exit 1 where either differs from a fresh render
 
-Every figure on the page is read from a file in git that the pipeline or a benchmark wrote — the
+Every figure on the page is read from a file in git that the pipeline or a benchmark wrote: the
 stages' headlines (``metrics/<stage>.json`` with their spreads and intervals,
-:func:`lookahead.core.report.read_headline`), evaluate's rows (``metrics/evaluate_pareto.csv``), and
-the runtime benchmark's JSON line kept in ``benchmarks/results/runtime.json`` — and nothing else in the docs quotes a current figure: they link
-here, but for README.md's five-line summary, which is rendered from the same files between two
-markers (:data:`BEGIN`, :data:`END`). A test renders the page afresh and compares it with the committed one, so a change of metrics
-without the page fails CI.
+:func:`lookahead.core.report.read_headline`), evaluate's rows (``metrics/evaluate_pareto.csv``) and
+the runtime benchmark's JSON line kept in ``benchmarks/results/runtime.json``. Nothing else in the
+docs quotes a current figure: they link here, but for README.md's five-line summary, rendered from
+the same files between two markers (:data:`BEGIN`, :data:`END`). A test renders both afresh and
+compares them with the committed ones, so a change of metrics without the page fails CI.
 
 Each finding is a table of comparisons: the figure (mean ± sd over its stage's seeds), the figure it
 is judged against, and a verdict by a rule stated beside the table:
@@ -75,7 +75,7 @@ class Figures:
 def _num(value: float | None, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return f"{value:+.{digits}f}" if digits < 0 else f"{value:.{digits}f}"
+    return f"{value:.{digits}f}"
 
 
 def claim_verdict(interval: tuple[float, float], below: bool, reference: float = 0.0) -> str:
@@ -92,9 +92,7 @@ def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: flo
     """``mean`` (sd over ``n`` seeds) against ``reference`` (a value, or a mean with ``other_sd``)."""
     se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
     diff = mean - reference
-    if se == 0.0:
-        return "above" if diff > 0 else "below" if diff < 0 else "equal"
-    if abs(diff) <= 2 * se:
+    if diff == 0.0 or (se > 0.0 and abs(diff) <= 2 * se):
         return "within noise"
     return "above" if diff > 0 else "below"
 
