@@ -187,10 +187,11 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, 
     files = metrics_files(repo)
     for relpath in headline_files(files):
         path = repo / relpath
-        siblings = [str(sibling_path(relpath, part)) for part in SIBLINGS]
         if against is not None:
-            committed = _merged([_read(Path(against) / name) for name in (relpath, *siblings)])
+            other = Path(against) / relpath
+            committed = read_headline(other) if other.is_file() else None
         else:
+            siblings = [str(sibling_path(relpath, part)) for part in SIBLINGS]
             committed = _merged([read_at_revision(repo, rev, name) for name in (relpath, *siblings)])
         if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
             continue
@@ -205,12 +206,9 @@ def headline_files(files: list[str]) -> list[str]:
     return [name for name in files if name not in siblings]
 
 
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def _merged(parts: list[dict | None]) -> dict | None:
-    """A headline file with its siblings' figures; None where the headline file itself is missing."""
+    """A headline file at a revision with its siblings' figures (:func:`read_headline` of a
+    revision); None where the headline file itself is missing."""
     if parts[0] is None:
         return None
     merged = dict(parts[0])
