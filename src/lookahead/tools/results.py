@@ -113,17 +113,31 @@ def _claim_row(f: Figures, what: str, key: str, below: bool, against: str) -> tu
             claim_verdict((low, high), below))
 
 
-def _mean_row(f: Figures, what: str, key: str, claimed: str, reference: float, against: str, other: str | None = None,
+def _mean_row(f: Figures, what: str, key: str, claimed: str, reference: float, against: str,
               digits: int = 3) -> tuple[str, ...] | None:
-    """A mean judged against ``reference`` (or the mean ``other``), claimed ``below`` or ``above`` it."""
-    if not f.has(key) or (other is not None and not f.has(other)):
+    """A mean judged against a fixed ``reference`` (described by ``against``), claimed ``below`` or ``above`` it."""
+    return _judged(f, what, key, claimed, reference, 0.0, against, digits)
+
+
+def _versus_row(f: Figures, what: str, key: str, claimed: str, other: str) -> tuple[str, ...] | None:
+    """A mean judged against the stage's mean ``other`` (their spreads combined), claimed ``below`` or ``above`` it."""
+    if not f.has(other):
         return None
-    ref, other_sd = (f.mean(other), f.sd(other)) if other else (reference, 0.0)
-    if other:
-        against = f"{against}: {f.show(other, digits)}"
-    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, ref, other_sd)
+    return _judged(f, what, key, claimed, f.mean(other), f.sd(other), f"`{other}`: {f.show(other)}", 3)
+
+
+def _judged(f: Figures, what: str, key: str, claimed: str, reference: float, reference_sd: float, against: str,
+            digits: int) -> tuple[str, ...] | None:
+    if not f.has(key):
+        return None
+    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, reference, reference_sd)
     verdict = "within noise" if side == "within noise" else f"{'holds' if side == claimed else 'fails'} ({side})"
     return (what, f"`{key}`", f.show(key, digits), f"{claimed} {against}", verdict)
+
+
+def _nll_table(f: Figures, what: str, rows: list[tuple[str, str]]) -> list[str]:
+    """The val NLLs behind a finding: one row per (name, key) the stage has."""
+    return table((what, "figure", "val NLL"), [(name, f"`{key}`", f.show(key)) for name, key in rows if f.has(key)])
 
 
 def _rows(*rows) -> list[tuple[str, ...]]:
@@ -154,7 +168,7 @@ def phase1_section(m: dict[str, Figures]) -> list[str]:
            ("router, deployed", "deployed_nll"), ("static importance pruning", "static_pruning_nll"),
            ("random per-token heads", "random_heads_nll"), ("label-free oracle", "oracle_nll"),
            ("greedy per-token oracle", "greedy_oracle_nll")]
-    out += table(("topology", "figure", "val NLL"), [(name, f"`{key}`", p.show(key)) for name, key in nll if p.has(key)])
+    out += _nll_table(p, "topology", nll)
     return out
 
 
@@ -175,7 +189,7 @@ def phase2_section(m: dict[str, Figures]) -> list[str]:
     nll = [("base LM, dense", "dense_base_nll"), ("dense control", "dense_control_nll"),
            ("static control", "static_control_nll"), ("phase 1 router on the base LM", "phase1_hard_nll"),
            ("phase 2, hard gates", "phase2_hard_nll")]
-    out += table(("model", "figure", "val NLL"), [(name, f"`{key}`", e.show(key)) for name, key in nll if e.has(key)])
+    out += _nll_table(e, "model", nll)
     if e.has("attention_flops_over_dense"):
         out += ["", f"Attention FLOPs of the routed rows over dense: {e.mean('attention_flops_over_dense'):.3f} "
                 "(`attention_flops_over_dense`)."]
@@ -190,18 +204,16 @@ def decoders_section(m: dict[str, Figures]) -> list[str]:
            "router's sampler (`baseline_`), the autoregressive keep-set decoder (`autoregressive_`) and the "
            "diffusion head (`metrics/diffusion.json`). Best of K is chosen without labels (by KL to dense).", ""]
     rows = _rows(
-        _mean_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
-                  0.0, "`baseline_recall_at_8`", other="baseline_recall_at_8"),
-        _mean_row(d, "autoregressive decoder's recall@8, against the router's sampler", "autoregressive_recall_at_8",
-                  "above", 0.0, "`baseline_recall_at_8`", other="baseline_recall_at_8"),
-        _mean_row(d, "diffusion best of K (label-free) against frequency-matched random sets",
-                  "best_of_k_label_free_nll", "below", 0.0, "`null_frequency_best_of_k_nll`",
-                  other="null_frequency_best_of_k_nll"),
-        _mean_row(d, "autoregressive best of K (label-free) against the same null",
-                  "autoregressive_best_of_k_label_free_nll", "below", 0.0, "`null_frequency_best_of_k_nll`",
-                  other="null_frequency_best_of_k_nll"),
-        _mean_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below", 0.0,
-                  "`baseline_best_of_k_nll`", other="baseline_best_of_k_nll"),
+        _versus_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
+                    "baseline_recall_at_8"),
+        _versus_row(d, "autoregressive decoder's recall@8, against the router's sampler", "autoregressive_recall_at_8",
+                    "above", "baseline_recall_at_8"),
+        _versus_row(d, "diffusion best of K (label-free) against frequency-matched random sets",
+                    "best_of_k_label_free_nll", "below", "null_frequency_best_of_k_nll"),
+        _versus_row(d, "autoregressive best of K (label-free) against the same null",
+                    "autoregressive_best_of_k_label_free_nll", "below", "null_frequency_best_of_k_nll"),
+        _versus_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below",
+                    "baseline_best_of_k_nll"),
         _claim_row(e, "diffusion best of K below random best of K (evaluate, oracle choice)",
                    "diffusion_best_of_k_minus_null", True, "< 0"),
     )
