@@ -75,11 +75,18 @@ class Arch:
         return tokens * (self.layers * per_layer + 2 * 4 * self.vocab)
 
 
+def _published(model: str) -> Arch | None:
+    """The published shape of a hub model the profiles name (:data:`PUBLISHED`), or None."""
+    p = PUBLISHED.get(model)
+    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]) if p else None
+
+
 def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vocab: int) -> tuple[Arch, str]:
     """The base model's shape: ``base.arch`` for a model trained here, else the model's config
     (a local directory, the hub cache, or :data:`PUBLISHED`)."""
+    own = Arch(arch.n_layers, arch.n_heads, arch.hidden_size, arch.intermediate_size, vocab)
     if source == "scratch":
-        return Arch(arch.n_layers, arch.n_heads, arch.hidden_size, arch.intermediate_size, vocab), "base.arch"
+        return own, "base.arch"
     try:
         from transformers import AutoConfig
 
@@ -87,11 +94,10 @@ def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vo
         return (Arch(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size,
                      cfg.vocab_size), f"{model} config")
     except Exception:  # noqa: BLE001 - not cached here: the published shape
-        if model in PUBLISHED:
-            p = PUBLISHED[model]
-            return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]), f"{model} (published config)"
-        return (Arch(arch.n_layers, arch.n_heads, arch.hidden_size, arch.intermediate_size, vocab),
-                f"{model} not found: base.arch and tokenizer.vocab_size")
+        published = _published(model)
+        if published is not None:
+            return published, f"{model} (published config)"
+        return own, f"{model} not found: base.arch and tokenizer.vocab_size"
 
 
 def _encoder_params(name: str, base: Arch) -> float:
@@ -100,8 +106,8 @@ def _encoder_params(name: str, base: Arch) -> float:
         return 22.7e6
     if name == "base":
         return base.params
-    p = PUBLISHED.get(name)
-    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]).params if p else 0.6e9
+    published = _published(name)
+    return published.params if published is not None else 0.6e9
 
 
 @dataclasses.dataclass
