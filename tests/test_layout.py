@@ -12,6 +12,8 @@ every module, imports inside functions included:
 from __future__ import annotations
 
 import ast
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -88,8 +90,12 @@ def test_package_init_files_hold_a_docstring_only(path):
     ("lookahead.pipeline.pairs", "def f():\n    from lookahead.tools.faults import truncate"),
     ("lookahead.artifacts.contexts", "import lookahead.pipeline.contexts"),
 ])
-def test_the_checker_catches_a_wrong_import(tmp_path, importer, imported):
-    path = REPO / "tests" / f"_wrong_{tmp_path.name}.py"  # inside the repo: reported by its path
+def test_the_checker_catches_a_wrong_import(importer, imported):
+    # Inside the repo (reported by its path), under a name no other test worker can pick: tmp_path's name is
+    # only unique within one worker's base directory, and two workers once removed each other's file.
+    handle, name = tempfile.mkstemp(prefix="_wrong_", suffix=".py", dir=REPO / "tests")
+    path = Path(name)
+    os.close(handle)
     path.write_text(imported + "\n")
     try:
         assert len(violations(path, importer)) == 1

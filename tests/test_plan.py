@@ -296,3 +296,24 @@ def test_flex_attention_is_exact_on_every_path_it_takes(model):
     assert flex.stats()["calls"] == before and flex.stats()["compile_s"] > 0
     with pytest.raises(flex.FlexError, match="attention must be one of"):
         flex.set_backend("triton")
+
+
+def test_forced_flex_after_a_failed_compile_is_an_error_not_a_fallback(model, monkeypatch):
+    """Under ``auto`` a kernel that does not compile warns once and the plan takes its SDPA path
+    (exact); ``flex`` forced afterwards on that device raises instead of quietly running SDPA."""
+    from lookahead.graph import flex
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(flex, "_WORKS", {})
+    monkeypatch.setattr(flex, "AUTO_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "_kernel", lambda: broken)
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(16))
+    g = gates_of(ids.shape, 0.5, seed=17)
+    ref = reference_forward(model, ids, baseline_graph(g, L, H, "query"), g, "query")
+    with flex.use("auto"), pytest.warns(UserWarning, match="does not compile on cpu"):
+        out = gated_forward(model, ids, g, "query").logits
+    assert (out - ref).abs().max() <= TOL and not flex.available("cpu")
+    with flex.use("flex"), pytest.raises(flex.FlexError, match="did not compile on cpu earlier"):
+        gated_forward(model, ids, g, "query")

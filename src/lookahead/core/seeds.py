@@ -62,7 +62,8 @@ def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], st
     for i = 1 … seeds − 1 (evaluated after the last step only), each given an empty scratch
     directory for outputs nobody keeps."""
     out = []
-    for offset in tqdm(range(1, seeds), desc=f"{stage} seeds", unit="seed", disable=seeds <= 1):
+    quiet = seeds <= 1 or not is_main_process()  # a worker's runs follow the main process's bar
+    for offset in tqdm(range(1, seeds), desc=f"{stage} seeds", unit="seed", disable=quiet):
         with tempfile.TemporaryDirectory(prefix=f"{stage}-seed{offset}-") as scratch:
             out.append(run(final_evaluation_only(reseeded(cfg, offset)), Path(scratch)))
     return out
@@ -84,10 +85,9 @@ def _follow(cfg: C, stage: str, run: Callable[[C, Path | None], Any]) -> None:
     with its configs, each writing to a scratch directory; then the process ends."""
     global _FOLLOWING
     _FOLLOWING = True
-    for offset in range(cfg.seeds):
-        c = cfg if offset == 0 else final_evaluation_only(reseeded(cfg, offset))
-        with tempfile.TemporaryDirectory(prefix=f"{stage}-worker-seed{offset}-") as scratch:
-            run(c, Path(scratch))
+    with tempfile.TemporaryDirectory(prefix=f"{stage}-worker-seed0-") as scratch:
+        run(cfg, Path(scratch))  # the primary run: its outputs are the main process's to write
+    other_seeds(cfg, cfg.seeds, run, stage)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

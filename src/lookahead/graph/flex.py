@@ -122,12 +122,16 @@ def available(device: torch.device | str) -> bool:
 
 def wanted(kind: str, device: torch.device, positions: int) -> bool:
     """Whether a call of ``kind`` (``prefill`` or ``decode``) over ``positions`` keys on ``device``
-    takes Flex under :data:`ATTENTION`."""
-    if ATTENTION == "sdpa" or torch.is_grad_enabled() or not available(device):
+    takes Flex under :data:`ATTENTION`. Under ``flex`` on a device type where Flex failed to compile
+    it raises :class:`FlexError` (``auto`` takes the SDPA path there)."""
+    if ATTENTION == "sdpa" or torch.is_grad_enabled():
         return False
     if ATTENTION == "flex":
+        if not available(device):  # it failed earlier (under ``auto``): forced now, an error, not a fallback
+            raise FlexError(f"FlexAttention did not compile on {device.type} earlier in this process; "
+                            "attention 'sdpa' runs the plan without it")
         return True
-    return device.type in AUTO_DEVICES and (kind == "prefill" or positions >= DECODE_FROM)
+    return available(device) and device.type in AUTO_DEVICES and (kind == "prefill" or positions >= DECODE_FROM)
 
 
 def _call(q, k, v, block_mask, scale):

@@ -485,5 +485,5 @@ def _decode_attention(layer, x, heads_on, cos, sin, skip, cache, idx):
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=x.device).masked_fill_(~seen, float("-inf"))[:, :, None]
         z = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :length], values[:, :, :length],
                                            attn_mask=bias, scale=attn.scaling)[:, :, 0]
-    z = torch.where(g[..., None], z, 0.0)  # (B, H, D)
+        z = torch.where(g[..., None], z, 0.0)  # (B, H, D); Flex's is 0 where off already
     return layer.post_attention_layernorm(F.linear(z.reshape(bsz, 1, -1), attn.o_proj.weight))
