@@ -16,7 +16,9 @@ bootstrap, ``lookahead.core.intervals.paired_interval``), and how far the weight
 positions (the runs must share seeds and the scoring set).
 
 Each argument is anything `git rev-parse` reads (an experiment's name resolves to its ref). The DVC
-cache must hold the runs' outputs (a `dvc exp pull` brings them). Nothing is typed by hand.
+cache must hold the runs' outputs (a `dvc exp pull` brings them). Every run must score the selection
+set (``dvc exp run -S scoring.set=selection …``; ``--test`` reads the claims' windows knowingly).
+Nothing is typed by hand.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import yaml
 from phase2_table import headline, resolve, show  # this directory: python puts a script's own directory on sys.path
 
-from lookahead.artifacts.val_scores import load_scores
+from lookahead.artifacts.val_scores import ScoresError, comparison_set, load_scores
 from lookahead.core.intervals import paired_interval
 
 
@@ -88,7 +90,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
+    parser.add_argument("--test", action="store_true", help="allow runs scored on the test set (the claims' windows)")
     args = parser.parse_args()
+    try:  # variants are compared on the selection set: the test set is the committed claims' alone
+        for name in args.runs + [run for pair_ in getattr(args, "pair", []) for run in pair_]:
+            comparison_set(headline(resolve(name), "evaluate").get("window_set"), name, args.test)
+    except ScoresError as err:
+        raise SystemExit(str(err)) from None
     for a, b in args.pair:
         print(pair(a, b))
     if not args.runs:

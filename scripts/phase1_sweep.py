@@ -5,13 +5,14 @@ Reads every experiment derived from the Git HEAD (`dvc.api.exp_show`), takes fro
 point (`active_head_fraction`, `hard_nll` of `metrics/phase1.json`), and draws them over the
 workspace's static-pruning curve (`metrics/phase1_pareto.csv`). Writes a PNG and a csv, and prints a markdown table.
 
-    dvc exp run --queue -S phase1.lambda_head=0.2
-    dvc exp run --queue -S phase1.lambda_head=0.5
-    dvc exp run --queue -S phase1.lambda_head=1.0
+    dvc exp run --queue -S scoring.set=selection -S phase1.lambda_head=0.2
+    dvc exp run --queue -S scoring.set=selection -S phase1.lambda_head=0.5
+    dvc exp run --queue -S scoring.set=selection -S phase1.lambda_head=1.0
     dvc queue start && dvc queue status     # wait until every task shows Success
     python scripts/phase1_sweep.py          # metrics/phase1_sweep.{png,csv}
 
-Experiments belong to the commit they were queued from: after committing, pass `--num N` (the
+Variants are compared on the selection set (``scoring.set=selection``): the test set is the committed
+claims' alone. Experiments belong to the commit they were queued from: after committing, pass `--num N` (the
 last N commits) or `--rev <commit>` to still see them.
 """
 

@@ -8,7 +8,9 @@ heads the static control kept (a comparison at equal heads has the routed run's 
     python scripts/phase2_table.py HEAD p2s-0 p2s-2 p2r-s0-e25-loo
 
 Each argument is anything `git rev-parse` reads: an experiment's name (``refs/exps/…/<name>``), a
-branch, a commit. Nothing is typed by hand: rerun it after the experiments change.
+branch, a commit. Every run must score the selection set (``dvc exp run -S scoring.set=selection …``;
+``--test`` reads the claims' windows knowingly). Nothing is typed by hand: rerun it after the
+experiments change.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 
 import yaml
 
+from lookahead.artifacts.val_scores import ScoresError, comparison_set
 from lookahead.core.report import SIBLINGS
 
 
@@ -69,7 +72,13 @@ def row(name: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
+    parser.add_argument("--test", action="store_true", help="allow runs scored on the test set (the claims' windows)")
     args = parser.parse_args()
+    try:  # variants are compared on the selection set: the test set is the committed claims' alone
+        for name in args.runs + [run for pair_ in getattr(args, "pair", []) for run in pair_]:
+            comparison_set(headline(resolve(name), "evaluate").get("window_set"), name, args.test)
+    except ScoresError as err:
+        raise SystemExit(str(err)) from None
     print("| run | shared + routed | heads off | steps | router refresh | distill | gate weights | phase 2 NLL | "
           "− dense control [95 %] | − static control [95 %] | static control's heads |")
     print("|---|---|---:|---:|---|---|---|---:|---:|---:|---:|")

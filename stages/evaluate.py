@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
         "phase2": "phase-2 directory (input)",
         "control": "dense control LM directory (input)",
         "static-control": "static control LM directory (input)",
+        "phase1-scores": "phase 1's per-position val NLLs on the scoring set (input: the base LM dense and routed)",
         "phase2-scores": "phase 2's per-position val NLLs on the scoring set (input)",
         "control-scores": "the dense control's per-position val NLLs on the scoring set (input)",
         "static-control-scores": "the static control's per-position val NLLs on the scoring set (input)",
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("evaluate", {"evaluate": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
                                     args.diffusion, args.phase2, args.control, args.static_control, scoring,
-                                    {"phase2": args.phase2_scores, "control": args.control_scores,
+                                    {"phase1": args.phase1_scores, "phase2": args.phase2_scores, "control": args.control_scores,
                                      "static_control": args.static_control_scores})
         write_evaluate_outputs(evaluation, args.outputs)
         write_metrics(evaluation.report, HEADLINE, args.metrics, args.report, run)

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         "heads": "probe head statistics (input)",
         "oracle": "oracle targets directory (input: the train windows and distillation targets)",
         "out": "predictor safetensors (output)",
+        "seeds-dir": "the other seeds' routers, predictor_seed<i>.safetensors (output: phase 2's seed i reads seed i's)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
                                                      args.init, args.heads, args.out, args.checkpoints, tracker=run,
                                                      runtime_cfg=configs["runtime"], scoring_cfg=configs["scoring"],
                                                      tokens_dir=args.tokens, scores_file=args.scores,
-                                                     oracle_dir=args.oracle)
+                                                     oracle_dir=args.oracle, seeds_dir=args.seeds_dir)
         write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

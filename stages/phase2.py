@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input: importance, for shared_heads)",
         "predictor": "phase-1 predictor safetensors (input)",
+        "predictor-seeds": "phase 1's other seeds' routers (input: phase 2's seed i starts from phase 1's seed i)",
         "diffusion": "diffusion head directory (input)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("phase2", {"phase2": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
                                             args.diffusion, args.out, args.checkpoints, tracker=run, heads_file=args.heads,
-                                            scoring=scoring, scores_file=args.scores)
+                                            scoring=scoring, scores_file=args.scores,
+                                            predictor_seeds=args.predictor_seeds)
         write_phase2_reports(result, args.outputs)
         write_pruning(args.out, args.pruning)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)

@@ -241,3 +241,102 @@ def test_phase2_claims_pair_the_router_as_deployed_and_say_matches_only_when_the
                                      tmp_path / "c.safetensors", tmp_path / "s.safetensors")
     assert report["phase2_scored_as"] == "dense states" and figures["phase2_minus_control"] == pytest.approx(0.05, abs=1e-5)
     assert report["phase2_minus_control"]["verdict"] == "above"
+
+
+def test_the_interval_quantile_is_student_t_at_the_welch_satterthwaite_degrees_of_freedom():
+    from lookahead.core.intervals import combined_interval, quantile
+
+    assert quantile(0.0, 0.3, 3)[0] == pytest.approx(4.302653, abs=1e-5)  # t(0.975, 2): the seeds alone
+    assert quantile(0.1, 0.0, 3) == (pytest.approx(1.959964, abs=1e-6), math.inf)  # the windows alone: normal
+    # both: df = se⁴ / ((sd² / S)² / (S − 1)); se² = 0.01 + 0.09 / 3 = 0.04, df = 0.0016 / (0.0009 / 2) = 3.556
+    q, df = quantile(0.1, 0.3, 3)
+    assert df == pytest.approx(0.04 ** 2 / ((0.09 / 3) ** 2 / 2))
+    from scipy import stats
+    assert q == pytest.approx(stats.t.ppf(0.975, df))
+    out = combined_interval(1.0, 0.1, 0.3, 3)
+    assert out["se"] == pytest.approx(0.2) and out["ci_high"] - 1.0 == pytest.approx(q * 0.2)
+
+
+def test_a_ratio_of_sums_gets_its_window_bootstrap_and_seed_spread():
+    from lookahead.core.intervals import ratio_interval
+
+    rng = np.random.default_rng(5)
+    den = rng.uniform(0.5, 1.5, (1, 64))
+    exact = ratio_interval(2 * den, den, 8, resamples=200)  # the same ratio in every window: no spread at all
+    assert exact["mean"] == pytest.approx(2.0) and exact["token_se"] == pytest.approx(0.0, abs=1e-12)
+    num = np.stack([den[0] * r + rng.normal(0, 0.2, 64) for r in (0.4, 0.5, 0.6)])  # (3, 64): three seeds
+    out = ratio_interval(num, den, 8, resamples=2000)
+    per_seed = num.sum(1) / den.sum(1)
+    assert out["mean"] == pytest.approx(per_seed.mean()) and out["sd"] == pytest.approx(per_seed.std(ddof=1))
+    # the delta method's standard error of a ratio of window sums, computed apart from the bootstrap
+    n_w, d_w = num.mean(0).reshape(8, 8).sum(1), den[0].reshape(8, 8).sum(1)
+    r = n_w.sum() / d_w.sum()
+    delta = math.sqrt(((n_w - r * d_w) ** 2).sum() / (7 * 8)) * 8 / d_w.sum()
+    assert out["token_se"] == pytest.approx(delta, rel=0.25)
+    assert out["ci_low"] < out["mean"] < out["ci_high"]
+
+
+def test_the_selection_set_is_as_large_as_the_test_set_and_disjoint_from_it(tmp_path):
+    from lookahead.artifacts.val_scores import check_disjoint, scoring_spans
+
+    np.save(tmp_path / "val.npy", np.arange(1000, dtype=np.int32) % 997)
+    test = scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3), 9)
+    selection = scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, set="selection"), 9)
+    assert selection.shape == test.shape and not set(selection[:, 0].tolist()) & set(test[:, 0].tolist())
+    assert torch.equal(test, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, set="selection"), 9, "test"))
+    spans = {s: scoring_spans(tmp_path, ScoringConfig(windows=20, seed=3, set=s), 9) for s in ("test", "selection")}
+    assert [a for _, a, _ in spans["test"]] == test[:, 0].tolist()
+    # neighbouring windows share their boundary token (stride T, T + 1 tokens): the spans overlap by one token only
+    # where they touch, which check_disjoint counts: the sets are disjoint in windows, not always in boundary tokens
+    inner = {"selection": [(s, a + 1, b - 1) for s, a, b in spans["selection"]]}
+    check_disjoint(inner, spans["test"])
+    with pytest.raises(ScoresError, match="overlap the scoring windows"):
+        check_disjoint({"the test set itself": spans["test"][:1]}, spans["test"])
+    with pytest.raises(ConfigError, match="set: must be one of test, selection"):
+        ScoringConfig(set="validation")
+    with pytest.raises(ConfigError, match="test and selection sets need 2 x 60"):
+        scoring_windows(tmp_path, ScoringConfig(windows=60), 9)
+
+
+def test_score_files_record_their_windows_and_refuse_to_pair_other_windows(tmp_path):
+    from lookahead.core.windows import set_label
+
+    windows = torch.arange(40).view(4, 10)
+    label = set_label("test", windows)
+    assert label.startswith("test:4x9:") and label != set_label("test", windows + 1)
+    save_scores(tmp_path / "a.safetensors", {"hard": np.ones((2, 36))}, label)
+    save_scores(tmp_path / "b.safetensors", {"hard": np.zeros((2, 36))}, set_label("selection", windows + 1))
+    a, b = load_scores(tmp_path / "a.safetensors"), load_scores(tmp_path / "b.safetensors")
+    assert a.window_set == label and np.array_equal(a["hard"], np.ones((2, 36)))
+    np.testing.assert_array_equal(paired(a["hard"], a["hard"], "a − a", (a.window_set, a.window_set)), 0.0)
+    with pytest.raises(ScoresError, match="different windows"):
+        paired(a["hard"], b["hard"], "a − b", (a.window_set, b.window_set))
+
+
+def test_head_importance_reads_no_scoring_window_and_the_check_catches_one_that_does(tmp_path, monkeypatch):
+    from lookahead.artifacts.val_scores import check_disjoint, scoring_spans
+    from lookahead.pipeline.probe import build as probe
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 20000), ("val", 4000)):
+        np.save(tmp_path / f"{split}.npy", rng.integers(0, 100, n).astype(np.int32))
+    cfg, scoring = probe.ProbeConfig(head_window=32, head_batches=2, head_batch_size=8), ScoringConfig(windows=40)
+    scored = scoring_spans(tmp_path, scoring, 32) + scoring_spans(tmp_path, ScoringConfig(windows=40, set="selection"), 32)
+    chosen = probe.importance_spans(cfg, tmp_path, 32)
+    assert len(chosen) == len(cfg.seeds) * 2 * 8 and {s for s, _, _ in chosen} == {"train"}
+    check_disjoint({"head importance": chosen}, scored)
+    monkeypatch.setattr(probe, "IMPORTANCE_SPLIT", "val")  # importance drawn from the val stream, as it once was
+    with pytest.raises(ScoresError, match="head importance read val tokens .* overlap the scoring windows"):
+        check_disjoint({"head importance": probe.importance_spans(cfg, tmp_path, 32)}, scored)
+
+
+def test_random_heads_keep_exactly_k_per_position():
+    from lookahead.graph.nodes import random_topology
+
+    gen = torch.Generator().manual_seed(0)
+    _, gates = random_topology(4, 4, 0.5, (10, 200), gen, exact=True)
+    assert (gates[..., 0] == 1).all() and (gates[..., 1:].sum(-1) == 8).all()
+    share = gates[..., 1:].mean(dim=(0, 1))  # each head on at about half the positions (2 000 of them)
+    assert 0.45 < share.min() and share.max() < 0.55
+    _, bernoulli = random_topology(4, 4, 0.5, (3, 50), torch.Generator().manual_seed(0))
+    assert bernoulli[..., 1:].sum(-1).float().std() > 0  # the Bernoulli draw's count varies

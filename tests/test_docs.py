@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -125,18 +126,43 @@ def test_the_estimate_in_the_readme_is_what_make_estimate_prints():
 
 def test_the_committed_results_page_and_summary_are_a_fresh_render():
     """`make results` renders docs/results.md and README's summary from the metrics in git: a change
-    of metrics without the page fails here."""
-    assert results.render(REPO) == (REPO / results.PAGE).read_text(encoding="utf-8"), "run `make results`"
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert results.render_readme(REPO, readme) == readme, "run `make results`"
+    of metrics without the page fails here. Both as committed (HEAD): a rerun that rewrote the
+    working tree's metrics (another machine's last bits) does not make the committed page stale."""
+    with results.at_revision(REPO, "HEAD") as root:
+        assert results.check(root) == [], "run `make results` and commit the page with the metrics"
+
+
+def test_a_rerun_that_rewrites_the_metrics_last_bits_leaves_the_docs_checks_green(tmp_path):
+    # a clone as a fresh machine has it; then `make repro` there rewrites a headline's last bits
+    subprocess.run(["git", "clone", "--quiet", "--local", str(REPO), str(tmp_path / "clone")], check=True)
+    clone = tmp_path / "clone"
+    path = clone / "metrics" / "phase1.json"
+    phase1 = json.loads(path.read_text())
+    phase1["hard_nll"] = float(np.nextafter(phase1["hard_nll"], np.inf))  # one ulp: another machine's rerun
+    path.write_text(json.dumps(phase1, indent=2) + "\n")
+    assert results.main(["--repo", str(clone), "--check"]) == 1  # the working tree's page is older than its metrics
+    assert results.main(["--repo", str(clone), "--check", "--rev", "HEAD"]) == 0  # what the docs test checks
+    with results.at_revision(clone, "HEAD") as root:
+        assert results.check(root) == []
+
+
+def test_a_table_of_figures_from_two_window_sets_is_refused():
+    assert "`test:256x128:0123456789ab`" in results.scored_on("test:256x128:0123456789ab", "test:256x128:0123456789ab")
+    with pytest.raises(results.MixedWindows, match="2 window sets"):
+        results.scored_on("test:256x128:0123456789ab", "cache-val:32x128:ba9876543210")
+
+
+def test_no_table_of_the_committed_page_mixes_window_sets():
+    with results.at_revision(REPO, "HEAD") as root:
+        page = results.render(root)  # raises MixedWindows where a table's figures come from two sets
+    for section in page.split("\n## ")[1:4]:  # phase 1, phase 2, decoders: each names one set per table
+        assert "Scored on: " in section, section.splitlines()[0]
+    assert "Scored on: the test set" in page.split("\n## ")[1]
 
 
 def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
-    for rel in ("README.md", "docs/results.md", "benchmarks/results/runtime.json", "metrics/evaluate_pareto.csv"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / rel, tmp_path / rel)
-    for path in (REPO / "metrics").glob("*.json"):
-        shutil.copy(path, tmp_path / "metrics" / path.name)
+    with results.at_revision(REPO, "HEAD") as root:  # the page and metrics as committed
+        shutil.copytree(root, tmp_path, dirs_exist_ok=True)
     assert results.main(["--repo", str(tmp_path), "--check"]) == 0
     phase1 = json.loads((tmp_path / "metrics/phase1.json").read_text())
     phase1["hard_nll"] += 0.01
@@ -165,12 +191,16 @@ def test_a_claim_is_judged_by_where_its_interval_lies(interval, below, verdict):
     assert results.claim_verdict(interval, below) == verdict
 
 
-def test_a_mean_is_judged_by_twice_its_standard_error():
-    # 3 seeds, sd 0.3: se = 0.173, so 2 se = 0.346
-    assert results.mean_verdict(1.35, 0.3, 3, 1.0) == "above"
-    assert results.mean_verdict(1.34, 0.3, 3, 1.0) == "within noise"
-    assert results.mean_verdict(0.6, 0.3, 3, 1.0) == "below"
+def test_a_mean_is_judged_by_its_student_t_interval_over_seeds():
+    # 3 seeds, sd 0.3: se = 0.1732; t(0.975, 2 df) = 4.3027 (tables), so the half-width is 0.7453
+    assert results.mean_verdict(1.75, 0.3, 3, 1.0) == "above"
+    assert results.mean_verdict(1.74, 0.3, 3, 1.0) == "within noise"
+    assert results.mean_verdict(0.25, 0.3, 3, 1.0) == "below"
     assert results.mean_verdict(0.9, 0.0, 1, 1.0) == "below"  # no spread: the sign decides
-    # two means: their spreads combine, sqrt((0.3² + 0.4²) / 3) = 0.289
-    assert results.mean_verdict(1.5, 0.3, 3, 1.0, other_sd=0.4) == "within noise"
-    assert results.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "above"
+    # two means: their spreads combine, sqrt((0.3² + 0.4²) / 3) = 0.2887, x 4.3027 = 1.242
+    assert results.mean_verdict(2.2, 0.3, 3, 1.0, other_sd=0.4) == "within noise"
+    assert results.mean_verdict(2.25, 0.3, 3, 1.0, other_sd=0.4) == "above"
+    # a figure's own interval (windows and seeds combined) decides where it has one
+    assert results.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.62)) == "within noise"
+    assert results.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.58)) == "below"
+    assert results.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "within noise"  # above by twice its se only

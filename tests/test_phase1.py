@@ -203,6 +203,63 @@ def test_resumed_phase1_ends_with_the_same_predictor(phase_inputs, tmp_path, mon
     assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
 
 
+def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(phase_inputs, tmp_path):
+    """With a scoring set, the headline's figures all come from its windows: the oracles, random heads,
+    recall, the twin and the claims — each checked against a plain recomputation."""
+    from lookahead.core.windows import set_label
+    from lookahead.graph.cost import macs_per_token
+    from lookahead.graph.nodes import static_gates
+    from lookahead.graph.oracle import greedy_gates
+    from lookahead.pipeline.phase1.final import claims, scoring_set
+
+    cfg = Phase1Config(eval_batch_size=2, oracle="greedy", static_twin=True, random_draws=2,
+                       train=TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, device="cpu"))
+    pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
+    cache = ContextCache(phase_inputs["contexts"])
+    windows = torch.from_numpy(cache.windows("train")[:4].astype(np.int64))  # any windows the cache does not eval on
+    from lookahead.artifacts.val_scores import ScoringConfig
+
+    scoring = scoring_set(ScoringConfig(windows=4, batch_size=2, resamples=200), windows, cache, "lm", "cpu")
+    assert scoring.label == set_label("test", windows)
+    metrics, _, module = build_phase1(cfg, pcfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                                      phase_inputs["heads"], tmp_path / "p.safetensors",
+                                      runtime_cfg=RuntimeConfig(skip="query"), scoring=scoring)
+    tokens = metrics["token_nll"]
+    assert metrics["window_set"] == scoring.label and metrics["cache_val"]["window_set"].startswith("cache-val:")
+    assert metrics["scored_positions"] == 4 * windows.shape[1] - 4 == len(tokens["greedy"]) == len(tokens["random"])
+    lm, ids = module.lm, windows[:, :-1]
+    with torch.no_grad():
+        dense = token_nll(lm(input_ids=ids).logits, windows[:, 1:]).flatten().numpy()
+        greedy = greedy_gates(lm, ids, 2, 2, 2, "query")
+    np.testing.assert_allclose(tokens["dense"], dense, atol=1e-5)
+    assert metrics["dense_nll"] == pytest.approx(dense.mean(), abs=1e-5)
+    gain = tokens["static"].mean() - tokens["greedy"].mean()  # the greedy oracle's gain (None below 0)
+    assert metrics["greedy_capture"] == (None if gain <= 0 else pytest.approx(
+        (tokens["static"].mean() - tokens["hard"].mean()) / gain))
+    on_static = static_gates(module.importance, 2)[1:].bool()
+    static_recall = (greedy[..., 1:].reshape(-1, 4).bool() & on_static).sum(-1).double().mean().item() / 2
+    assert metrics["static_recall_at_k"] == pytest.approx(static_recall)
+    assert metrics["static_twin_gap"] == pytest.approx(metrics["static_twin_hard_nll"] - metrics["hard_nll"])
+    # static pruning at the deployed router's MACs per token, in full skip: its head count pays for them
+    k = metrics["equal_macs_static_heads"]
+    ctx = (windows.shape[1] - 1 + 1) / 2
+    assert macs_per_token(lm.config, ctx, k / 4, "full") / macs_per_token(lm.config, ctx, 1.0, "full") == pytest.approx(
+        metrics["deployed_macs_over_dense"], rel=1e-6)
+    w = k - math.floor(k)  # the interpolation between whole head counts
+    from lookahead.pipeline.phase1.final import static_scores
+
+    want = (1 - w) * static_scores(module, scoring, math.floor(k)) + w * static_scores(module, scoring, math.floor(k) + 1)
+    np.testing.assert_allclose(tokens["static_equal_macs"], want)
+    out = claims({k: v[None] if k != "dense" else v for k, v in tokens.items()}, scoring)
+    assert out["deployed_minus_static_pruning"] == pytest.approx((tokens["deployed"] - tokens["static"]).mean())
+    assert out["router_minus_static_pruning"] == pytest.approx((tokens["hard"] - tokens["static"]).mean())
+    assert out["deployed_minus_static_at_equal_macs_ci_low"] < out["deployed_minus_static_at_equal_macs"]
+    if gain > 0:
+        assert out["greedy_capture_ci_low"] < metrics["greedy_capture"] < out["greedy_capture_ci_high"]
+    else:  # no gain to capture: no ratio, no interval
+        assert out["greedy_capture_ci_low"] is None
+
+
 def test_a_per_token_router_is_measured_against_its_oracle_and_its_static_twin(phase_inputs, tmp_path):
     """Head gates under an exact budget, read from the LM's states, query skip, distilled from the
     oracle: the fraction is exact, the oracles and the twin are reported, and the twin (zeroed

@@ -554,3 +554,19 @@ def test_value_residual_and_the_adapter_train_and_the_lm_carries_the_adapter(dow
     assert moved and all("o_proj" in k for k in moved)  # only the adapted projections, the adapter merged in
     # dense is the frozen LM without the additions; the phase-2 model runs them
     assert np.abs(report["token_nll"]["hard"] - report["token_nll"]["dense"]).max() > 0
+
+
+def test_phase2_seed_i_routes_with_phase1_seed_i_and_a_missing_router_stops_before_any_work(tmp_path):
+    from lookahead.graph.predictor import seed_router_name
+    from lookahead.pipeline.phase2.build import seed_routers
+    from lookahead.pipeline.phase2.config import Phase2Config
+
+    primary, seeds = tmp_path / "predictor.safetensors", tmp_path / "seeds"
+    seeds.mkdir()
+    for path in (primary, seeds / seed_router_name(1), seeds / seed_router_name(2)):
+        path.write_bytes(b"x")
+    assert seed_routers(Phase2Config(seeds=3), primary, seeds) == [primary, seeds / "predictor_seed1.safetensors",
+                                                                   seeds / "predictor_seed2.safetensors"]
+    assert seed_routers(Phase2Config(seeds=3), primary, None) == [primary] * 3  # no seeds directory: the primary
+    with pytest.raises(Phase2Error, match="router of seed 3 .* is missing: set phase1.seeds >= phase2.seeds"):
+        seed_routers(Phase2Config(seeds=4), primary, seeds)

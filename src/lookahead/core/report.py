@@ -19,7 +19,7 @@ Research headlines measured over several seeds (DESIGN §12) carry ``<name>`` (t
 ``<name>_ci_low`` and ``<name>_ci_high`` (:mod:`lookahead.core.intervals`). The headline is one set of
 figures, written to up to three DVC metrics files so that ``dvc metrics show metrics/<stage>.json``
 fits a terminal: the figures in ``metrics/<stage>.json``, their spreads (``_sd``, ``_se``, ``seeds``)
-in ``metrics/<stage>_sd.json`` and the claims' intervals in ``metrics/<stage>_ci.json``, each written
+and the windows they score (``window_set``) in ``metrics/<stage>_sd.json`` and the claims' intervals in ``metrics/<stage>_ci.json``, each written
 where it has a figure. :func:`read_headline` reads the three back as one dict.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from lookahead.core.atomic import write_json
 
-MAX_HEADLINE = 28  # "a few to a couple of dozen keys"
+MAX_HEADLINE = 36  # "a few to a couple of dozen keys" in the main file; spreads, intervals and the window set in its siblings
 
 
 FigurePath = str | tuple[str, ...]  # "train.lines", or ("Qwen/Qwen3-0.6B", "embedding") where a key has dots
@@ -109,8 +109,10 @@ def timing_path(metrics_path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.stem}_timing.json")
 
 
-SIBLINGS = {"sd": ("_sd", "_se"), "ci": ("_ci_low", "_ci_high")}
-"""The headline's sibling files (``metrics/<stage>_<part>.json``) and the key suffixes each holds."""
+SIBLINGS = {"sd": ("_sd", "_se", "window_set"), "ci": ("_ci_low", "_ci_high")}
+"""The headline's sibling files (``metrics/<stage>_<part>.json``) and the key suffixes each holds:
+spreads, the seed count and the label of the windows the figures score
+(:func:`lookahead.artifacts.val_scores.set_label`), then the intervals."""
 
 
 def sibling_path(metrics_path: str | os.PathLike, part: str) -> Path:

@@ -53,12 +53,20 @@ def baseline_graph(gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) 
 
 
 def random_topology(n_layers: int, n_heads: int, fraction: float, shape: tuple[int, ...],
-                    generator: torch.Generator | None, skip: str = "full", device=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    generator: torch.Generator | None, skip: str = "full", device=None,
+                    exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Random per-position heads, the null of every per-token choice (phase 1, pairs, evaluate):
-    gates (*shape, N), each head on with probability ``fraction`` at each position (the source
-    always), and the baseline graph among them (:func:`baseline_graph`). Draws ``torch.rand`` of
-    shape (*shape, N) from ``generator`` on ``device``."""
-    gates = (torch.rand(*shape, 1 + n_layers * n_heads, generator=generator, device=device) < fraction).float()
+    gates (*shape, N), each head on with probability ``fraction`` at each position — or, ``exact``,
+    exactly round(fraction · L·H) heads at each position, a uniform choice (the null of a top-K
+    router) — the source always, and the baseline graph among them (:func:`baseline_graph`). Draws
+    ``torch.rand`` of shape (*shape, N) from ``generator`` on ``device``."""
+    scores = torch.rand(*shape, 1 + n_layers * n_heads, generator=generator, device=device)
+    if exact:
+        gates = torch.zeros_like(scores)
+        heads = gates[..., 1:]
+        heads.scatter_(-1, scores[..., 1:].topk(round(fraction * n_layers * n_heads), -1).indices, 1.0)
+    else:
+        gates = (scores < fraction).float()
     gates[..., 0] = 1.0
     return baseline_graph(gates, n_layers, n_heads, skip), gates
 

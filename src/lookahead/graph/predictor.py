@@ -412,3 +412,8 @@ def load_predictor(path: str | Path) -> tuple[StructurePredictor, dict]:
     predictor.load_state_dict(tensors)
     return predictor.eval(), meta
 
+
+def seed_router_name(seed: int) -> str:
+    """The file of phase 1's seed ``seed`` router (≥ 1; seed 0 is the stage's ``predictor.safetensors``)
+    in its seeds directory: phase 2's seed i routes with it."""
+    return f"predictor_seed{seed}.safetensors"

@@ -59,17 +59,24 @@ def interpolate_curve(curve: list[dict], fraction: float) -> float:
 
 def random_heads_nll(lm, batches: list[torch.Tensor], fraction: float, n_layers: int, n_heads: int,
                      draws: int, seed: int, skip: str = "full") -> float:
-    """Mean NLL over ``draws`` draws of random per-position heads, each head on with probability
-    ``fraction`` at each position (:func:`lookahead.graph.nodes.random_topology`)."""
+    """Mean NLL over ``draws`` draws of random per-position heads, exactly round(fraction · L·H) at
+    each position (:func:`random_heads_scores`)."""
+    return float(random_heads_scores(lm, batches, fraction, n_layers, n_heads, draws, seed, skip).mean())
+
+
+def random_heads_scores(lm, batches: list[torch.Tensor], fraction: float, n_layers: int, n_heads: int,
+                        draws: int, seed: int, skip: str = "full") -> np.ndarray:
+    """Per-position NLL (P,), the mean over ``draws`` draws of random per-position heads: exactly
+    round(fraction · L·H) heads at each position, a uniform choice
+    (:func:`lookahead.graph.nodes.random_topology` with ``exact``)."""
     results = []
     for draw in range(draws):
         gen = torch.Generator().manual_seed(seed * 1000 + draw)
-        total, count = 0.0, 0
+        per_batch = []
         for windows in batches:
             ids = windows[:, :-1]
             adjacency, gates = (x.to(ids.device) for x in random_topology(n_layers, n_heads, fraction,
-                                                                           tuple(ids.shape), gen, skip))
-            nll = token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:])
-            total, count = total + nll.sum().item(), count + nll.numel()
-        results.append(total / count)
-    return float(np.mean(results))
+                                                                           tuple(ids.shape), gen, skip, exact=True))
+            per_batch.append(token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:]).flatten().double().cpu())
+        results.append(torch.cat(per_batch).numpy())
+    return np.mean(results, axis=0)

@@ -47,6 +47,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.core.windows import set_label
 from lookahead.graph.gating import keep_count
 from lookahead.graph.keepsets import as_gates, eps_good, search_keep_sets
 from lookahead.graph.nodes import allowed_mask, head_graph, n_edges, pack_bits, random_topology, unpack_bits
@@ -328,7 +329,9 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
         info.update(split="split (0 train, 1 val)", heads_kept=figures["heads_kept"])
         with atomic_dir(out_dir) as tmp:
             save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
-        return {**figures, "bits_per_pair": n_e, "bytes_per_pair": int(arrays["bits"].shape[1])}
+        return {**figures, "bits_per_pair": n_e, "bytes_per_pair": int(arrays["bits"].shape[1]),
+                "window_sets": {"train": set_label("cache-train", cache.windows("train")[: cfg.sequences]),
+                                "val": set_label("cache-val", cache.windows("val")[: cfg.val_sequences])}}
     arrays, distinct, kept_counts, null_counts, seconds = draw_pairs(cfg, lm, predictor, cache, geo, mask, device, skip)
     positions = cfg.sequences * t_len
     pairs = len(arrays["rows"])
@@ -339,6 +342,7 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     counts = np.asarray(kept_counts)
     return {
         "positions": positions,
+        "window_sets": {"train": set_label("cache-train", cache.windows("train")[: cfg.sequences])},
         "pairs": pairs,
         "pairs_per_position": pairs / positions,
         "mean_gain": float(gains.mean()) if pairs else 0.0,

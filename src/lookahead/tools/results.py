@@ -17,22 +17,36 @@ is judged against, and a verdict by a rule stated beside the table:
 - a paired difference with its 95 % interval (:mod:`lookahead.core.intervals`) *holds* where the
   interval lies on the claimed side of the reference, *fails* where it lies on the other side, and is
   *unresolved* where it straddles it;
-- a mean against a fixed reference, or against another mean, *holds* where it lies on the claimed
-  side (below or above) by more than twice its standard error (sd / √seeds, the two combined for two
-  means), *fails* where it lies on the other side by as much, and is *within noise* otherwise;
+- a mean against a fixed reference, or against another mean, is judged by its 95 % interval: the
+  stage's own (``_ci_low``/``_ci_high``: windows and seeds combined, :mod:`lookahead.core.intervals`)
+  where it has one, else Student's t over its seeds (sd / √seeds, t with seeds − 1 degrees of
+  freedom; the two spreads combined for two means): it *holds* where the interval lies on the
+  claimed side (below or above), *fails* where it lies on the other, and is *within noise* otherwise;
 - a speed is judged by the share of its FLOP ideal it reaches.
+
+Every table is scored on one set of windows, named under it (the headline's ``window_set``,
+:func:`lookahead.core.windows.set_label`): :func:`scored_on` refuses a table whose figures come from
+two. ``--check`` compares the page with a render of the same revision's metrics (``--rev``, default
+the working tree), so that a rerun on another machine — whose metrics differ in their last bits —
+does not make the committed page stale: the docs test checks ``HEAD``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
+import subprocess
 import sys
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from lookahead.core.atomic import atomic_file
+from lookahead.core.intervals import quantile
 from lookahead.core.report import read_headline
 
 PAGE = Path("docs/results.md")
@@ -88,11 +102,20 @@ def claim_verdict(interval: tuple[float, float], below: bool, reference: float =
     return "unresolved"
 
 
-def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: float = 0.0) -> str:
-    """``mean`` (sd over ``n`` seeds) against ``reference`` (a value, or a mean with ``other_sd``)."""
-    se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
+def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: float = 0.0,
+                 interval: tuple[float, float] | None = None) -> str:
+    """``mean`` (sd over ``n`` seeds) against ``reference`` (a value, or a mean with ``other_sd``):
+    by ``interval`` (the figure's own 95 % interval) where given, else by ``mean ± t · se``, se =
+    sqrt((sd² + other_sd²) / n), t Student's at n − 1 degrees of freedom (the normal 1.96 for one
+    seed, where only a zero spread is possible)."""
     diff = mean - reference
-    if diff == 0.0 or (se > 0.0 and abs(diff) <= 2 * se):
+    if interval is not None:
+        low, high = interval
+        if low <= reference <= high:
+            return "within noise"
+        return "above" if low > reference else "below"
+    se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
+    if diff == 0.0 or (se > 0.0 and abs(diff) <= quantile(0.0, 1.0, max(n, 1))[0] * se):
         return "within noise"
     return "above" if diff > 0 else "below"
 
@@ -103,6 +126,24 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 
 COMPARISON = ("comparison", "figure", "mean ± sd (seeds)", "judged against", "verdict")
+
+
+class MixedWindows(ValueError):
+    """A table whose figures were scored on different windows."""
+
+
+def scored_on(*labels: str | None) -> str:
+    """The line naming the one window set a table's figures come from; :class:`MixedWindows` where
+    they come from two (a label None: a run from before window sets were recorded)."""
+    known = sorted({label for label in labels if label})
+    if len(known) > 1:
+        raise MixedWindows(f"one table, figures from {len(known)} window sets: {', '.join(known)}")
+    if not known:
+        return "Scored on: windows not recorded (a run from before `window_set`)."
+    name = known[0].split(":", 1)[0]
+    what = {"test": "the test set (the claims' windows)", "selection": "the selection set (not the claims' windows)",
+            "cache-val": "the context cache's val windows (the decoders read their encodings)"}.get(name, name)
+    return f"Scored on: {what}, `{known[0]}` (`window_set`: name, windows x positions, hash of the token ids)."
 
 
 def _claim_row(f: Figures, what: str, key: str, below: bool, against: str) -> tuple[str, ...] | None:
@@ -130,9 +171,11 @@ def _judged(f: Figures, what: str, key: str, claimed: str, reference: float, ref
             digits: int) -> tuple[str, ...] | None:
     if not f.has(key):
         return None
-    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, reference, reference_sd)
+    interval = f.interval(key) if reference_sd == 0.0 else None
+    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, reference, reference_sd, interval)
     verdict = "within noise" if side == "within noise" else f"{'holds' if side == claimed else 'fails'} ({side})"
-    return (what, f"`{key}`", f.show(key, digits), f"{claimed} {against}", verdict)
+    shown = f.show(key, digits) + ("" if interval is None else f", 95 % CI [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]")
+    return (what, f"`{key}`", shown, f"{claimed} {against}", verdict)
 
 
 def _nll_table(f: Figures, what: str, rows: list[tuple[str, str]]) -> list[str]:
@@ -150,24 +193,28 @@ def phase1_section(m: dict[str, Figures]) -> list[str]:
     out = ["## Phase 1: the router against static pruning and the oracles",
            "",
            f"The base LM frozen; the lookahead router picks each token's heads from the context, at "
-           f"{frac:.0%} of heads active (`metrics/phase1.json`). Lower NLL is better.", ""]
+           f"{frac:.0%} of heads active (`metrics/phase1.json`). Lower NLL is better. The router *as deployed* "
+           "reads the routed model's own states (about dense MACs per token, its router included); on a "
+           "dense pass's states it also pays a dense forward (about twice dense MACs).", "",
+           scored_on(p.values.get("window_set")), ""]
     out += table(COMPARISON, _rows(
-        _claim_row(p, "router below static pruning, paired per position", "router_minus_static_pruning", True,
-                   "< 0"),
-        _mean_row(p, "the router's NLL increase over static pruning's", "increase_over_static_increase", "below", 1.0,
-                  "1 (as much as static pruning)"),
-        _mean_row(p, "deployed router (its own routed states) over static pruning's", "deployed_increase_over_static_increase",
-                  "below", 1.0, "1 (as much as static pruning)"),
-        _mean_row(p, "the router captures the greedy per-token oracle's gain", "greedy_capture", "above", 0.6,
-                  "0.6 (the router's target)"),
-        _mean_row(p, "the router keeps the greedy oracle's heads", "oracle_recall_at_k", "above", frac,
-                  f"{frac:g}, the active fraction (chance)"),
+        _claim_row(p, "router as deployed below static pruning at the same head count", "deployed_minus_static_pruning",
+                   True, "< 0"),
+        _claim_row(p, "router as deployed below static pruning at the same MACs per token (static in `full` skip, "
+                      "heads interpolated)", "deployed_minus_static_at_equal_macs", True, "< 0"),
+        _claim_row(p, "router on a dense pass's states (≈2× dense MACs) below static pruning at the same head count",
+                   "router_minus_static_pruning", True, "< 0"),
+        _mean_row(p, "the router captures the greedy per-token oracle's gain (interval: windows and seeds)",
+                  "greedy_capture", "above", 0.6, "0.6 (the router's target)", digits=2),
+        _versus_row(p, "the router keeps the greedy oracle's heads, against the static mask's recall of them",
+                    "oracle_recall_at_k", "above", "static_recall_at_k"),
     ))
-    out += ["", "The NLLs behind it (val scoring set):", ""]
-    nll = [("dense (every head)", "dense_nll"), ("router, hard gates", "hard_nll"),
-           ("router, deployed", "deployed_nll"), ("static importance pruning", "static_pruning_nll"),
-           ("random per-token heads", "random_heads_nll"), ("label-free oracle", "oracle_nll"),
-           ("greedy per-token oracle", "greedy_oracle_nll")]
+    out += ["", "The NLLs behind it (the same windows):", ""]
+    nll = [("dense (every head)", "dense_nll"), ("router, hard gates, a dense pass's states", "hard_nll"),
+           ("router, as deployed", "deployed_nll"), ("static importance pruning", "static_pruning_nll"),
+           ("random per-token heads (exactly K)", "random_heads_nll"),
+           ("leave-one-out oracle (label-free: an oracle, not a method)", "oracle_nll"),
+           ("greedy per-token oracle (label-free: an oracle, not a method)", "greedy_oracle_nll")]
     out += _nll_table(p, "topology", nll)
     return out
 
@@ -179,20 +226,22 @@ def phase2_section(m: dict[str, Figures]) -> list[str]:
            f"Phase 2 continues pretraining the LM jointly with its router at {frac:.0%} of heads active; the "
            "dense control continues pretraining the same LM for the same tokens with every head on, the "
            "static control under a fixed importance mask at the same fraction (`metrics/evaluate.json`). "
-           "The seed's goal is topologies that *lower* NLL against dense.", ""]
+           "Phase 2's seed i starts from phase 1's seed i, so the intervals cover the router's seeds too. "
+           "The seed's goal is topologies that *lower* NLL against dense.", "",
+           scored_on(e.values.get("window_set")), ""]
     out += table(COMPARISON, _rows(
         _claim_row(e, "phase 2 below the dense control (the seed's goal)", "phase2_minus_control", True, "< 0"),
         _claim_row(e, "phase 2 below the static control (per-token routing pays)", "phase2_minus_static_control",
                    True, "< 0"),
     ))
-    out += ["", "The NLLs behind it:", ""]
+    out += ["", "The NLLs behind it (the same windows):", ""]
     nll = [("base LM, dense", "dense_base_nll"), ("dense control", "dense_control_nll"),
            ("static control", "static_control_nll"), ("phase 1 router on the base LM", "phase1_hard_nll"),
            ("phase 2, hard gates", "phase2_hard_nll")]
     out += _nll_table(e, "model", nll)
     if e.has("attention_flops_over_dense"):
         out += ["", f"Attention FLOPs of the routed rows over dense: {e.mean('attention_flops_over_dense'):.3f} "
-                "(`attention_flops_over_dense`)."]
+                "(`attention_flops_over_dense`, on the context cache's val windows)."]
     return out
 
 
@@ -202,7 +251,8 @@ def decoders_section(m: dict[str, Figures]) -> list[str]:
            "Can a decoder reading the context propose the keep sets that are good for a token? The ground "
            "truth is each val position's ε-good keep sets (`metrics/pairs.json`); the decoders are the MLP "
            "router's sampler (`baseline_`), the autoregressive keep-set decoder (`autoregressive_`) and the "
-           "diffusion head (`metrics/diffusion.json`). Best of K is chosen without labels (by KL to dense).", ""]
+           "diffusion head (`metrics/diffusion.json`). Best of K is chosen without labels (by KL to dense).", "",
+           scored_on(d.values.get("window_set")), ""]
     rows = _rows(
         _versus_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
                     "baseline_recall_at_8"),
@@ -214,13 +264,16 @@ def decoders_section(m: dict[str, Figures]) -> list[str]:
                     "autoregressive_best_of_k_label_free_nll", "below", "null_frequency_best_of_k_nll"),
         _versus_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below",
                     "baseline_best_of_k_nll"),
-        _claim_row(e, "diffusion best of K below random best of K (evaluate, oracle choice)",
-                   "diffusion_best_of_k_minus_null", True, "< 0"),
     )
     out += table(COMPARISON, rows)
     if d.has("eps_good_per_position"):
         out += ["", f"ε-good keep sets per val position: {d.mean('eps_good_per_position'):.2f}, two or more at "
                 f"{d.mean('eps_good_multi_share'):.1%} of positions (`eps_good_per_position`, `eps_good_multi_share`)."]
+    claim = _claim_row(e, "diffusion best of K below random best of K (evaluate; both chosen by the label: an oracle, "
+                          "not a method)", "diffusion_best_of_k_minus_null", True, "< 0")
+    if claim is not None:
+        out += ["", "Evaluate's best-of-K claim, on its own windows:", "", scored_on(e.values.get("cache_window_set")), ""]
+        out += table(COMPARISON, [claim])
     return out
 
 
@@ -285,9 +338,19 @@ def _claim_line(f: Figures, key: str, below: bool) -> str:
 def summary(m: dict[str, Figures], runtime: dict | None) -> list[str]:
     """Five lines for the README, one per finding, each with its verdict."""
     p, e, d, mod = m["phase1"], m["evaluate"], m["diffusion"], m["modulator"]
-    lines = [f"- **Phase 1** (LM frozen): router − static pruning at the same head budget "
-             f"{_claim_line(p, 'router_minus_static_pruning', True)}; it captures "
-             f"{p.show('greedy_capture', 2)} of the greedy per-token oracle's gain (`greedy_capture`).",
+    capture = p.show("greedy_capture", 2)
+    if p.interval("greedy_capture") is not None:
+        capture += " (95 % CI [{:.2f}, {:.2f}])".format(*p.interval("greedy_capture"))
+    if p.has("deployed_minus_static_pruning") and p.interval("deployed_minus_static_pruning") is not None:
+        first = (f"- **Phase 1** (LM frozen; test windows): the router as deployed − static pruning at the same head "
+                 f"count {_claim_line(p, 'deployed_minus_static_pruning', True)}")
+        if p.interval("deployed_minus_static_at_equal_macs") is not None:
+            first += (f"; at the same MACs per token "
+                      f"{_claim_line(p, 'deployed_minus_static_at_equal_macs', True)}")
+    else:
+        first = (f"- **Phase 1** (LM frozen): router − static pruning at the same head budget "
+                 f"{_claim_line(p, 'router_minus_static_pruning', True)}")
+    lines = [f"{first}; it captures {capture} of the greedy per-token oracle's gain (`greedy_capture`).",
              f"- **Phase 2** (LM trained with its router): phase 2 − dense control "
              f"{_claim_line(e, 'phase2_minus_control', True)}; phase 2 − static control "
              f"{_claim_line(e, 'phase2_minus_static_control', True)}."]
@@ -330,8 +393,9 @@ def _runtime(root: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1]) if path.is_file() else None
 
 
-def rows_section(path: Path) -> list[str]:
-    """Every evaluate row's val NLL and active-head fraction, from ``metrics/evaluate_pareto.csv``."""
+def rows_section(path: Path, label: str | None) -> list[str]:
+    """Every evaluate row's val NLL and active-head fraction, from ``metrics/evaluate_pareto.csv``
+    (scored on the windows ``label`` names: evaluate's ``cache_window_set``)."""
     import csv
 
     if not path.is_file():
@@ -339,11 +403,15 @@ def rows_section(path: Path) -> list[str]:
     with open(path, newline="", encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(f) if not r["row"].startswith("static pruning curve")]
     out = ["## Every row of the final table", "",
-           f"Evaluate's rows on the context cache's val windows, the first seed's LMs (`{PARETO}`; the whole table, "
-           "with edges, per-layer fractions and attention FLOPs, is `metrics/evaluate_table.md`, a DVC output):", ""]
+           f"Evaluate's rows, the first seed's LMs (`{PARETO}`; the whole table, with edges, per-layer fractions "
+           "and attention FLOPs, is `metrics/evaluate_table.md`, a DVC output). Rows marked *label-chosen* pick, at "
+           "each position, the best of K samples by the position's own next token: an oracle that no model could "
+           "run, not a method (the figures above that compare methods choose without labels).", "",
+           scored_on(label), ""]
+    chosen = lambda row: " (label-chosen: an oracle)" if "best_of_k" in row else ""  # noqa: E731
     return out + table(("row", "active heads", "val NLL"),
-                       [(f"`{r['row']}`", f"{float(r['active_head_fraction']):.3f}", f"{float(r['nll']):.3f}")
-                        for r in rows]) + [""]
+                       [(f"`{r['row']}`{chosen(r['row'])}", f"{float(r['active_head_fraction']):.3f}",
+                         f"{float(r['nll']):.3f}") for r in rows]) + [""]
 
 
 def render(root: Path) -> str:
@@ -369,15 +437,44 @@ def render(root: Path) -> str:
         "",
         "Verdicts: a paired difference with its 95 % interval *holds* where the interval lies on the claimed "
         "side, *fails* where it lies on the other, and is *unresolved* where it straddles it; a mean against "
-        "a reference *holds* where it lies on the claimed side (below or above) beyond twice its standard error "
-        "(sd / √seeds), *fails* where it lies on the other, else it is *within noise*.",
+        "a reference is judged by its own 95 % interval (windows and seeds combined) where it has one, else by "
+        "Student's t over its seeds (sd / √seeds, seeds − 1 degrees of freedom): it *holds* where the interval "
+        "lies on the claimed side (below or above), *fails* where it lies on the other, else it is *within noise*. "
+        "Every table is scored on one set of windows, named above it: the claims on the *test* set, which "
+        "no default or variant was chosen on (the *selection* set is for that: "
+        "[reproducibility](reproducibility.md#test-and-selection-windows)).",
         "",
     ]
     for section in (phase1_section(m), phase2_section(m), decoders_section(m), modulator_section(m),
                     speed_section(runtime)):
         lines += section + [""]
-    lines += rows_section(root / PARETO)
+    lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)
+
+
+COMMITTED = ("README.md", str(PAGE), "metrics", str(RUNTIME.parent))
+"""What the page is rendered from and compared with, as :func:`at_revision` exports them."""
+
+
+@contextlib.contextmanager
+def at_revision(repo: Path, rev: str):
+    """A temporary directory holding :data:`COMMITTED` as they are at git revision ``rev`` of ``repo``."""
+    with tempfile.TemporaryDirectory(prefix="results-") as tmp:
+        listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "--", *COMMITTED], cwd=repo,
+                                capture_output=True, text=True, check=True).stdout.split()
+        archive = subprocess.run(["git", "archive", "--format=tar", rev, "--", *listed], cwd=repo,
+                                 capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        yield Path(tmp)
+
+
+def check(root: Path) -> list[str]:
+    """The files of :data:`COMMITTED` at ``root`` that differ from a fresh render of ``root``'s metrics."""
+    readme = root / "README.md"
+    fresh = {root / PAGE: render(root), readme: render_readme(root, readme.read_text(encoding="utf-8"))}
+    return [str(path.relative_to(root)) for path, text in fresh.items()
+            if not path.is_file() or path.read_text(encoding="utf-8") != text]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,7 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, default=Path("."), help="the repository (default: here)")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when docs/results.md or README.md's summary differs from a fresh render")
+    parser.add_argument("--rev", default=None,
+                        help="with --check: the page and metrics as committed at this git revision (e.g. HEAD: a "
+                             "rerun's rewritten metrics are not compared; default: the working tree)")
     args = parser.parse_args(argv)
+    if args.check and args.rev:
+        with at_revision(args.repo, args.rev) as root:
+            stale = check(root)
+        if stale:
+            print(f"stale at {args.rev}: {', '.join(stale)}: run `make results` and commit", file=sys.stderr)
+            return 1
+        print(f"{PAGE} and README.md's summary at {args.rev} are a fresh render of its metrics")
+        return 0
     readme = args.repo / "README.md"
     try:
         fresh = {args.repo / PAGE: render(args.repo), readme: render_readme(args.repo, readme.read_text(encoding="utf-8"))}

@@ -25,13 +25,17 @@ def load_stream(tokens_dir: str | Path, split: str) -> np.ndarray:
 def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int, salt: int = 0) -> torch.Tensor:
     """``batch_size`` random windows of ``seq_len + 1`` tokens; ``salt`` keeps one user's draws apart
     from another's (the contexts stage draws with its own). Returns (B, T+1) int64."""
-    n_starts = len(stream) - seq_len - 1
-    if n_starts < 1:
-        raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
-    rng = np.random.default_rng([seed, step, salt])
-    starts = rng.integers(0, n_starts + 1, size=batch_size)
+    starts = train_starts(len(stream), step, batch_size, seq_len, seed, salt)
     windows = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(windows)
+
+
+def train_starts(n_tokens: int, step: int, batch_size: int, seq_len: int, seed: int, salt: int = 0) -> np.ndarray:
+    """The first token of each window :func:`train_batch` draws from a stream of ``n_tokens``."""
+    n_starts = n_tokens - seq_len - 1
+    if n_starts < 1:
+        raise ValueError(f"token stream of {n_tokens} tokens is shorter than one window of {seq_len + 1}")
+    return np.random.default_rng([seed, step, salt]).integers(0, n_starts + 1, size=batch_size)
 
 
 def eval_windows(stream: np.ndarray, seq_len: int, max_tokens: int) -> torch.Tensor:

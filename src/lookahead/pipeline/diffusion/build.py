@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.pairs import PAIRS_FILE, PairSet, load_pairs
+from lookahead.core.windows import set_label
 from lookahead.core.config import to_dict
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors, recorded
@@ -293,7 +294,8 @@ KEEPSET_HEADLINE = seeded_headline(
      "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8", "sample_nll", "deterministic_nll",
      "best_of_k_label_free_nll", "null_frequency_best_of_k_nll", "autoregressive_recall_at_8",
      "autoregressive_best_of_k_label_free_nll"),
-    KEEPSET_SEEDED + ("autoregressive_recall_at_8", "autoregressive_best_of_k_label_free_nll"))
+    KEEPSET_SEEDED + ("autoregressive_recall_at_8", "autoregressive_best_of_k_label_free_nll")) + ("window_set",)
+"""On the pairs' val windows of the context cache (their ε-good keep sets): ``window_set``."""
 
 
 def headline(pairs_dir) -> tuple[str, ...]:
@@ -414,6 +416,7 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
         "null_frequency_best_of_k_nll": table["diffusion_frequency"]["best_of_k_label_free_nll"],
         "dense_nll": table["dense"]["sample_nll"], "heads_kept": k, "eval_samples": cfg.eval_samples,
         "val_positions": len(positions), "truth_positions": int(has_truth.sum()),
+        "window_set": set_label("cache-val", windows),
         "autoregressive_train_curve": ar_curve, "best_of_k_criterion": "least KL(dense || routed), no label",
     })
     return report

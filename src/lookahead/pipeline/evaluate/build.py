@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import ScoringConfig, set_label
 from lookahead.core.intervals import SE, claim_keys
 from lookahead.core.seeds import seed_summary, seeded_headline
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
@@ -83,9 +83,10 @@ SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads", "rando
 HEADLINE = (*seeded_headline(("dense_base_nll", "dense_control_nll", "static_control_nll", "phase1_hard_nll",
                               "phase2_hard_nll", "phase2_active_head_fraction", "diffusion_best_of_k_nll",
                               "random_best_of_k_nll", "attention_flops_over_dense", "causality_max_change"),
-                             ["dense_control_nll", "static_control_nll", "phase2_hard_nll",
+                             ["dense_control_nll", "static_control_nll", "phase1_hard_nll", "phase2_hard_nll",
                               *[f"{name}_nll" for name in SEEDED_ROWS]])[:-1],
-            *[key for claim in CLAIMS for key in claim_keys(claim) if not key.endswith(SE)], "seeds")
+            *[key for claim in CLAIMS for key in claim_keys(claim) if not key.endswith(SE)], "seeds", "window_set",
+            "cache_window_set")
 
 @dataclasses.dataclass
 class Evaluation:
@@ -354,10 +355,14 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
                                       [f["random_best_of_k"] for f in flat])
     if scores is not None:
         trained, more = trained_claims(scoring, cache.context_length, scores["phase2"], scores["control"],
-                                       scores["static_control"])
+                                       scores["static_control"], scores.get("phase1"))
         figures.update(trained)
         claims.update(more)
     report.update(figures)
+    # the table's rows and the best-of-K claim score the cache's val windows (the decoders read their
+    # encodings); the trained LMs' figures and claims, the scoring set's (`window_set`)
+    report["cache_window_set"] = set_label("cache-val", cache.windows("val")[rows])
+    report.setdefault("window_set", report["cache_window_set"])
     report["claims"] = claims
     s = d.shapes
     router = (d.predictor2 or d.predictor1).cfg

@@ -28,13 +28,24 @@ CLAIMS = ("phase2_minus_control", "phase2_minus_static_control", "diffusion_best
 
 
 def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_scores,
-                   static_scores) -> tuple[dict, dict]:
+                   static_scores, phase1_scores=None) -> tuple[dict, dict]:
     """(headline figures, report) of phase 2 against both controls from the stages' score files: the
     three LMs' mean NLLs over seeds (``phase2_hard_nll``, ``dense_control_nll``, ``static_control_nll``,
     each with ``_sd``; the report adds ``phase2_deployed_nll``) and the two claims, phase 2 as deployed
-    where its scores have it."""
+    where its scores have it; with ``phase1_scores``, the base LM dense and under phase 1's router
+    (``dense_base_nll``, ``phase1_hard_nll``) on the same windows. Every file must score the same
+    windows (:func:`lookahead.artifacts.val_scores.paired`); ``window_set`` names them."""
     phase2, control, static = (load_scores(Path(p)) for p in (phase2_scores, control_scores, static_scores))
-    figures, report = {}, {}
+    figures, report = {"window_set": phase2.window_set, "phase1_hard_nll_sd": None}, {}
+    paired(phase2["hard"], control["dense"], "phase 2 and the control", (phase2.window_set, control.window_set))
+    paired(phase2["hard"], static["hard"], "phase 2 and the static control", (phase2.window_set, static.window_set))
+    if phase1_scores is not None:  # the base LM on the same windows, dense and under phase 1's router
+        phase1 = load_scores(Path(phase1_scores))
+        paired(phase2["hard"], phase1["hard"], "phase 2 and phase 1", (phase2.window_set, phase1.window_set))
+        figures["dense_base_nll"] = float(phase1["dense"].mean())
+        per_seed = phase1["hard"].reshape(-1, phase1["hard"].shape[-1]).mean(1)
+        figures["phase1_hard_nll"] = float(per_seed.mean())
+        figures["phase1_hard_nll_sd"] = float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0
     routed = phase2.get("deployed", phase2["hard"])
     if "deployed" in phase2:
         per_seed = phase2["deployed"].mean(1)
@@ -44,9 +55,10 @@ def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_s
                          ("static_control_nll", static["hard"])):
         per_seed = scores.mean(1)
         figures[name], figures[f"{name}_sd"] = float(per_seed.mean()), float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0
-    for name, diffs in (("phase2_minus_control", paired(routed, control["dense"], "phase 2 − control")),
-                        ("phase2_minus_static_control", paired(routed, static["hard"],
-                                                               "phase 2 − static control"))):
+    for name, diffs in (("phase2_minus_control", paired(routed, control["dense"], "phase 2 − control",
+                                                        (phase2.window_set, control.window_set))),
+                        ("phase2_minus_static_control", paired(routed, static["hard"], "phase 2 − static control",
+                                                               (phase2.window_set, static.window_set)))):
         interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
         figures.update(claim_figures(name, interval))
         report[name] = {**interval, "per_seed": diffs.mean(1).tolist(), "verdict": verdict(interval)}

@@ -261,6 +261,6 @@ def random_topologies(n_layers: int, n_heads: int, fraction: float, draws: int, 
 
     def draw(ids, contexts, geo):
         return [tuple(x.to(device) for x in random_topology(n_layers, n_heads, fraction, tuple(ids.shape), generator,
-                                                            skip)) for _ in range(draws)]
+                                                            skip, exact=True)) for _ in range(draws)]
 
     return draw

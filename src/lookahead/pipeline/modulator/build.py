@@ -15,6 +15,7 @@ import torch
 
 from lookahead.core.config import to_dict
 from lookahead.core.seeds import mean_ci, over_seeds
+from lookahead.core.windows import set_label
 from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
 from lookahead.pipeline.modulator.field import build_field
@@ -283,6 +284,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
         "alpha_per_layer": alphas,
         "cv_band": [lo, hi], "cv_in_band": bool(lo <= cv_after <= hi), "validity_mean": None,
         "layers": layers, "geo_scale": geo_scale, "val_tokens": int(val_windows[:, 1:].numel()),
+        "window_set": set_label("val-start", val_windows),
         "trained": cfg.trains, "before": before, "after": after,
     }
     if cfg.kind == "field":

@@ -28,6 +28,7 @@ every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -39,23 +40,27 @@ import torch.nn.functional as F
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.oracle_targets import TARGETS_FILE, OracleTargets
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, save_scores, scoring_windows
+from lookahead.artifacts.val_scores import ScoringConfig, save_scores, scoring_windows, set_label
+from lookahead.core.atomic import atomic_dir
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode, resolve_device
 from lookahead.core.errors import ConfigError, require
-from lookahead.core.intervals import SE, claim_figures, claim_keys, paired_interval
+from lookahead.core.intervals import CI_HIGH, CI_LOW, SE, claim_keys
 from lookahead.core.seeds import final_evaluation_only, over_seeds
+from lookahead.core.tracking import is_main_process
 from lookahead.graph.cost import deployed_macs
-from lookahead.graph.generate import Router, layer_routed, self_consistent
 from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
-from lookahead.graph.nodes import n_edges, static_topology
+from lookahead.graph.nodes import n_edges
 from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats, top_k_gates
 from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
+from lookahead.graph.predictor import seed_router_name
 from lookahead.graph.router_inputs import input_dim, router_context
 from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
 from lookahead.lm.nll import PositionTotals, token_nll
+from lookahead.pipeline.phase1.final import (  # noqa: F401  (ScoringSet, deployed_nll: the final figures' API, here too)
+    CLAIMS, ScoringSet, capture, claims, deployed_nll, routed, score_final, scoring_set, seed_figures)
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainConfig, TrainResult, logs_step, train
 from lookahead.train.schedule import check_budget_schedule, tau_at
@@ -207,6 +212,10 @@ class Phase1Module:
         self._train_inputs: dict[int, torch.Tensor] = {}  # oracle window -> the router's inputs (T, F): the LM is frozen
         self.static_curve: list[dict] | None = None
         self.last_eval: dict = {}
+
+    def cache_label(self) -> str:
+        """The :func:`lookahead.artifacts.val_scores.set_label` of the periodic evaluation's windows."""
+        return set_label("cache-val", self.cache.windows("val")[self.val_rows])
 
     def place(self, device) -> None:
         self.device = torch.device(device)
@@ -472,91 +481,6 @@ class Phase1Module:
         return metrics
 
 
-@dataclasses.dataclass
-class ScoringSet:
-    """The val windows the final figures score (``scoring``), in batches with the router's cached
-    contexts where it reads them (``predictor.input: cache`` scores the cache's val windows: the
-    scoring windows have no encodings), and what does not depend on the seed, computed once."""
-
-    cfg: ScoringConfig
-    batches: list[tuple[torch.Tensor, torch.Tensor | None]]
-    window: int
-    """Positions per window (the bootstrap's block)."""
-    shared: dict = dataclasses.field(default_factory=dict)
-    """``dense`` and (``static``, K) → per-position NLLs (P,) of the frozen LM."""
-
-
-def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, predictor_cfg: PredictorConfig,
-                device) -> ScoringSet:
-    """The scoring windows in batches (or, for a router that reads the cache, the cache's val windows)."""
-    if predictor_cfg.input == "cache":
-        rows = np.arange(len(cache.windows("val")))
-        out = [tuple(x.to(device) for x in cache.batch("val", rows[i : i + cfg.batch_size]))
-               for i in range(0, len(rows), cfg.batch_size)]
-        return ScoringSet(cfg, out, cache.context_length)
-    return ScoringSet(cfg, [(w, None) for w in batches(windows, cfg.batch_size, device)], windows.shape[1] - 1)
-
-
-@torch.no_grad()
-def score_final(module: Phase1Module, model, scoring: ScoringSet) -> dict[str, np.ndarray]:
-    """Per-position NLLs (P,) on the scoring set: the frozen LM dense, under the router's hard
-    topologies and under static pruning at the router's head count (both through the execution
-    plan, which skips the off heads' work), and the router's active-head fraction there."""
-    lm, skip = module.lm, module.skip
-    hard, kept = [], []
-    with eval_mode(model):
-        for windows, contexts in scoring.batches:
-            ids = windows[:, :-1]
-            context, geo = module.inputs(ids, contexts)
-            adjacency, gates = model(context, geo, tau=module.tau_now, hard=True)
-            hard.append(token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:]).flatten())
-            kept.append(gates[..., 1:].mean(-1).flatten())
-    fraction = torch.cat(kept).double().mean().item()
-    keep = round(fraction * module.n_layers * module.n_heads)
-    if "dense" not in scoring.shared:
-        scoring.shared["dense"] = torch.cat([token_nll(lm(input_ids=w[:, :-1]).logits, w[:, 1:]).flatten()
-                                             for w, _ in scoring.batches]).numpy()
-    if ("static", keep) not in scoring.shared:
-        adjacency, gates = (x.to(module.device) for x in static_topology(
-            module.importance, keep / (module.n_layers * module.n_heads), skip))
-        scoring.shared["static", keep] = torch.cat([token_nll(execute(lm, w[:, :-1], adjacency, gates, skip), w[:, 1:])
-                                                    .flatten() for w, _ in scoring.batches]).numpy()
-    return {"dense": scoring.shared["dense"], "hard": torch.cat(hard).numpy(),
-            "static": scoring.shared["static", keep], "active_head_fraction": fraction,
-            "deployed": deployed_nll(module, model, scoring)}
-
-
-DEPLOYED_WINDOWS = 64
-"""Windows decoded together by :func:`deployed_nll` (one cached step of each per forward)."""
-
-
-@torch.no_grad()
-def deployed_nll(module: Phase1Module, model, scoring: ScoringSet) -> np.ndarray | None:
-    """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
-    routed model's own states (:func:`lookahead.graph.generate.self_consistent`, position by
-    position; ``layer``: :func:`lookahead.graph.generate.layer_routed`, layer by layer), not from
-    a dense pass. None for routers that read no LM state (the dense-state figure is already theirs:
-    ``embedding``) or cannot run that way (``cache``, the cascade)."""
-    cfg = model.cfg
-    if cfg.input not in ("lm", "layer") or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
-        return None
-    windows = torch.cat([w for w, _ in scoring.batches])
-    out = []
-    if cfg.input == "layer":
-        with eval_mode(model):
-            for chunk in windows.split(DEPLOYED_WINDOWS):
-                ids = chunk[:, :-1]
-                logits, _ = layer_routed(module.lm, model, ids, module.geo(ids) if model.geo_dim else None, module.skip)
-                out.append(token_nll(logits, chunk[:, 1:]).flatten())
-        return torch.cat(out).numpy()
-    router = Router(model, module.lm, module.geo if model.geo_dim else None)
-    with eval_mode(model):
-        for chunk in windows.split(DEPLOYED_WINDOWS):
-            logits, _ = self_consistent(module.lm, router, chunk[:, :-1], module.skip)
-            out.append(token_nll(logits, chunk[:, 1:]).flatten())
-    return torch.cat(out).numpy()
-
-
 def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce",
                  per_layer: bool = False, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Distillation of keep logits z (…, L·H) toward the oracle's keep set, the top-K of its
@@ -574,31 +498,24 @@ def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: i
     return F.binary_cross_entropy_with_logits((groups - theta).reshape(z.shape), target)
 
 
-def capture(static: float, router: float, oracle: float | None) -> float | None:
-    """(NLL_static − NLL_router) / (NLL_static − NLL_oracle): the share of the oracle's gain over
-    static pruning the router gets (None without an oracle or when the oracle gains nothing)."""
-    if oracle is None or static - oracle <= 0:
-        return None
-    return (static - router) / (static - oracle)
-
-
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
-SEEDED = ("hard_nll", "deployed_nll", "active_head_fraction", "hard_nll_increase", "increase_over_static_increase",
-          "deployed_increase_over_static_increase", "oracle_capture",
-          "greedy_capture", "oracle_recall_at_k", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap")
-# dense_nll, hard_nll and static pruning (and the claim, with its interval) score the scoring set;
-# the rest, the cache's val windows (the module docstring); soft_nll, active_edge_fraction and
-# gate_entropy_bits stay in the report
+SEEDED = ("hard_nll", "deployed_nll", "active_head_fraction", "random_heads_nll", "hard_nll_increase",
+          "increase_over_static_increase", "deployed_increase_over_static_increase", "oracle_capture",
+          "greedy_capture", "oracle_recall_at_k", "static_recall_at_k", "dynamic_fraction", "context_shuffle_dnll",
+          "static_twin_gap", "equal_macs_static_heads")
+# every figure scores one set of windows: the scoring set (test or selection; the cache's val windows
+# for a router that reads the cache), recorded as `window_set`; soft_nll, active_edge_fraction,
+# gate_entropy_bits, the NLL ratios and the periodic evaluation's figures (`cache_val`) are in the report
 HEADLINE = ("dense_nll", "hard_nll", "hard_nll_sd", "deployed_nll", "deployed_nll_sd", "active_head_fraction",
             "static_pruning_nll", "random_heads_nll", "oracle_nll", "greedy_oracle_nll",
-            "increase_over_static_increase", "increase_over_static_increase_sd", "deployed_increase_over_static_increase",
-            "deployed_increase_over_static_increase_sd", "greedy_capture", "greedy_capture_sd",
-            "oracle_recall_at_k", "oracle_recall_at_k_sd", "dynamic_fraction", "context_shuffle_dnll", "static_twin_gap",
-            *[k for k in claim_keys("router_minus_static_pruning") if not k.endswith(SE)], "seeds")
-"""The headline (28 keys at most; `dvc metrics show metrics/phase1.json` within 400 characters:
-``oracle_capture`` and ``deployed_macs_over_dense`` stay in the report); every other figure, and
-every other ``_sd``, is in the report."""
+            "greedy_capture", "greedy_capture_sd", f"greedy_capture{CI_LOW}", f"greedy_capture{CI_HIGH}",
+            "oracle_recall_at_k", "oracle_recall_at_k_sd", "static_recall_at_k", "dynamic_fraction",
+            "context_shuffle_dnll", "static_twin_gap",
+            *[k for name, _, _ in CLAIMS for k in claim_keys(name) if not k.endswith(SE)], "seeds", "window_set")
+"""The headline (36 keys at most; `dvc metrics show metrics/phase1.json` within 400 characters:
+the claims' spreads and intervals in the sibling files); every other figure, and every other
+``_sd``, is in the report."""
 
 
 VAL_STATE = ("_val", "_dense", "_loo", "_oracle", "_greedy", "static_curve", "_train_inputs")
@@ -671,64 +588,68 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     final = module.last_eval
     if val_state is not None and not val_state:
         val_state.update({name: getattr(module, name) for name in VAL_STATE})
-    scored = score_final(module, module.model, scoring) if scoring is not None else None
-    predictor = module.model.cpu()
+    predictor = module.model
+    cost = None
+    if predictor_cfg.gate == "head":  # per-token MACs over a dense forward's, the router's inputs included
+        length = scoring.window if scoring is not None else module.cache.context_length
+        cost = lambda fraction, state=False: deployed_macs(  # noqa: E731
+            lm.config, predictor, (length + 1) / 2, fraction, module.skip, state)
+    scored = None
+    if scoring is not None:
+        scored = score_final(module, predictor, scoring,
+                             None if cost is None else lambda fraction: cost(fraction)["total_over_dense"])
+    predictor = predictor.cpu()
     save_predictor(predictor, out_file, extra={"phase1": to_dict(cfg), "encoder": cache.meta["encoder"],
                                                "runtime": to_dict(runtime_cfg)})
-    metrics = {k: final[k] for k in ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction",
-                                     "active_edge_fraction", "below_dense_fraction", "static_pruning_nll",
-                                     "random_heads_nll", "oracle_nll", "oracle_capture", "dynamic_fraction",
-                                     "gate_entropy_bits", "context_shuffle_dnll")}
-    metrics["cache_val"] = {k: final[k] for k in ("dense_nll", "hard_nll", "static_pruning_nll", "active_head_fraction")}
+    # the periodic evaluation's last figures: the context cache's val windows (the curves)
+    cache_keys = ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
+                  "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "oracle_nll", "oracle_capture",
+                  "oracle_recall_at_k", "dynamic_fraction", "gate_entropy_bits", "context_shuffle_dnll")
+    metrics = {k: final[k] for k in cache_keys}
+    metrics["cache_val"] = {"window_set": module.cache_label(), **{k: final[k] for k in cache_keys}}
     metrics["scored_positions"] = len(module.val_rows) * module.cache.context_length
-    if scored is not None:  # the final figures on the scoring set
-        metrics.update({"dense_nll": float(scored["dense"].mean()), "hard_nll": float(scored["hard"].mean()),
-                        "static_pruning_nll": float(scored["static"].mean()),
-                        "router_minus_static_pruning": float((scored["hard"] - scored["static"]).mean()),
-                        "scored_positions": len(scored["hard"]), "scored_active_head_fraction": scored["active_head_fraction"],
-                        "token_nll": {k: scored[k] for k in ("dense", "hard", "static", "deployed")
-                                      if scored[k] is not None}})
-        if scored["deployed"] is not None:  # the router as deployed (inputs from its own routed states)
-            metrics["deployed_nll"] = float(scored["deployed"].mean())
-    increase = metrics["hard_nll"] - metrics["dense_nll"]
-    static_increase = metrics["static_pruning_nll"] - metrics["dense_nll"]
+    metrics["window_set"] = module.cache_label()
+    if scored is not None:  # every headline figure on the scoring set
+        metrics.update(seed_figures(scored))
+        metrics.update({"scored_positions": len(scored["hard"]), "window_set": scoring.label,
+                        "token_nll": {k: scored[k] for k in TOKEN_NLL if scored.get(k) is not None}})
+    else:  # the cache's val windows alone: the greedy oracle there
+        metrics.update({"greedy_oracle_nll": None, "greedy_capture": None, "deployed_nll": None})
+        if cfg.oracle == "greedy":
+            greedy = module.greedy_oracle_nll(final["oracle_heads_kept"])
+            metrics.update({"greedy_oracle_nll": greedy,
+                            "greedy_capture": capture(final["static_pruning_nll"], final["hard_nll"], greedy)})
+        increase, static_increase = (metrics[k] - metrics["dense_nll"] for k in ("hard_nll", "static_pruning_nll"))
+        metrics.update({"hard_nll_increase": increase, "static_pruning_nll_increase": static_increase,
+                        "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
+                        "deployed_increase_over_static_increase": None, "oracle_heads_kept": final["oracle_heads_kept"],
+                        "static_recall_at_k": None, "equal_macs_static_heads": None})  # scoring-set figures
     metrics.update({
-        "hard_nll_increase": increase,
-        "static_pruning_nll_increase": static_increase,
-        "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
-        "deployed_increase_over_static_increase": None if "deployed_nll" not in metrics or static_increase <= 0
-        else (metrics["deployed_nll"] - metrics["dense_nll"]) / static_increase,
         "init_soft_nll_minus_dense": initial["soft_nll"] - initial["dense_nll"],
-        "oracle_heads_kept": final["oracle_heads_kept"],
         "static_twin_gap": None,
-        # null unless measured: the greedy oracle (phase1.oracle: greedy), the router as deployed
-        # (predictor.input: lm, head gates, the scoring set)
-        "greedy_oracle_nll": None, "greedy_capture": None, "oracle_recall_at_k": None,
-        "deployed_nll": metrics.get("deployed_nll"),
         "train_steps": cfg.train.steps,
         "train_tokens_per_s": result.tokens_per_s,
     })
     metrics.update(dict.fromkeys(("deployed_macs_over_dense", "dense_state_macs_over_dense", "router_macs_over_dense")))
-    if predictor_cfg.gate == "head":  # per-token MACs over a dense forward's, the router's inputs included
-        fraction = metrics.get("scored_active_head_fraction", metrics["active_head_fraction"])
-        length = scoring.window if scoring is not None else module.cache.context_length
-        cost = {state: deployed_macs(lm.config, predictor, (length + 1) / 2, fraction, module.skip, state)
-                for state in (False, True)}
-        metrics.update({"deployed_macs_over_dense": cost[False]["total_over_dense"],
-                        "dense_state_macs_over_dense": cost[True]["total_over_dense"],
-                        "router_macs_over_dense": cost[False]["router_over_dense"]})
-    if cfg.oracle == "greedy":  # on the cache's val windows, like oracle_capture
-        greedy = module.greedy_oracle_nll(final["oracle_heads_kept"])
-        metrics.update({"greedy_oracle_nll": greedy, "oracle_recall_at_k": final["oracle_recall_at_k"],
-                        "greedy_capture": capture(final["static_pruning_nll"], final["hard_nll"], greedy)})
+    if cost is not None:
+        fraction = metrics["active_head_fraction"]
+        metrics.update({"deployed_macs_over_dense": cost(fraction)["total_over_dense"],
+                        "dense_state_macs_over_dense": cost(fraction, True)["total_over_dense"],
+                        "router_macs_over_dense": cost(fraction)["router_over_dense"]})
     if cfg.static_twin:
-        metrics.update(_static_twin(cfg, predictor_cfg, module, init_file, files, checkpoint_root, final))
+        metrics.update(_static_twin(cfg, predictor_cfg, module, init_file, files, checkpoint_root, final, scoring,
+                                    metrics["hard_nll"]))
     return metrics, result, module
 
 
+TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "static_equal_macs")
+"""The per-position NLLs a seed's report carries to the score file (those measured)."""
+
+
 def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phase1Module, init_file, files,
-                 checkpoint_root, final: dict) -> dict:
-    """Train the same router, same seed, on zeroed inputs; its hard NLL minus the router's."""
+                 checkpoint_root, final: dict, scoring: ScoringSet | None, hard_nll: float) -> dict:
+    """Train the same router, same seed, on zeroed inputs; its hard NLL minus the router's
+    (``hard_nll``), on the scoring set where there is one."""
     torch.manual_seed(cfg.train.seed)
     twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
     twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
@@ -743,24 +664,31 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
                           files, [module.cache.fingerprint()])
     train(twin_module, twin_cfg.train, stage="phase1 twin", checkpoint_dir=ckpt)
     twin_eval = twin_module.last_eval
-    return {"static_twin_gap": twin_eval["hard_nll"] - final["hard_nll"],
-            "static_twin_hard_nll": twin_eval["hard_nll"],
-            "static_twin_active_head_fraction": twin_eval["active_head_fraction"],
-            "static_twin_dynamic_fraction": twin_eval["dynamic_fraction"]}
+    out = {"static_twin_hard_nll": twin_eval["hard_nll"],
+           "static_twin_active_head_fraction": twin_eval["active_head_fraction"],
+           "static_twin_dynamic_fraction": twin_eval["dynamic_fraction"]}
+    if scoring is not None:
+        hard, on = routed(twin_module, twin_module.model, scoring)
+        out.update({"static_twin_hard_nll": float(hard.mean()),
+                    "static_twin_active_head_fraction": on.double().mean().item(),
+                    "static_twin_dynamic_fraction": routing_stats(on, module.n_layers)["dynamic_fraction"]})
+    out["static_twin_gap"] = out["static_twin_hard_nll"] - hard_nll
+    return out
 
 
 def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                        out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
-                       scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None, oracle_dir=None
-                       ) -> tuple[dict, TrainResult, Phase1Module]:
-    """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds (their predictors
-    discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
-    With ``scoring_cfg``: the final figures score its windows of ``tokens_dir``'s val stream, every
-    seed's per-position NLLs go to ``scores_file``
-    (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), ``static`` and ``hard``
-    (seeds, P), static pruning at each seed's head count) and the claim
-    ``router_minus_static_pruning`` gets its interval. ``oracle_dir``: the oracle stage's targets
-    (:mod:`lookahead.artifacts.oracle_targets`)."""
+                       scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None, oracle_dir=None,
+                       seeds_dir=None) -> tuple[dict, TrainResult, Phase1Module]:
+    """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds: the metrics carry
+    the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds). ``seeds_dir``: where seed i's
+    router goes (``predictor_seed<i>.safetensors``, i ≥ 1: phase 2's seed i routes with it; None:
+    discarded). With ``scoring_cfg``: every final figure scores its windows of ``tokens_dir``'s val
+    stream (:mod:`lookahead.pipeline.phase1.final`), every seed's per-position NLLs go to
+    ``scores_file`` (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), the others
+    (seeds, P), the seed-independent ones at each seed's head count) and the claims
+    (:data:`lookahead.pipeline.phase1.final.CLAIMS`) get their intervals. ``oracle_dir``: the oracle
+    stage's targets (:mod:`lookahead.artifacts.oracle_targets`)."""
     oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
     targets: dict = {}  # the oracle's targets do not depend on the seed: computed once
     val_state: dict = {}  # nor does the periodic evaluation's reference work
@@ -768,21 +696,27 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     if scoring_cfg is not None:
         cache = ContextCache(contexts_dir)
         scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
-                              predictor_cfg, resolve_device(cfg.train.device, "phase1.train.device"))
+                              predictor_cfg.input, resolve_device(cfg.train.device, "phase1.train.device"))
+    keep_seeds = seeds_dir is not None and is_main_process()  # a worker's seed runs write to scratch only
     tokens: list = []  # every seed's per-position NLLs, popped from its report
-    out, result, module = over_seeds(cfg, "phase1", SEEDED, lambda c, scratch: build_phase1(
-        c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file,
-        scratch / "predictor.safetensors" if scratch else out_file, checkpoint_root, None if scratch else tracker,
-        runtime_cfg, targets, scoring, val_state, oracle), lambda runs: tokens.extend(r.pop("token_nll", None) for r in runs))
+    # the seeds' routers replace seeds_dir once every seed has trained (a killed run leaves nothing there)
+    with atomic_dir(seeds_dir) if keep_seeds else contextlib.nullcontext() as seeds_tmp:
+
+        def router_file(c: Phase1Config, scratch: Path | None) -> Path:
+            if scratch is None:
+                return Path(out_file)
+            return seeds_tmp / seed_router_name(c.train.seed - cfg.train.seed) if keep_seeds \
+                else scratch / "predictor.safetensors"
+
+        out, result, module = over_seeds(cfg, "phase1", SEEDED, lambda c, scratch: build_phase1(
+            c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, router_file(c, scratch), checkpoint_root,
+            None if scratch else tracker, runtime_cfg, targets, scoring, val_state, oracle),
+            lambda runs: tokens.extend(r.pop("token_nll", None) for r in runs))
     if scoring is not None:
-        scores = {"dense": tokens[0]["dense"], "static": np.stack([t["static"] for t in tokens]),
-                  "hard": np.stack([t["hard"] for t in tokens])}  # (seeds, P): seed i's router
-        if "deployed" in tokens[0]:
-            scores["deployed"] = np.stack([t["deployed"] for t in tokens])
+        scores = {"dense": tokens[0]["dense"]}
+        scores.update({k: np.stack([t[k] for t in tokens]) for k in TOKEN_NLL[1:] if all(k in t for t in tokens)})
         if scores_file is not None:
-            save_scores(scores_file, scores)
-        interval = paired_interval(paired(scores["hard"], scores["static"], "router − static pruning"), scoring.window,
-                                   scoring.cfg.resamples, scoring.cfg.confidence, scoring.cfg.seed)
-        out.update(claim_figures("router_minus_static_pruning", interval))
-        out["router_minus_static_pruning_interval"] = interval
+            save_scores(scores_file, scores, scoring.label)
+        out.update(claims(scores, scoring))
     return out, result, module
+

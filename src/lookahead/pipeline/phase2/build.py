@@ -46,6 +46,7 @@ from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, Connectivity, save_connectivity
 from lookahead.graph.denoiser import draw_topology
 from lookahead.graph.generate import Router, self_consistent
@@ -57,7 +58,8 @@ from lookahead.graph.sampling import executed_topology, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, OutputLoRA, ValueResidual, lora_rank_for, save_value_residual
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, final_label
+from lookahead.pipeline.phase2.common import load_train_stream
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
@@ -457,6 +459,7 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     result.eval_curve.insert(0, {"step": 0, **start})
     final = module.last_eval
     scoring_batches = final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device)
+    window_set = final_label(cfg, scoring or ScoringConfig(), tokens_dir, cache)
     scored = module.score(module.model, scoring_batches)
     weights = connectivity_weights(module.model, scoring_batches) if module.model.connectivity is not None else None
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
@@ -492,13 +495,16 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
         "scored_positions": len(scored["hard"]),
+        "window_set": window_set,
+        "router": str(predictor_file),
         "added_parameters": config["added_parameters"],
         "parameters_added": sum(config["added_parameters"][k] for k in ("connectivity", "value_residual", "adapter")),
         "hard_minus_dense": float((scored["hard"] - scored["dense"]).mean()),
         "connectivity_weights": (weight_summary(weights[0], module.model.connectivity.mask.cpu())
                                  if weights is not None else None),
         "scored_active_head_fraction": scored["active_head_fraction"],
-        "cache_val": {k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")},
+        "cache_val": {"window_set": set_label("cache-val", cache.windows("val")[module.val_rows]),
+                      **{k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")}},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
         **(module.refresher.report() if module.refresher is not None else {}),
         "token_nll": {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored},
@@ -554,14 +560,32 @@ def share_heads(predictor, count: int, heads_file, predictor_file) -> None:
 
 def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
                        out_dir, checkpoint_root=None, tracker=None, heads_file=None,
-                       scoring: ScoringConfig | None = None, scores_file=None) -> tuple[dict, TrainResult]:
+                       scoring: ScoringConfig | None = None, scores_file=None, predictor_seeds=None
+                       ) -> tuple[dict, TrainResult]:
     """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds (their LMs
     discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds);
     every seed's per-position NLLs on the final val set, ``dense`` and ``hard`` (seeds, P), go to
-    ``scores_file``."""
+    ``scores_file``. ``predictor_seeds``: phase 1's other seeds' routers (a directory of
+    ``predictor_seed<i>.safetensors``): seed i of phase 2 starts from seed i of phase 1, so that the
+    claims' intervals cover the router's own seed variance (None: every seed from ``predictor_file``)."""
+    files = seed_routers(cfg, predictor_file, predictor_seeds)
     return over_seeds(cfg, "phase2", SEEDED, lambda c, scratch: build_phase2(
-        c, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
+        c, base_dir, tokens_dir, contexts_dir, init_file, files[c.train.seed - cfg.train.seed], diffusion_dir,
         scratch / "phase2" if scratch else out_dir, checkpoint_root, None if scratch else tracker, heads_file, scoring),
         lambda runs: save_seed_scores(scores_file, runs))
+
+
+def seed_routers(cfg: Phase2Config, predictor_file, predictor_seeds) -> list[Path]:
+    """Phase 1's router for each of phase 2's seeds (checked before any work): seed 0 the primary,
+    seed i phase 1's seed i from ``predictor_seeds``."""
+    from lookahead.graph.predictor import seed_router_name
+
+    files = [Path(predictor_file)]
+    for i in range(1, cfg.seeds):
+        files.append(Path(predictor_file) if predictor_seeds is None else Path(predictor_seeds) / seed_router_name(i))
+        if not files[-1].is_file() and (cfg.decoder == "mlp" or predictor_seeds is None):
+            raise Phase2Error(f"phase2.seeds is {cfg.seeds}, but phase 1's router of seed {i} ({files[-1]}) is missing: "
+                              "set phase1.seeds >= phase2.seeds and rerun `dvc repro phase1`")
+    return files
 
 

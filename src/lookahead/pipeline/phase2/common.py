@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, scoring_windows
+from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, scoring_windows, set_label
 from lookahead.core.errors import LookaheadError
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase2.config import Phase2Config
@@ -88,13 +88,20 @@ def final_batches(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: 
     return [(w, None) for w in batches(windows, scoring.batch_size, device)]
 
 
+def final_label(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: ContextCache) -> str:
+    """The :func:`lookahead.artifacts.val_scores.set_label` of :func:`final_batches`' windows."""
+    if cfg.windows == "cache":
+        return set_label("cache-val", cache.windows("val"))
+    return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length))
+
+
 def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:
     """Pop each run's ``token_nll`` ({name: (P,)}) and write them, stacked over the runs (seeds, P),
-    to ``path`` (None: not written); return the stacked arrays."""
+    to ``path`` (None: not written) with the runs' ``window_set``; return the stacked arrays."""
     tokens = [run.pop("token_nll") for run in runs]
     stacked = {name: np.stack([t[name] for t in tokens]) for name in tokens[0]}
     if path is not None:
-        save_scores(path, stacked)
+        save_scores(path, stacked, runs[0].get("window_set"))
     return stacked
 
 

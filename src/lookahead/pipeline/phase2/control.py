@@ -21,14 +21,15 @@ from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import ScoringConfig, set_label
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, load_train_stream
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, final_label
+from lookahead.pipeline.phase2.common import load_train_stream
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
@@ -216,7 +217,9 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
         heads = config["mask"]["heads"]  # StaticMask.config's, listed once
         report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard"], "dense_nll": final["dense"],
                   "active_head_fraction": len(heads) / mask.importance.numel(), "heads": heads, "skip": mask.skip}
-    return {**report, **data, "scored_positions": len(scored["dense"]), "cache_val": module.last_eval,
+    return {**report, **data, "scored_positions": len(scored["dense"]),
+            "window_set": final_label(cfg, scoring or ScoringConfig(), tokens_dir, cache),
+            "cache_val": {"window_set": set_label("cache-val", cache.windows("val")[module.val_rows]), **module.last_eval},
             "token_nll": scored}, result
 
 

@@ -179,8 +179,25 @@ def mlp_neurons(model, batches: list[dict]) -> dict:
     return {"dead_fraction": dead, "weak_fraction": weak}
 
 
-def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cfg: ProbeConfig):
-    """All measurements of one model: (metrics block, spectrum, head stats or None, band rows)."""
+IMPORTANCE_SPLIT = "train"
+"""The token stream head importance is measured on. It chooses: static pruning's heads, the static
+control's mask and the router's initial bias come from it, so it must never read the val windows
+the claims are scored on (:func:`lookahead.artifacts.val_scores.check_disjoint`)."""
+
+
+def importance_spans(cfg: ProbeConfig, tokens_dir, context_length: int) -> list[tuple[str, int, int]]:
+    """The (stream, start, stop) token spans head importance reads: every seed's batches."""
+    from lookahead.train import data
+
+    n = len(data.load_stream(tokens_dir, IMPORTANCE_SPLIT))
+    window = min(cfg.head_window, context_length)
+    return [(IMPORTANCE_SPLIT, int(a), int(a) + window + 1) for seed in cfg.seeds for b in range(cfg.head_batches)
+            for a in data.train_starts(n, b, cfg.head_batch_size, window, seed)]
+
+
+def probe_model(spec: str, base_dir, importance_stream: np.ndarray, wordnet_dir, wn, cfg: ProbeConfig):
+    """All measurements of one model: (metrics block, spectrum, head stats or None, band rows); head
+    importance on windows of ``importance_stream`` (:data:`IMPORTANCE_SPLIT`)."""
     from lookahead.artifacts.wordnet_tables import read_eval_pairs
     from lookahead.semantics.heads import probe_heads
     from lookahead.train import data
@@ -219,8 +236,8 @@ def probe_model(spec: str, base_dir, val_stream: np.ndarray, wordnet_dir, wn, cf
         per_seed = []
         context_length = min(cfg.head_window, model.config.max_position_embeddings)
         for seed in cfg.seeds:
-            batches = [data.train_batch(val_stream, step=b, batch_size=cfg.head_batch_size, seq_len=context_length,
-                                        seed=seed) for b in range(cfg.head_batches)]
+            batches = [data.train_batch(importance_stream, step=b, batch_size=cfg.head_batch_size,
+                                        seq_len=context_length, seed=seed) for b in range(cfg.head_batches)]
             per_seed.append(probe_heads(model, batches))
         heads = {k: np.mean([s[k] for s in per_seed], axis=0) for k in per_seed[0]}
         heads["importance_seeds"] = np.stack([s["importance"] for s in per_seed])
@@ -332,10 +349,10 @@ def build_probe(cfg: ProbeConfig, base_dir, tokens_dir, wordnet_dir, wordnet_pat
     from lookahead.train import data
 
     wn = open_wordnet(wordnet_path)
-    val_stream = data.load_stream(tokens_dir, "val")
+    importance_stream = data.load_stream(tokens_dir, IMPORTANCE_SPLIT)
     metrics, spectra, heads_out, bands, head_table = {}, {}, None, [], []
     for spec in cfg.models:
-        name, block, spectrum, heads, model_bands = probe_model(spec, base_dir, val_stream, wordnet_dir, wn, cfg)
+        name, block, spectrum, heads, model_bands = probe_model(spec, base_dir, importance_stream, wordnet_dir, wn, cfg)
         metrics[name] = block
         spectra[name] = spectrum[:128]
         bands += model_bands

@@ -1,0 +1,290 @@
+"""Phase 1's final figures, every one on the same windows (DESIGN §12): the scoring set of
+``scoring.set`` (the test set at the committed run, the selection set in comparisons), or — for a
+router that reads the context cache, whose encodings exist only for the cache's windows — the
+cache's val windows, labelled so.
+
+Per seed, on those windows: the frozen LM dense; the router's hard gates on a dense pass's states
+and as deployed (its inputs from its own routed states); static importance pruning at the router's
+head count and at its deployed MACs; random heads (exactly K per position); the leave-one-out and
+the greedy label-free oracles at K; the router's and a static mask's recall of the greedy oracle's
+heads; the routing statistics of the hard gates; and the router's inputs shuffled across positions.
+What no seed changes (dense, static pruning, the oracles) is computed once, in :attr:`ScoringSet.shared`.
+
+The claims with intervals (:mod:`lookahead.core.intervals`) pair these per-position NLLs seed by
+seed: ``router_minus_static_pruning`` (the router on a dense pass's states: a dense forward *and*
+the routed one, about twice dense MACs), ``deployed_minus_static_pruning`` (the router as deployed,
+at the same head count) and ``deployed_minus_static_at_equal_macs`` (static pruning in its cheapest
+skip mode, ``full``, keeping as many heads as the deployed router's MACs per token pay for,
+interpolated between whole head counts); ``greedy_capture`` gets the interval of its ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, set_label
+from lookahead.core.devices import eval_mode
+from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
+from lookahead.graph.cost import macs_per_token
+from lookahead.graph.generate import Router, layer_routed, self_consistent
+from lookahead.graph.nodes import static_gates, static_topology
+from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.plan import execute
+from lookahead.graph.scoring import random_heads_scores
+from lookahead.lm.nll import token_nll
+
+
+@dataclasses.dataclass
+class ScoringSet:
+    """The val windows the final figures score (``scoring``), in batches with the router's cached
+    contexts where it reads them (``predictor.input: cache`` scores the cache's val windows: the
+    scoring windows have no encodings), and what does not depend on the seed, computed once."""
+
+    cfg: ScoringConfig
+    batches: list[tuple[torch.Tensor, torch.Tensor | None]]
+    window: int
+    """Positions per window (the bootstrap's block)."""
+    label: str = ""
+    """The windows' :func:`lookahead.artifacts.val_scores.set_label`."""
+    shared: dict = dataclasses.field(default_factory=dict)
+    """``dense`` and (``static``, K), (``loo``, K), (``greedy``, K) → per-position NLLs or gates of the frozen LM."""
+
+
+def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, router_input: str, device) -> ScoringSet:
+    """The scoring windows in batches (or, for a router that reads the cache, the cache's val windows)."""
+    if router_input == "cache":
+        rows = np.arange(len(cache.windows("val")))
+        out = [tuple(x.to(device) for x in cache.batch("val", rows[i : i + cfg.batch_size]))
+               for i in range(0, len(rows), cfg.batch_size)]
+        return ScoringSet(cfg, out, cache.context_length, set_label("cache-val", cache.windows("val")))
+    return ScoringSet(cfg, [(w, None) for w in batches(windows, cfg.batch_size, device)], windows.shape[1] - 1,
+                      set_label(cfg.set, windows))
+
+
+def _cat(parts: list[torch.Tensor]) -> np.ndarray:
+    return torch.cat([p.flatten().double().cpu() for p in parts]).numpy()
+
+
+@torch.no_grad()
+def routed(module, model, scoring: ScoringSet, shuffle: bool = False) -> tuple[np.ndarray, torch.Tensor]:
+    """Per-position NLL (P,) under the router's hard gates on a dense pass's states, and the gates
+    (P, L·H) bool. ``shuffle``: its inputs permuted across all the set's positions (a fixed draw)."""
+    inputs = []
+    with eval_mode(model):
+        for windows, contexts in scoring.batches:
+            inputs.append(module.inputs(windows[:, :-1], contexts))
+        if shuffle:
+            context = torch.cat([c.reshape(-1, c.shape[-1]) for c, _ in inputs])
+            perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(module.cfg.train.seed))
+            perm = perm.to(context.device)
+            geo = None if inputs[0][1] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, g in inputs])[perm]
+            context, start, shuffled = context[perm], 0, []
+            for c, g in inputs:
+                size = c.shape[0] * c.shape[1]
+                shuffled.append((context[start : start + size].view(c.shape),
+                                 None if geo is None else geo[start : start + size].view(*c.shape[:2], -1)))
+                start += size
+            inputs = shuffled
+        nll, on = [], []
+        for (windows, _), (context, geo) in zip(scoring.batches, inputs):
+            adjacency, gates = model(context, geo, tau=module.tau_now, hard=True)
+            nll.append(token_nll(execute(module.lm, windows[:, :-1], adjacency, gates, module.skip), windows[:, 1:]))
+            on.append(gates[..., 1:].reshape(-1, module.n_layers * module.n_heads) > 0)
+    return _cat(nll), torch.cat(on).cpu()
+
+
+def _over(module, scoring: ScoringSet, gates_of) -> np.ndarray:
+    """Per-position NLL (P,) of the frozen LM under per-position gates ``gates_of(batch index, windows)`` (B, T, N)."""
+    return _cat([gates_nll(module.lm, w, gates_of(i, w), module.n_layers, module.n_heads, module.skip)
+                 for i, (w, _) in enumerate(scoring.batches)])
+
+
+@torch.no_grad()
+def static_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
+    """Per-position NLL (P,) of static pruning keeping the ``keep`` most important heads (probe importance)."""
+    if ("static", keep) not in scoring.shared:
+        n = module.n_layers * module.n_heads
+        adjacency, gates = (x.to(module.device) for x in static_topology(module.importance, keep / n, module.skip))
+        scoring.shared["static", keep] = _cat([token_nll(execute(module.lm, w[:, :-1], adjacency, gates, module.skip),
+                                                         w[:, 1:]) for w, _ in scoring.batches])
+    return scoring.shared["static", keep]
+
+
+@torch.no_grad()
+def greedy_scores(module, scoring: ScoringSet, keep: int) -> tuple[np.ndarray, torch.Tensor]:
+    """The greedy label-free oracle keeping ``keep`` heads: per-position NLL (P,) and its heads (P, L·H) bool."""
+    if ("greedy", keep) not in scoring.shared:
+        gates = [greedy_gates(module.lm, w[:, :-1], module.n_layers, module.n_heads, keep, module.skip)
+                 for w, _ in scoring.batches]
+        nll = _over(module, scoring, lambda i, w: gates[i])
+        on = torch.cat([g[..., 1:].reshape(-1, module.n_layers * module.n_heads) > 0 for g in gates]).cpu()
+        scoring.shared["greedy", keep] = (nll, on)
+    return scoring.shared["greedy", keep]
+
+
+@torch.no_grad()
+def loo_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
+    """Per-position NLL (P,) of the leave-one-out KL oracle keeping its ``keep`` top heads."""
+    if "loo_kl" not in scoring.shared:
+        scoring.shared["loo_kl"] = [leave_one_out_kl(module.lm, w[:, :-1], module.n_layers, module.n_heads, module.skip)
+                                    for w, _ in scoring.batches]
+    if ("loo", keep) not in scoring.shared:
+        kl = scoring.shared["loo_kl"]
+        scoring.shared["loo", keep] = _over(module, scoring, lambda i, w: top_k_gates(kl[i], keep))
+    return scoring.shared["loo", keep]
+
+
+def equal_macs_heads(lm_config, n_heads_total: int, context: float, macs_over_dense: float) -> float:
+    """The head count (fractional) static pruning keeps under ``full`` skip at ``macs_over_dense``
+    of a dense forward's MACs per token (:func:`lookahead.graph.cost.macs_per_token`, monotone in
+    the share of heads on; bisection); every head where the budget reaches dense."""
+    dense = macs_per_token(lm_config, context, 1.0, "full")
+    lo, hi = 0.0, 1.0
+    if macs_per_token(lm_config, context, 1.0, "full") / dense <= macs_over_dense:
+        return float(n_heads_total)
+    if macs_per_token(lm_config, context, 0.0, "full") / dense >= macs_over_dense:
+        return 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if macs_per_token(lm_config, context, mid, "full") / dense < macs_over_dense else (lo, mid)
+    return (lo + hi) / 2 * n_heads_total
+
+
+def static_at(module, scoring: ScoringSet, heads: float) -> np.ndarray:
+    """Per-position NLL (P,) of static pruning at a fractional head count: linear between the two
+    whole counts around it (as :func:`lookahead.graph.scoring.interpolate_curve`)."""
+    lo = min(int(math.floor(heads)), module.n_layers * module.n_heads)
+    w = heads - lo
+    low = static_scores(module, scoring, lo)
+    return low if w == 0 else (1 - w) * low + w * static_scores(module, scoring, lo + 1)
+
+
+DEPLOYED_WINDOWS = 64
+"""Windows decoded together by :func:`deployed_nll` (one cached step of each per forward)."""
+
+
+@torch.no_grad()
+def deployed_nll(module, model, scoring: ScoringSet) -> np.ndarray | None:
+    """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
+    routed model's own states (:func:`lookahead.graph.generate.self_consistent`, position by
+    position; ``layer``: :func:`lookahead.graph.generate.layer_routed`, layer by layer), not from
+    a dense pass. None for routers that read no LM state (the dense-state figure is already theirs:
+    ``embedding``) or cannot run that way (``cache``, the cascade)."""
+    cfg = model.cfg
+    if cfg.input not in ("lm", "layer") or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
+        return None
+    windows = torch.cat([w for w, _ in scoring.batches])
+    out = []
+    if cfg.input == "layer":
+        with eval_mode(model):
+            for chunk in windows.split(DEPLOYED_WINDOWS):
+                ids = chunk[:, :-1]
+                logits, _ = layer_routed(module.lm, model, ids, module.geo(ids) if model.geo_dim else None, module.skip)
+                out.append(token_nll(logits, chunk[:, 1:]).flatten())
+        return torch.cat(out).numpy()
+    router = Router(model, module.lm, module.geo if model.geo_dim else None)
+    with eval_mode(model):
+        for chunk in windows.split(DEPLOYED_WINDOWS):
+            logits, _ = self_consistent(module.lm, router, chunk[:, :-1], module.skip)
+            out.append(token_nll(logits, chunk[:, 1:]).flatten())
+    return torch.cat(out).numpy()
+
+
+@torch.no_grad()
+def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=None) -> dict:
+    """One seed's per-position NLLs (P,) and figures on the scoring set (the module docstring).
+    ``deployed_macs_over_dense(fraction)``: the deployed router's MACs per token over dense at an
+    active fraction (None: no equal-MACs comparison)."""
+    n = module.n_layers * module.n_heads
+    if "dense" not in scoring.shared:
+        scoring.shared["dense"] = _cat([token_nll(module.lm(input_ids=w[:, :-1]).logits, w[:, 1:])
+                                        for w, _ in scoring.batches])
+    hard, on = routed(module, model, scoring)
+    fraction = on.double().mean().item()
+    keep = round(fraction * n)
+    out = {"dense": scoring.shared["dense"], "hard": hard, "static": static_scores(module, scoring, keep),
+           "active_head_fraction": fraction, "keep": keep, "deployed": deployed_nll(module, model, scoring),
+           "random": random_heads_scores(module.lm, [w for w, _ in scoring.batches], keep / n, module.n_layers,
+                                         module.n_heads, module.cfg.random_draws, module.cfg.train.seed, module.skip),
+           **routing_stats(on, module.n_layers)}
+    if not module.zero_inputs:
+        out["shuffled"] = routed(module, model, scoring, shuffle=True)[0]
+    if out["deployed"] is not None and deployed_macs_over_dense is not None:
+        out["equal_macs_heads"] = equal_macs_heads(module.lm.config, n, (scoring.window + 1) / 2,
+                                                   deployed_macs_over_dense(fraction))
+        out["static_equal_macs"] = static_at(module, scoring, out["equal_macs_heads"])
+    if module.cfg.oracle != "none" and 0 < keep < n:
+        out["loo"] = loo_scores(module, scoring, keep)
+    if module.cfg.oracle == "greedy" and 0 < keep < n:
+        out["greedy"], greedy_on = greedy_scores(module, scoring, keep)
+        static_on = static_gates(module.importance, keep)[1:].bool()
+        out["recall"] = (greedy_on & on).sum(-1).double().mean().item() / keep
+        out["static_recall"] = (greedy_on & static_on).sum(-1).double().mean().item() / keep
+    return out
+
+
+def seed_figures(scored: dict) -> dict:
+    """One seed's headline figures from :func:`score_final`'s output (means over the positions)."""
+    mean = lambda key: None if scored.get(key) is None else float(np.mean(scored[key]))  # noqa: E731
+    dense, hard, static = mean("dense"), mean("hard"), mean("static")
+    greedy, loo = mean("greedy"), mean("loo")
+    increase, static_increase = hard - dense, static - dense
+    deployed = mean("deployed")
+    return {
+        "dense_nll": dense, "hard_nll": hard, "deployed_nll": deployed, "static_pruning_nll": static,
+        "random_heads_nll": mean("random"), "oracle_nll": loo, "greedy_oracle_nll": greedy,
+        "active_head_fraction": scored["active_head_fraction"], "oracle_heads_kept": scored["keep"],
+        "hard_nll_increase": increase, "static_pruning_nll_increase": static_increase,
+        "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
+        "deployed_increase_over_static_increase": None if deployed is None or static_increase <= 0
+        else (deployed - dense) / static_increase,
+        "oracle_capture": capture(static, hard, loo), "greedy_capture": capture(static, hard, greedy),
+        "oracle_recall_at_k": scored.get("recall"), "static_recall_at_k": scored.get("static_recall"),
+        "dynamic_fraction": scored["dynamic_fraction"], "gate_entropy_bits": scored["gate_entropy_bits"],
+        "context_shuffle_dnll": None if "shuffled" not in scored else mean("shuffled") - hard,
+        "equal_macs_static_heads": scored.get("equal_macs_heads"),
+        "static_pruning_at_equal_macs_nll": mean("static_equal_macs"),
+    }
+
+
+def capture(static: float, router: float, oracle: float | None) -> float | None:
+    """(NLL_static − NLL_router) / (NLL_static − NLL_oracle): the share of the oracle's gain over
+    static pruning the router gets (None without an oracle or when the oracle gains nothing)."""
+    if oracle is None or static - oracle <= 0:
+        return None
+    return (static - router) / (static - oracle)
+
+
+CLAIMS = (("router_minus_static_pruning", "hard", "static"),
+          ("deployed_minus_static_pruning", "deployed", "static"),
+          ("deployed_minus_static_at_equal_macs", "deployed", "static_equal_macs"))
+"""Phase 1's paired claims: (name, A, B) of per-position NLLs, A − B claimed below 0."""
+
+
+def claims(scores: dict[str, np.ndarray], scoring: ScoringSet) -> dict:
+    """The claims' figures (:func:`lookahead.core.intervals.claim_figures`) and intervals, and
+    ``greedy_capture``'s interval (the ratio of sums (static − router) / (static − greedy), windows
+    bootstrapped, seeds combined), from every seed's per-position NLLs ``scores`` ((seeds, P), or
+    (P,) where no seed changes them); None where a figure was not measured (no deployed router, no
+    greedy oracle, an oracle that gains nothing over static pruning)."""
+    cfg = scoring.cfg
+    out = {k: None for name, _, _ in CLAIMS for k in claim_keys(name)}  # null where not measured
+    out.update(greedy_capture_ci_low=None, greedy_capture_ci_high=None)
+    for name, a, b in CLAIMS:
+        if a in scores and b in scores:
+            interval = paired_interval(paired(scores[a], scores[b], name), scoring.window, cfg.resamples,
+                                       cfg.confidence, cfg.seed)
+            out.update(claim_figures(name, interval))
+            out[f"{name}_interval"] = interval
+    gain = np.atleast_2d(scores["static"] - scores["greedy"]).mean(1) if "greedy" in scores else None
+    if gain is not None and (gain > 0).all():  # as greedy_capture: no ratio where the oracle gains nothing
+        ratio = ratio_interval(scores["static"] - scores["hard"], scores["static"] - scores["greedy"], scoring.window,
+                               cfg.resamples, cfg.confidence, cfg.seed)
+        out.update({"greedy_capture_ci_low": ratio["ci_low"], "greedy_capture_ci_high": ratio["ci_high"],
+                    "greedy_capture_interval": ratio})
+    return out
