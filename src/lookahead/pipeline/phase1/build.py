@@ -17,13 +17,13 @@ router routes per token is measured, not assumed: ``dynamic_fraction`` and ``gat
 of its hard gates, ``context_shuffle_dnll`` (its router inputs permuted across val positions) and
 ``static_twin_gap`` (the same router trained on zeroed inputs, ``phase1.static_twin``).
 
-Two val sets (DESIGN §12): the periodic evaluation (the curves, the oracle, random heads, the context
-shuffle and the static twin) scores the context cache's val windows; the final dense, hard and
-static-pruning NLLs — the claim "the router beats static pruning" — score the ``scoring`` windows
-(:mod:`lookahead.artifacts.val_scores`, 32 k positions at the default) through the execution plan,
-every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors``: the claim
-``router_minus_static_pruning`` carries a 95 % interval over those positions and the seeds
-(:mod:`lookahead.core.intervals`).
+Two sets of windows (DESIGN §12): the periodic evaluation (the curves and the Pareto picture)
+scores the context cache's val windows, labelled ``cache_val`` in the report; every headline figure
+— dense, the router on dense states and as deployed, static pruning, random heads, both oracles,
+recall, the routing statistics, the context shuffle and the static twin — scores the ``scoring``
+windows (the test set, or the selection set in comparisons; :mod:`lookahead.pipeline.phase1.final`),
+every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors``: the claims carry
+95 % intervals over those positions and the seeds (:mod:`lookahead.core.intervals`).
 """
 
 from __future__ import annotations
