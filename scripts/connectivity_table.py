@@ -28,9 +28,9 @@ import json
 from pathlib import Path
 
 import yaml
-from phase2_table import headline, resolve, show  # this directory: python puts a script's own directory on sys.path
+from phase2_table import headline, resolve, selection_runs, show  # this directory: python puts a script's own directory on sys.path
 
-from lookahead.artifacts.val_scores import ScoresError, comparison_set, load_scores
+from lookahead.artifacts.val_scores import load_scores
 from lookahead.core.intervals import paired_interval
 
 
@@ -92,11 +92,7 @@ def main() -> None:
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
     parser.add_argument("--test", action="store_true", help="allow runs scored on the test set (the claims' windows)")
     args = parser.parse_args()
-    try:  # variants are compared on the selection set: the test set is the committed claims' alone
-        for name in args.runs + [run for pair_ in getattr(args, "pair", []) for run in pair_]:
-            comparison_set(headline(resolve(name), "evaluate").get("window_set"), name, args.test)
-    except ScoresError as err:
-        raise SystemExit(str(err)) from None
+    selection_runs(args.runs + [run for pair_ in args.pair for run in pair_], args.test)
     for a, b in args.pair:
         print(pair(a, b))
     if not args.runs:

@@ -47,6 +47,16 @@ def headline(rev: str, stage: str) -> dict:
     return figures
 
 
+def selection_runs(names: list[str], allow_test: bool) -> None:
+    """Exit with the reason unless every run's evaluate headline scores the selection set (variants are
+    compared there: the test set is the committed claims' alone; ``allow_test``: ``--test``)."""
+    try:
+        for name in names:
+            comparison_set(headline(resolve(name), "evaluate").get("window_set"), name, allow_test)
+    except ScoresError as err:
+        raise SystemExit(str(err)) from None
+
+
 def claim(ev: dict, name: str) -> str:
     return (f"{ev[name]:+.3f} ± {ev[name + '_sd']:.3f} [{ev[name + '_ci_low']:+.3f}, {ev[name + '_ci_high']:+.3f}]")
 
@@ -74,11 +84,7 @@ def main() -> None:
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--test", action="store_true", help="allow runs scored on the test set (the claims' windows)")
     args = parser.parse_args()
-    try:  # variants are compared on the selection set: the test set is the committed claims' alone
-        for name in args.runs + [run for pair_ in getattr(args, "pair", []) for run in pair_]:
-            comparison_set(headline(resolve(name), "evaluate").get("window_set"), name, args.test)
-    except ScoresError as err:
-        raise SystemExit(str(err)) from None
+    selection_runs(args.runs, args.test)
     print("| run | shared + routed | heads off | steps | router refresh | distill | gate weights | phase 2 NLL | "
           "− dense control [95 %] | − static control [95 %] | static control's heads |")
     print("|---|---|---:|---:|---|---|---|---:|---:|---:|---:|")

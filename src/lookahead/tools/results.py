@@ -48,6 +48,7 @@ from pathlib import Path
 from lookahead.core.atomic import atomic_file
 from lookahead.core.intervals import quantile
 from lookahead.core.report import read_headline
+from lookahead.core.windows import set_name
 
 PAGE = Path("docs/results.md")
 RUNTIME = Path("benchmarks/results/runtime.json")
@@ -115,7 +116,8 @@ def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: flo
             return "within noise"
         return "above" if low > reference else "below"
     se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
-    if diff == 0.0 or (se > 0.0 and abs(diff) <= quantile(0.0, 1.0, max(n, 1))[0] * se):
+    q = quantile(0.0, se, max(n, 1))[0]  # the seed component alone: t(n − 1), the normal quantile for one seed
+    if diff == 0.0 or (se > 0.0 and abs(diff) <= q * se):
         return "within noise"
     return "above" if diff > 0 else "below"
 
@@ -140,7 +142,7 @@ def scored_on(*labels: str | None) -> str:
         raise MixedWindows(f"one table, figures from {len(known)} window sets: {', '.join(known)}")
     if not known:
         return "Scored on: windows not recorded (a run from before `window_set`)."
-    name = known[0].split(":", 1)[0]
+    name = set_name(known[0])
     what = {"test": "the test set (the claims' windows)", "selection": "the selection set (not the claims' windows)",
             "cache-val": "the context cache's val windows (the decoders read their encodings)"}.get(name, name)
     return f"Scored on: {what}, `{known[0]}` (`window_set`: name, windows x positions, hash of the token ids)."
