@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from lookahead.graph.predictor import load_init, load_predictor
     from lookahead.graph.runtime import recorded_skip
     from lookahead.graph.scoring import GeoLookup
-    from lookahead.pipeline.phase2.build import Phase2Model
+    from lookahead.pipeline.phase2.model import Phase2Model
     from lookahead.pipeline.phase2.common import base_lm, routed_loss
     from lookahead.train import data
 

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from lookahead.artifacts.contexts import ContextCache
-    from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, top_k_gates
+    from lookahead.graph.nodes import top_k_gates
+    from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl
     from lookahead.graph.scoring import interpolate_curve, random_heads_nll, static_pruning_curve
     from lookahead.lm.nll import token_nll
 

@@ -34,7 +34,8 @@ from lookahead.core.config import load_section
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.oracle import OracleConfig, build_oracle
-from lookahead.pipeline.phase1.build import Phase1Config, build_phase1_seeds
+from lookahead.pipeline.phase1.build import build_phase1_seeds
+from lookahead.pipeline.phase1.config import Phase1Config
 
 
 def perturb(cache_dir: Path, out_dir: Path, fraction: float, seed: int) -> int:

@@ -25,7 +25,7 @@ from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase1.build import Phase1Config
+from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import static_mask
 

@@ -3,8 +3,9 @@
 outputs counted — and the bytes are put back. Modules that the same stages list run once for their
 group. Needs a workspace whose pipeline is up to date (`dvc status` clean); prints a markdown table.
 
-    python scripts/rerun_table.py            # every module of src/lookahead and stages/
-    python scripts/rerun_table.py --json     # {module: [stages]}
+    python scripts/rerun_table.py                        # every module of src/lookahead and stages/
+    python scripts/rerun_table.py --json > before.json   # {module: [stages]}
+    python scripts/rerun_table.py --before before.json   # the table with a "before" column beside
 
 The tables: [development](../docs/development.md#what-reruns-after-an-edit).
 """
@@ -49,10 +50,9 @@ def rerun(module: str) -> list[str]:
         path.write_bytes(original)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print {module: [stages]} instead of a table")
-    args = parser.parse_args()
+def measure() -> dict[str, list[str]]:
+    """{module: the stages a byte change of it reruns}, one `dvc repro --dry` per group of modules that
+    the same stages list."""
     if dry_run():
         raise SystemExit("the pipeline is not up to date (dvc status): run `dvc repro` first")
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -63,17 +63,47 @@ def main() -> None:
     for listed, modules in groups.items():
         stages_rerun = rerun(modules[0]) if listed else []
         result.update({m: stages_rerun for m in modules})
+    return result
+
+
+def table(after: dict[str, list[str]], before: dict[str, list[str]] | None = None) -> str:
+    """Markdown rows: the modules whose edit reruns the same stages (before and after), grouped."""
+    def cell(stages: list[str] | None) -> str:
+        return "(new module)" if stages is None else f"{len(stages)}: {', '.join(stages) or '—'}"
+
+    rows = defaultdict(list)
+    for module, stages in after.items():
+        key = (tuple(stages), tuple(before[module]) if before is not None and module in before else None)
+        rows[key].append(module)
+    header = "| edit of | stages rerun before | after |\n|---|---|---|" if before is not None else \
+        "| edit of | stages rerun |\n|---|---|"
+    out = [header]
+    for (now, then), modules in sorted(rows.items(), key=lambda r: (-len(r[0][1] or ()), -len(r[0][0]), r[1][0])):
+        names = ", ".join(f"`{m.removeprefix('src/lookahead/')}`" for m in modules)
+        cells = [cell(list(then) if then is not None else None)] if before is not None else []
+        out.append(f"| {names} | " + " | ".join([*cells, cell(list(now))]) + " |")
+    if before is not None:
+        gone = [f"`{m.removeprefix('src/lookahead/')}`" for m in sorted(set(before) - set(after))]
+        if gone:
+            out.append(f"| {', '.join(gone)} | (moved or split) | — |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print {module: [stages]} instead of a table")
+    parser.add_argument("--before", type=Path, help="a --json file of an earlier revision: its column beside")
+    args = parser.parse_args()
+    result = measure()
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"| edit of | stages rerun (of {len(stages)}) |\n|---|---|")
-    rows = defaultdict(list)
-    for module, stages_rerun in result.items():
-        rows[tuple(stages_rerun)].append(module)
-    for stages_rerun, modules in sorted(rows.items(), key=lambda r: (-len(r[0]), r[1][0])):
-        names = ", ".join(f"`{m.removeprefix('src/lookahead/')}`" for m in modules)
-        print(f"| {names} | {len(stages_rerun)}: {', '.join(stages_rerun) or '—'} |")
-
+    before = json.loads(args.before.read_text()) if args.before else None
+    print(table(result, before))
+    summed = f"\nStage reruns summed over the {len(result)} modules: {sum(len(v) for v in result.values())}"
+    if before is not None:
+        summed += f" (before: {sum(len(v) for v in before.values())} over {len(before)} modules)"
+    print(summed)
 
 if __name__ == "__main__":
     main()

@@ -8,8 +8,7 @@ from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, build_control_seeds, control_config
-from lookahead.pipeline.phase2.plots import write_control_reports
+from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, build_control_seeds, control_config, write_control_reports
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,9 +8,8 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
-from lookahead.pipeline.oracle import HEADLINE, OracleConfig, build_oracle
+from lookahead.pipeline.oracle import HEADLINE, OracleConfig, build_oracle, read_keep
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,17 +22,16 @@ def main(argv: list[str] | None = None) -> None:
     }, argv)
     configs = {
         "oracle": load_section(args.params, "oracle", OracleConfig),
-        "predictor": load_section(args.params, "predictor", PredictorConfig),
         "runtime": load_section(args.params, "runtime", RuntimeConfig),
     }
-    context_length = read_context_length(args.params)
+    keep, context_length = read_keep(args.params), read_context_length(args.params)
     if args.dry_run:
-        return print_config({**configs, "base.arch.context_length": context_length})
+        return print_config({**configs, "predictor.keep": keep, "base.arch.context_length": context_length})
     check_inputs(args.inputs)
-    params = {"oracle": to_dict(configs["oracle"]), "predictor.keep": configs["predictor"].keep,
+    params = {"oracle": to_dict(configs["oracle"]), "predictor.keep": keep,
               "runtime.skip": configs["runtime"].skip, "base.arch": {"context_length": context_length}}
     with stage_run("oracle", params) as run:
-        metrics = build_oracle(configs["oracle"], configs["predictor"].keep, configs["runtime"].skip, context_length,
+        metrics = build_oracle(configs["oracle"], keep, configs["runtime"].skip, context_length,
                                args.base, args.tokens, args.out)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 

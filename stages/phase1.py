@@ -9,7 +9,8 @@ from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
-from lookahead.pipeline.phase1.build import HEADLINE, Phase1Config, build_phase1_seeds
+from lookahead.pipeline.phase1.build import HEADLINE, build_phase1_seeds
+from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase1.plots import write_phase1_reports
 
 

@@ -9,7 +9,7 @@ from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.build import HEADLINE, build_phase2_seeds
-from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.config import DecoderInputs, Phase2Config, check_decoder_inputs
 from lookahead.pipeline.phase2.plots import write_phase2_reports
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         "heads": "probe head statistics (input: importance, for shared_heads)",
         "predictor": "phase-1 predictor safetensors (input)",
         "predictor-seeds": "phase 1's other seeds' routers (input: phase 2's seed i starts from phase 1's seed i)",
-        "diffusion": "diffusion head directory (input)",
+        "diffusion": "decoder diffusion: the diffusion head directory (input: dvc.yaml passes decoder_inputs.weights)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "pruning": "the final active-head fraction and skip mode the static control matches, json (output)",
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     }, argv)
     cfg = load_section(args.params, "phase2", Phase2Config)
     scoring = load_section(args.params, "scoring", ScoringConfig)
+    check_decoder_inputs(cfg.decoder, load_section(args.params, "decoder_inputs", DecoderInputs))
     if args.dry_run:
         return print_config({"phase2": cfg, "scoring": scoring})
     check_inputs(args.inputs)

@@ -9,8 +9,8 @@ from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import STATIC_HEADLINE, build_control_seeds, control_config, static_mask
-from lookahead.pipeline.phase2.plots import write_control_reports
+from lookahead.pipeline.phase2.control import (STATIC_HEADLINE, build_control_seeds, control_config, static_mask,
+                                              write_control_reports)
 
 
 def main(argv: list[str] | None = None) -> None:

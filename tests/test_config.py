@@ -32,7 +32,8 @@ def test_every_profile_validates(repo_root):
     for profile in sorted((repo_root / "profiles").glob("*.yaml")) + [repo_root / "params.yaml"]:
         configs = validate_all(profile)
         assert set(configs) == {"launch", "corpus", "wordnet", "tokenizer", "base", "probe", "init", "modulator",
-                                "predictor", "runtime", "contexts", "oracle", "phase1", "pairs", "diffusion", "phase2", "scoring", "evaluate"}
+                                "predictor", "runtime", "contexts", "oracle", "phase1", "pairs", "diffusion", "phase2",
+                                "decoder_inputs", "scoring", "evaluate"}
 
 
 def test_default_profile_is_params_yaml(repo_root):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lookahead.tools import results
+from lookahead.tools import results, verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -149,9 +149,9 @@ def test_a_rerun_that_rewrites_the_metrics_last_bits_leaves_the_docs_checks_gree
 
 
 def test_a_table_of_figures_from_two_window_sets_is_refused():
-    assert "`test:256x128:0123456789ab`" in results.scored_on("test:256x128:0123456789ab", "test:256x128:0123456789ab")
-    with pytest.raises(results.MixedWindows, match="2 window sets"):
-        results.scored_on("test:256x128:0123456789ab", "cache-val:32x128:ba9876543210")
+    assert "`test:256x128:0123456789ab`" in verdicts.scored_on("test:256x128:0123456789ab", "test:256x128:0123456789ab")
+    with pytest.raises(verdicts.MixedWindows, match="2 window sets"):
+        verdicts.scored_on("test:256x128:0123456789ab", "cache-val:32x128:ba9876543210")
 
 
 def test_no_table_of_the_committed_page_mixes_window_sets():
@@ -190,19 +190,19 @@ def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
     ((0.1, 0.3), False, "holds"), ((-0.3, -0.1), False, "fails"),
 ])
 def test_a_claim_is_judged_by_where_its_interval_lies(interval, below, verdict):
-    assert results.claim_verdict(interval, below) == verdict
+    assert verdicts.claim_verdict(interval, below) == verdict
 
 
 def test_a_mean_is_judged_by_its_student_t_interval_over_seeds():
     # 3 seeds, sd 0.3: se = 0.1732; t(0.975, 2 df) = 4.3027 (tables), so the half-width is 0.7453
-    assert results.mean_verdict(1.75, 0.3, 3, 1.0) == "above"
-    assert results.mean_verdict(1.74, 0.3, 3, 1.0) == "within noise"
-    assert results.mean_verdict(0.25, 0.3, 3, 1.0) == "below"
-    assert results.mean_verdict(0.9, 0.0, 1, 1.0) == "below"  # no spread: the sign decides
+    assert verdicts.mean_verdict(1.75, 0.3, 3, 1.0) == "above"
+    assert verdicts.mean_verdict(1.74, 0.3, 3, 1.0) == "within noise"
+    assert verdicts.mean_verdict(0.25, 0.3, 3, 1.0) == "below"
+    assert verdicts.mean_verdict(0.9, 0.0, 1, 1.0) == "below"  # no spread: the sign decides
     # two means: their spreads combine, sqrt((0.3² + 0.4²) / 3) = 0.2887, x 4.3027 = 1.242
-    assert results.mean_verdict(2.2, 0.3, 3, 1.0, other_sd=0.4) == "within noise"
-    assert results.mean_verdict(2.25, 0.3, 3, 1.0, other_sd=0.4) == "above"
+    assert verdicts.mean_verdict(2.2, 0.3, 3, 1.0, other_sd=0.4) == "within noise"
+    assert verdicts.mean_verdict(2.25, 0.3, 3, 1.0, other_sd=0.4) == "above"
     # a figure's own interval (windows and seeds combined) decides where it has one
-    assert results.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.62)) == "within noise"
-    assert results.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.58)) == "below"
-    assert results.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "within noise"  # above by twice its se only
+    assert verdicts.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.62)) == "within noise"
+    assert verdicts.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.58)) == "below"
+    assert verdicts.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "within noise"  # above by twice its se only

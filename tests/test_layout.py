@@ -105,5 +105,41 @@ def test_the_checker_catches_a_wrong_import(importer, imported):
 
 def test_the_checker_allows_a_stage_its_own_modules():
     path = SRC / "lookahead" / "pipeline" / "diffusion" / "build.py"
-    assert "lookahead.pipeline.diffusion.evaluation" in lookahead_imports(path)  # its own package
+    assert "lookahead.pipeline.diffusion.judge" in lookahead_imports(path)  # its own package
     assert not violations(path, module_name(path))
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of a module import graph ({module: modules it imports}), as a path that ends where it
+    starts, or [] when there is none (a depth-first search: a module met again while on the stack)."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_package_has_no_import_cycle():
+    """No module imports, directly or through others, a module that imports it back (imports inside
+    functions count: a lazy import only hides a circle)."""
+    graph = {module_name(p): set(lookahead_imports(p)) for p in MODULES}
+    assert import_cycle(graph) == [], " -> ".join(import_cycle(graph))
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

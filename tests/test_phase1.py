@@ -17,7 +17,9 @@ from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_
 from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase1.build import Phase1Config, Phase1Module, build_phase1
+from lookahead.pipeline.phase1.build import build_phase1
+from lookahead.pipeline.phase1.config import Phase1Config
+from lookahead.pipeline.phase1.module import Phase1Module
 from lookahead.train.loop import TrainConfig
 from tests.test_runtime import tiny_olmo2
 
@@ -316,7 +318,7 @@ def test_without_the_nll_term_the_router_learns_from_the_oracle_alone(phase_inpu
     the distillation target is the oracle's top-K by leave-one-out KL of the training window, and
     the LM runs under the router's topology only on the steps whose NLL the training curve logs."""
     from lookahead.graph.oracle import leave_one_out_kl
-    from lookahead.pipeline.phase1.build import distill_loss
+    from lookahead.pipeline.phase1.module import distill_loss
 
     cache = ContextCache(phase_inputs["contexts"])
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
@@ -418,7 +420,7 @@ def test_phase1_trains_on_the_oracle_stages_windows_and_targets(phase_inputs, or
     from safetensors.torch import load_file
 
     from lookahead.artifacts.oracle_targets import OracleTargets
-    from lookahead.pipeline.phase1.build import distill_loss
+    from lookahead.pipeline.phase1.module import distill_loss
 
     targets = OracleTargets(oracle_dir)
     cache = ContextCache(phase_inputs["contexts"])
@@ -529,7 +531,7 @@ def test_a_layer_router_trains_on_each_layers_targets_from_its_routed_inputs(pha
     from lookahead.graph.generate import layer_routed
     from lookahead.graph.nodes import head_graph
     from lookahead.graph.router_inputs import input_dim
-    from lookahead.pipeline.phase1.build import ScoringSet, deployed_nll
+    from lookahead.pipeline.phase1.final import ScoringSet, deployed_nll
 
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
     init = load_file(str(phase_inputs["init"]))

@@ -16,25 +16,20 @@ from transformers import AutoModelForCausalLM
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, Phase2OutputError, load_phase2
+from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
-from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
 from lookahead.core.seeds import one_run
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, load_predictor, save_predictor
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase2.build import (
-    HEADLINE,
-    Phase2Model,
-    Phase2Module,
-    build_phase2,
-    plain_parameters,
-    scale_learning_rate,
-)
+from lookahead.pipeline.phase2.build import HEADLINE, build_phase2
 from lookahead.pipeline.phase2.common import Phase2Error
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, STATIC_HEADLINE, ControlModule, StaticMask, static_mask
+from lookahead.pipeline.phase2.model import Phase2Model, plain_parameters, scale_learning_rate
+from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.train.data import load_stream
 from tests.reference_head_graph import reference_forward
 

@@ -13,6 +13,7 @@ from lookahead.graph.generate import GenerateError, Router, generate, generate_d
 from lookahead.graph.nodes import baseline_graph, head_graph, n_nodes
 from lookahead.graph.plan import KVCache, execute, gated_forward, standard_stream
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, save_predictor
+from lookahead.graph.router_inputs import states_before
 from lookahead.graph.runtime import TopologyError, forward_with_topology
 from tests.conftest import save_tiny_lm
 from tests.reference_head_graph import reference_forward
@@ -180,7 +181,7 @@ def test_self_consistent_routing_is_the_fixed_point_of_routing_on_its_own_states
     want = router.gates(ids)  # round 0: the dense pass's states
     for _ in range(ids.shape[1] + 1):
         hidden = gated_forward(model, ids, want, skip).hidden
-        again = router.gates(ids, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1))
+        again = router.gates(ids, states_before(hidden))
         if torch.equal(again, want):
             break
         want = again
@@ -238,7 +239,7 @@ def test_generate_command_prints_both_speeds(tiny_tokenizer, tmp_path, capsys):
 def test_staircase_attention_is_causal_attention_of_the_active_queries():
     """Blocks of 4 over 13 positions (a partial last block), sparse and dense activity, against
     stock causal attention with the inactive rows zeroed."""
-    from lookahead.graph.plan import staircase_attention
+    from lookahead.graph.staircase import staircase_attention
 
     gen = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(2, 3, 13, 8, generator=gen) for _ in range(3))
@@ -253,12 +254,12 @@ def test_staircase_attention_is_causal_attention_of_the_active_queries():
 def test_long_context_sparse_heads_take_the_staircase_and_stay_exact(model, monkeypatch):
     """At long context (here lowered to 8 positions, blocks of 4) heads that run rarely attend only
     their active queries: the plan still equals the plain reference."""
-    from lookahead.graph import plan
+    from lookahead.graph import staircase
 
     calls = []
-    real = plan.staircase_attention
-    monkeypatch.setattr(plan, "STAIRCASE_FROM", 8)
-    monkeypatch.setattr(plan, "staircase_attention", lambda *a, **kw: calls.append(1) or real(*a, block=4))
+    real = staircase.staircase_attention
+    monkeypatch.setattr(staircase, "STAIRCASE_FROM", 8)
+    monkeypatch.setattr(staircase, "staircase_attention", lambda *a, **kw: calls.append(1) or real(*a, block=4))
     ids = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(12))
     g = gates_of(ids.shape, 0.8, seed=13)
     g[..., 1] = 1  # one busy head beside the sparse ones

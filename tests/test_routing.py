@@ -10,18 +10,20 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.core.errors import ConfigError
-from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, keep_count, l0_penalty,
-                                    logistic_noise, static_layer_counts, topk_mask)
-from lookahead.graph.nodes import head_graph, n_nodes
-from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, greedy_targets, leave_one_out_kl,
-                                     routing_stats, top_k_gates)
-from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
 from lookahead.graph.cost import deployed_macs, macs_per_token, router_macs
+from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, l0_penalty, logistic_noise,
+                                    static_layer_counts, topk_mask)
 from lookahead.graph.generate import layer_routed
+from lookahead.graph.nodes import head_graph, keep_count, n_nodes, top_k_gates
+from lookahead.graph.oracle import (greedy_gates, greedy_keep, greedy_order, greedy_targets, leave_one_out_kl,
+                                     routing_stats)
 from lookahead.graph.plan import gated_forward
+from lookahead.graph.predictor import PredictorConfig, PredictorError, StructurePredictor
 from lookahead.graph.router_inputs import input_dim, lm_states
 from lookahead.graph.runtime import RuntimeConfig
-from lookahead.pipeline.phase1.build import Phase1Config, capture, distill_loss
+from lookahead.pipeline.phase1.config import Phase1Config
+from lookahead.pipeline.phase1.final import capture
+from lookahead.pipeline.phase1.module import distill_loss
 from tests.reference_head_graph import reference_forward
 from tests.test_runtime import tiny_olmo2
 

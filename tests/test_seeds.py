@@ -12,7 +12,8 @@ from lookahead.core.seeds import final_evaluation_only, mean_ci, mean_sd, one_ru
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.pipeline.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
 from lookahead.pipeline.phase1.build import HEADLINE as PHASE1_HEADLINE
-from lookahead.pipeline.phase1.build import Phase1Config, build_phase1
+from lookahead.pipeline.phase1.build import build_phase1
+from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.train.loop import TrainConfig
 
 

@@ -1,20 +1,31 @@
 """dvc.yaml lists, for every stage, each `lookahead` module its script imports, transitively
-(STYLE 3): a change to any of them must rerun the stage, and a change to any other must not.
-`src/lookahead/core` is one directory dep of every stage (every stage runs through its CLI, config
-and tracking); every other module is listed by file. Imports inside functions count too."""
+(STYLE 3), by file, `core`'s too: a change to any of them must rerun the stage, and a change to any
+other must not. Imports inside functions count too. Phase 2's decoder is imported by name where it
+runs; its inputs come through the params-templated `decoder_inputs` deps (checked here for each decoder)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
 
+from lookahead.core.errors import ConfigError
+from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, check_decoder_inputs
 from tests.conftest import REPO
-from tests.imports import closure
+from tests.imports import closure, module_file
 
-CORE = "src/lookahead/core"
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def resolve(deps: list[str], decoder_inputs: dict) -> list[str]:
+    """The deps with ``${decoder_inputs.<key>}`` (phase 2's params-templated deps) filled in."""
+    out = []
+    for dep in deps:
+        for key, value in decoder_inputs.items():
+            dep = dep.replace(f"${{decoder_inputs.{key}}}", value)
+        out.append(dep)
+    return out
 
 
 def expand(deps: list[str]) -> set[str]:
@@ -34,13 +45,34 @@ def test_stage_deps_cover_its_imports(stage):
     spec = STAGES[stage]
     script = REPO / "stages" / f"{stage}.py"
     assert f"stages/{stage}.py" in spec["cmd"] and f"stages/{stage}.py" in spec["deps"]
-    assert CORE in spec["deps"], f"dvc.yaml stage {stage!r}: {CORE} (a directory dep) is missing"
     needed = {str(p.relative_to(REPO)) for p in closure(script)}
-    missing = sorted(needed - expand(spec["deps"]))
+    missing = sorted(needed - expand(resolve(spec["deps"], PARAMS["decoder_inputs"])))
     assert not missing, f"dvc.yaml stage {stage!r} imports {missing} but does not list them in deps"
-    listed = {d for d in spec["deps"] if d.startswith("src/lookahead/") and d != CORE}
+    listed = {d for d in spec["deps"] if d.startswith("src/lookahead/")}
     extra = sorted(listed - needed)
     assert not extra, f"dvc.yaml stage {stage!r} lists {extra} in deps but never imports them (needless reruns)"
+
+
+@pytest.mark.parametrize("decoder", sorted(DECODER_INPUTS))
+def test_phase2s_templated_deps_cover_each_decoder_and_only_it(decoder):
+    """Phase 2 imports a decoder's sampler by name (config.DECODER_MODULES), so its deps list the decoder's
+    inputs through ``decoder_inputs``: with a decoder's inputs they cover the sampler module and everything
+    it imports; the default's inputs are the mlp decoder's, which hold neither the diffusion head's outputs
+    nor its code."""
+    deps = resolve(STAGES["phase2"]["deps"], DECODER_INPUTS[decoder])
+    needed = {str(p.relative_to(REPO)) for p in closure(REPO / "stages" / "phase2.py")}
+    if decoder in DECODER_MODULES:
+        sampler = module_file(DECODER_MODULES[decoder])
+        needed |= {str(sampler.relative_to(REPO))} | {str(p.relative_to(REPO)) for p in closure(sampler)}
+    assert not sorted(needed - expand(deps)), decoder
+    assert PARAMS["decoder_inputs"] == DECODER_INPUTS["mlp"]
+    default = expand(resolve(STAGES["phase2"]["deps"], PARAMS["decoder_inputs"]))
+    assert "src/lookahead/graph/denoiser.py" not in default and "models/diffusion" not in resolve(
+        STAGES["phase2"]["deps"], PARAMS["decoder_inputs"])
+    check_decoder_inputs(decoder, DECODER_INPUTS[decoder])
+    if decoder in DECODER_MODULES:
+        with pytest.raises(ConfigError, match="decoder_inputs.code=src/lookahead/graph"):
+            check_decoder_inputs(decoder, DECODER_INPUTS["mlp"])
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
@@ -51,7 +83,7 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     assert {"pipeline/init.py", "semantics/geometry.py", "artifacts/wordnet_tables.py", "lm/encoders.py"} <= files
 
 
-def test_core_is_a_directory_dep_that_ignores_bytecode():
-    assert Path(REPO / CORE).is_dir()
+def test_a_directory_dep_ignores_bytecode():
+    """Phase 2's diffusion decoder lists `src/lookahead/graph` as a directory: its bytecode must not count."""
     assert "__pycache__/" in (REPO / ".dvcignore").read_text().split()
-    assert expand([CORE]) == {str(p.relative_to(REPO)) for p in (REPO / CORE).glob("*.py")}
+    assert expand(["src/lookahead/graph"]) == {str(p.relative_to(REPO)) for p in (REPO / "src/lookahead/graph").glob("*.py")}

@@ -3,7 +3,7 @@
 Phase 1, phase 2, both controls and evaluate score the same ``scoring.windows`` windows of the val
 token stream (a seeded choice among its non-overlapping windows of T + 1 tokens, token ids only: the
 routers that read the LM's own states need nothing else), far more than the context cache's val
-windows (32 at the default, ~4 k positions: too few to resolve 0.01 nats, DESIGN §12). Each of those
+windows (32 at the default, ~4 k positions: too few to resolve 0.01 nats, docs/reproducibility.md). Each of those
 stages writes the per-position NLLs of its final models, every seed, to
 ``data/val_nll/<stage>.safetensors`` (``paths.scores`` in params.yaml): evaluate and the claims' intervals (:mod:`lookahead.core.intervals`) pair them
 position by position, seed by seed.
@@ -12,7 +12,7 @@ Two disjoint sets of such windows (``scoring.set``): the **test** set, which onl
 claims read, and the **selection** set, another ``scoring.windows`` windows of the same stream that
 defaults and variants are compared on (``dvc exp run -S scoring.set=selection …``; the comparison
 scripts refuse test-set runs). Every score file records which windows it scored
-(:func:`window_set_id`, a hash of their token ids), and :func:`paired` refuses two files of
+(:func:`lookahead.core.windows.window_set_id`, a hash of their token ids), and :func:`paired` refuses two files of
 different windows. Nothing that *chooses* — the probe's head importance (static pruning, the static
 control's mask, the router's initial bias), the oracle's and the trainings' windows — reads a val
 window: :func:`check_disjoint` is the test of it.
@@ -28,7 +28,7 @@ import torch
 
 from lookahead.core.atomic import atomic_file
 from lookahead.core.errors import ConfigError, LookaheadError, require
-from lookahead.core.windows import set_label, window_set_id  # noqa: F401  (re-exported: the score files' labels)
+from lookahead.core.windows import set_name
 from lookahead.train import data
 
 SETS = ("test", "selection")
@@ -40,7 +40,7 @@ class ScoresError(LookaheadError, ValueError):
 
 @dataclasses.dataclass
 class ScoringConfig:
-    """The val windows research claims are scored on, and their intervals (DESIGN §12)."""
+    """The val windows research claims are scored on, and their intervals (docs/reproducibility.md)."""
 
     windows: int = 256
     """Non-overlapping windows of the val stream scored (256 x 128 = 32 768 positions at the default)."""
@@ -122,7 +122,7 @@ def batches(windows: torch.Tensor, batch_size: int, device) -> list[torch.Tensor
 
 def save_scores(path, scores: dict[str, np.ndarray | torch.Tensor], window_set: str | None = None) -> None:
     """Per-position NLLs, ``{name: (seeds, positions) or (positions,)}``, as float32 safetensors
-    (atomic), with the :func:`set_label` of the windows they score in the file's metadata."""
+    (atomic), with the :func:`~lookahead.core.windows.set_label` of the windows they score in the file's metadata."""
     from safetensors.torch import save_file
 
     tensors = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).contiguous() for k, v in scores.items()}
@@ -175,7 +175,7 @@ def comparison_set(label: str | None, run: str, allow_test: bool = False) -> Non
     """Refuse a comparison of defaults or variants read from ``run``'s figures unless they score the
     selection set (``label``: the run's ``window_set``): the test set is the committed claims' alone.
     ``allow_test``: the caller reads the claims' windows knowingly (e.g. to reproduce a committed table)."""
-    name = None if label is None else label.split(":", 1)[0]
+    name = set_name(label)
     if name == "selection" or (allow_test and name is not None):
         return
     if name is None:

@@ -1,4 +1,4 @@
-"""Infrastructure every stage uses and that imports nothing else of ours (DESIGN §8–§10):
+"""Infrastructure every stage uses and that imports nothing else of ours (docs/tracking.md):
 errors a user can fix, strict typed config, the stage command line, atomic writes, input checks,
 metrics/report files, MLflow tracking, devices and seed spreads.
 

@@ -1,4 +1,4 @@
-"""Outputs appear whole or not at all (DESIGN §10).
+"""Outputs appear whole or not at all (docs/troubleshooting.md).
 
 Everything a stage writes goes to a temporary sibling first and is renamed into place on success,
 so an interrupted or failing stage leaves no half-written output behind. A killed process (SIGKILL
@@ -74,30 +74,31 @@ def _remove(path: Path) -> None:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``path`` when the block succeeds."""
     path = Path(path)
-    tmp = _tmp_sibling(path, is_dir=True)
-    try:
+    with _replacing(path, _tmp_sibling(path, is_dir=True), lambda tmp: shutil.rmtree(tmp, ignore_errors=True)) as tmp:
         yield tmp
-        _remove(path)
-        os.replace(tmp, path)
-    except BaseException as err:
-        full = _full_disk(err, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full is not None:
-            raise full from err
-        raise
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary file path that replaces ``path`` when the block succeeds."""
     path = Path(path)
-    tmp = _tmp_sibling(path, is_dir=False)
+    with _replacing(path, _tmp_sibling(path, is_dir=False), lambda tmp: tmp.unlink(missing_ok=True)) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, tmp: Path, discard) -> Iterator[Path]:
+    """Yield ``tmp``; when the block succeeds, it replaces ``path`` (a directory there is removed first);
+    when it fails, ``discard(tmp)`` and the error propagates (a full disk as :class:`DiskFull`
+    naming ``path``)."""
     try:
         yield tmp
+        if tmp.is_dir():
+            _remove(path)
         os.replace(tmp, path)
     except BaseException as err:
         full = _full_disk(err, path)
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         if full is not None:
             raise full from err
         raise

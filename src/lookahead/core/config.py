@@ -1,4 +1,4 @@
-"""Strict, typed configuration (DESIGN §10, STYLE 2).
+"""Strict, typed configuration (docs/troubleshooting.md, STYLE 2).
 
 Each stage's section of ``params.yaml`` loads into a dataclass defined next to the code that uses
 it. Loading is strict: an unknown key, a missing section, a value of the wrong type or out of range

@@ -1,4 +1,4 @@
-"""The errors a user can fix: a stage prints their message alone and exits non-zero (DESIGN §10)."""
+"""The errors a user can fix: a stage prints their message alone and exits non-zero (docs/troubleshooting.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A stage's inputs are checked before any work (DESIGN §10): missing, truncated or garbled files
+"""A stage's inputs are checked before any work (docs/troubleshooting.md): missing, truncated or garbled files
 stop the stage with one message that names the file and the fix, instead of a library traceback
 minutes in.
 

@@ -1,4 +1,4 @@
-"""Paired intervals of research claims (DESIGN §12): "A beats B" judged on the same val tokens.
+"""Paired intervals of research claims (docs/reproducibility.md): "A beats B" judged on the same val tokens.
 
 A claim compares two models scored on the same val positions, over S seeds of the stage's own
 randomness (seed i of A paired with seed i of B, or one deterministic B for every seed). Its figure

@@ -1,4 +1,4 @@
-"""Headline metrics and full reports (DESIGN §1).
+"""Headline metrics and full reports (docs/development.md#layout).
 
 A stage computes a nested dict of figures — its *report*. Three files come out of it:
 
@@ -12,9 +12,9 @@ A stage computes a nested dict of figures — its *report*. Three files come out
 - ``metrics/<stage>_timing.json``: the stage's timings and throughputs (every figure whose name says
   it is one, :func:`is_timing`), taken out of the two files above. They measure the machine, not the
   result, and change on every run; keeping them out of DVC's outputs is what lets a rerun with the
-  same inputs write the same bytes (DESIGN §12). Git-ignored, not a DVC output; logged to MLflow.
+  same inputs write the same bytes (docs/reproducibility.md). Git-ignored, not a DVC output; logged to MLflow.
 
-Research headlines measured over several seeds (DESIGN §12) carry ``<name>`` (the mean) and
+Research headlines measured over several seeds (docs/reproducibility.md) carry ``<name>`` (the mean) and
 ``<name>_sd`` (the sample standard deviation): see :mod:`lookahead.core.seeds`; paired claims carry
 ``<name>_ci_low`` and ``<name>_ci_high`` (:mod:`lookahead.core.intervals`). The headline is one set of
 figures, written to up to three DVC metrics files so that ``dvc metrics show metrics/<stage>.json``

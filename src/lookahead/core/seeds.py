@@ -1,4 +1,4 @@
-"""Research headlines over seeds (DESIGN §12).
+"""Research headlines over seeds (docs/reproducibility.md).
 
 A research stage (phase1, pairs, diffusion, phase2, control, evaluate, modulator) runs once with
 its configured seeds — the *primary* run, whose outputs (model, pairs, figures) are what DVC
@@ -11,7 +11,7 @@ run's (``primary``), which is what the stage's outputs were made with.
 
 Base pretraining is one seed: it is the pipeline's input, like a downloaded checkpoint.
 
-Under ``accelerate launch`` with N processes (DESIGN §9) every process makes every seed's run, so
+Under ``accelerate launch`` with N processes (docs/scaling.md) every process makes every seed's run, so
 each training has all N: the main process as above, a worker each run with a scratch directory for
 its outputs (the primary's included), and it exits when the last seed's run is done — what follows
 (metrics, reports, tracking) is the main process's. :func:`following` tells the training loop that a

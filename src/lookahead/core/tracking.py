@@ -1,4 +1,4 @@
-"""MLflow tracking: one parent run per pipeline run, one child run per stage (DESIGN §8).
+"""MLflow tracking: one parent run per pipeline run, one child run per stage (docs/tracking.md).
 
 - Store: ``MLFLOW_TRACKING_URI`` when set; else a SQLite file ``mlflow.db`` at the project root,
   addressed by an absolute URI. Inside a DVC experiment workspace (``.dvc/tmp/exps/<tmp>/`` of
@@ -117,7 +117,7 @@ class StageRun:
         try:
             with _interrupt_deferred():
                 call()
-        except Exception as err:  # tracking must never fail a stage (DESIGN §8)
+        except Exception as err:  # tracking must never fail a stage (docs/tracking.md)
             warnings.warn(f"MLflow {what} failed for stage {self.stage!r}: {err}; tracking disabled for this stage", stacklevel=3)
             self.run_id = None
 

@@ -1,4 +1,4 @@
-"""Names of the sets of windows figures are scored on (DESIGN §12): every figure that stands beside
+"""Names of the sets of windows figures are scored on (docs/reproducibility.md): every figure that stands beside
 another in a table, a headline or a ratio is scored on the same windows, and each report and
 headline records which (``window_set``), so that a reader — and a test — can tell."""
 

@@ -1,4 +1,4 @@
-"""Free head-to-head connectivity (DESIGN §4; the seed's weighted DAG, trained): weights on the
+"""Free head-to-head connectivity (docs/design.md; the seed's weighted DAG, trained): weights on the
 head graph's edges that can do more than attenuate.
 
 The runtime (:mod:`lookahead.graph.runtime`) gives head j the input

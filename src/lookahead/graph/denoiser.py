@@ -1,4 +1,4 @@
-"""The diffusion head (DESIGN §2 diffusion, §7): a conditional discrete diffusion model over head graphs.
+"""The diffusion head (docs/pipeline.md, §7): a conditional discrete diffusion model over head graphs.
 
 What it models: for one position's context, the distribution of the *good* topologies the pairs
 stage found (executed graphs that beat the dense NLL), so that several different good graphs can
@@ -52,7 +52,7 @@ from torch import nn
 
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import recorded
-from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes, to_dense, to_edges
+from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes, to_dense, to_edges, topk_set
 from lookahead.graph.predictor import cascade
 
 MODEL_FILE = "model.safetensors"
@@ -249,8 +249,7 @@ class Denoiser(nn.Module):
         on = self.executed(bits)[1][..., 1:]  # (B, L·H)
         source = to_dense(p0, self.mask)[..., 0, 1:]  # p̂ of source → head
         score = on + source  # in [0, 2]: a sampled head outranks every other
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k]
-        return torch.zeros_like(on, dtype=torch.bool).scatter_(-1, order, True)
+        return topk_set(score, k)
 
     def executed(self, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The executed graph (A (…, N, N), g (…, N)) of raw allowed-edge bits (…, E): the hard cascade."""
@@ -338,3 +337,36 @@ def draw_topology(denoiser: Denoiser, lm, ids: torch.Tensor, cached: torch.Tenso
         bits = denoiser.sample(context, flat_geo, steps, generator, temperature)
         adjacency, gates = executed_topology(bits, denoiser.mask, denoiser.n_layers, denoiser.n_heads, gate_kind)
     return adjacency.view(b, t, *adjacency.shape[1:]), gates.view(b, t, -1)
+
+
+# ------------------------------------------------------------------------- a frozen head as a decoder
+
+
+class TopologySampler:
+    """A frozen diffusion head used as a decoder (phase 2's ``decoder: diffusion``): one sampled topology
+    per position, stored as its executed graph's allowed-edge bits, with the sample steps and temperature
+    the diffusion stage scored it with. ``gate_kind``: how the bits execute (:mod:`lookahead.graph.sampling`)."""
+
+    def __init__(self, model_dir: str | Path, gate_kind: str):
+        self.denoiser, meta = load_denoiser(model_dir)
+        self.denoiser.requires_grad_(False)
+        self.steps, self.temperature = sampling_settings(meta, model_dir)
+        self.weights = Path(model_dir) / MODEL_FILE
+        self.gate_kind = gate_kind
+
+    def bits(self, lm, ids: torch.Tensor, cached: torch.Tensor | None, geo: torch.Tensor | None,
+             generator: torch.Generator | None) -> torch.Tensor:
+        """Allowed-edge bits (B, T, E) uint8 on the CPU of one sample per position of ``ids`` (B, T)."""
+        from lookahead.graph.sampling import stored_edges
+
+        d = self.denoiser
+        adjacency, gates = draw_topology(d, lm, ids, cached, geo, self.steps, self.temperature, generator,
+                                         self.gate_kind)
+        return stored_edges(adjacency, gates, d.mask).to(torch.uint8).cpu()
+
+    def executed(self, bits: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The executed graph (A, g) of stored bits."""
+        from lookahead.graph.sampling import executed_topology
+
+        d = self.denoiser
+        return executed_topology(bits.to(device), d.mask, d.n_layers, d.n_heads, self.gate_kind)

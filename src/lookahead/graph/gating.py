@@ -1,5 +1,5 @@
 """Per-token head gates (``predictor.gate: head``): from one keep logit per head and position to
-gates in [0, 1], with a budget, and the regularisers of a router (DESIGN §4).
+gates in [0, 1], with a budget, and the regularisers of a router (docs/design.md).
 
 Estimators, each a gate whose forward value is what runs and whose backward pass is a soft
 surrogate's:
@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from lookahead.graph.nodes import keep_count, static_gates
 
 GATE_KINDS = ("cascade", "head")
 ESTIMATORS = ("st", "hard_concrete")
@@ -51,14 +53,6 @@ def gumbel_noise(shape, device=None, dtype=torch.float32, generator: torch.Gener
     eps = torch.finfo(dtype).eps
     u = torch.rand(shape, device=device, dtype=dtype, generator=generator).clamp(eps, 1 - eps)
     return -torch.log(-torch.log(u))
-
-
-def keep_count(n_heads_total: int, n_layers: int, keep: float, per_layer: bool) -> int:
-    """Heads kept per token (all layers: K of L·H) or per layer (K/L of H) for a kept fraction."""
-    if per_layer:
-        per = n_heads_total // n_layers
-        return max(1, min(per, round(keep * per)))
-    return max(1, min(n_heads_total, round(keep * n_heads_total)))
 
 
 def topk_mask(scores: torch.Tensor, k: int | torch.Tensor, n_layers: int, per_layer: bool
@@ -93,10 +87,8 @@ def static_layer_counts(importance: torch.Tensor, keep: float) -> torch.Tensor:
     """Heads per layer (L,) that static importance pruning keeps at fraction ``keep`` of the
     importance (L, H): the ``topk_layer_static`` budget's counts."""
     n_layers, n_heads = importance.shape
-    k = keep_count(n_layers * n_heads, n_layers, keep, per_layer=False)
-    kept = torch.zeros(n_layers * n_heads)
-    kept[torch.sort(importance.flatten().float(), descending=True, stable=True).indices[:k]] = 1
-    return kept.view(n_layers, n_heads).sum(-1).long()
+    kept = static_gates(importance.float(), keep_count(n_layers * n_heads, n_layers, keep, per_layer=False))
+    return kept[1:].view(n_layers, n_heads).sum(-1).long()
 
 
 def head_gates(z: torch.Tensor, n_layers: int, estimator: str, budget: str, keep: float, tau: float,
@@ -157,3 +149,10 @@ def gate_noise(kind: str, shape, device, dtype, generator: torch.Generator | Non
         return None
     draw = gumbel_noise if kind == "gumbel" else logistic_noise
     return scale * draw(shape, device, dtype, generator)
+
+
+def listwise_loss(logp: torch.Tensor, keep: torch.Tensor, kept) -> torch.Tensor:
+    """The listwise distillation of a router's keep logits toward an oracle's keep set: −(1/K) Σ_{h kept}
+    log p_h, averaged over positions. ``logp`` (…, n): log-softmax of the keep logits over the heads the
+    router chooses among; ``keep`` (…, n): the keep set, 0/1 in ``logp``'s dtype; ``kept``: K."""
+    return -(keep * logp).sum(-1).mean() / kept

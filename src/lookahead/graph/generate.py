@@ -26,7 +26,7 @@ import torch
 from lookahead.core.errors import LookaheadError
 from lookahead.graph import flex
 from lookahead.graph.plan import KVCache, gated_forward
-from lookahead.graph.router_inputs import lm_states
+from lookahead.graph.router_inputs import lm_input, lm_states
 from lookahead.graph.runtime import check_model
 
 
@@ -70,7 +70,7 @@ class Router:
         if previous is None:
             return lm_states(self.lm, ids, self.predictor.cfg.input)
         emb = self.lm.model.embed_tokens(ids).float()
-        return emb if self.predictor.cfg.input == "embedding" else torch.cat([emb, previous.float()], dim=-1)
+        return emb if self.predictor.cfg.input == "embedding" else lm_input(emb, previous)
 
     @torch.no_grad()
     def gates(self, ids: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lookahead.graph.gating import gumbel_noise
-from lookahead.graph.nodes import head_graph
-from lookahead.graph.oracle import DenseKL, greedy_keep, greedy_order, top_k_gates
+from lookahead.graph.nodes import head_graph, topk_set
+from lookahead.graph.oracle import DenseKL, greedy_keep, greedy_order
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll
 
@@ -35,12 +35,6 @@ from lookahead.lm.nll import token_nll
 def as_gates(keep: torch.Tensor) -> torch.Tensor:
     """Keep sets (…, L·H) → gates (…, N) with the source on."""
     return torch.cat([torch.ones_like(keep[..., :1], dtype=torch.float32), keep.float()], -1)
-
-
-def topk_set(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The keep set of the k largest scores (…, L·H), ties to the lower head index
-    (:func:`lookahead.graph.oracle.top_k_gates` without the source)."""
-    return top_k_gates(scores, k)[..., 1:] > 0.5
 
 
 def gumbel_topk(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The head graph of a decoder (DESIGN §4): nodes, allowed edges and their storage formats.
+"""The head graph of a decoder (docs/design.md): nodes, allowed edges and their storage formats.
 
 Node 0 is the token-embedding source; node ``1 + l·H + h`` is head h of layer l (N = 1 + L·H).
 An edge i → j is allowed when layer(i) < layer(j), the source being at layer −1: the mask is block
@@ -118,3 +118,29 @@ def pack_bits(edges: np.ndarray | torch.Tensor) -> np.ndarray:
 def unpack_bits(packed: np.ndarray, n_edges_: int) -> np.ndarray:
     """Bytes (…, ceil(E / 8)) → edge vector(s) (…, E) uint8."""
     return np.unpackbits(np.asarray(packed, dtype=np.uint8), axis=-1, count=n_edges_)
+
+
+def keep_count(n_heads_total: int, n_layers: int, keep: float, per_layer: bool) -> int:
+    """Heads kept per token (all layers: K of L·H) or per layer (K/L of H) for a kept fraction."""
+    if per_layer:
+        per = n_heads_total // n_layers
+        return max(1, min(per, round(keep * per)))
+    return max(1, min(n_heads_total, round(keep * n_heads_total)))
+
+
+def top_k_gates(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-position gates (…, N) keeping the k heads of largest score (…, L·H); the source on."""
+    keep = torch.zeros_like(scores).scatter_(-1, torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k], 1.0)
+    return torch.cat([torch.ones_like(keep[..., :1]), keep], -1)
+
+
+def topk_set(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The keep set of the k largest scores (…, L·H), ties to the lower head index
+    (:func:`top_k_gates` without the source)."""
+    return top_k_gates(scores, k)[..., 1:] > 0.5
+
+
+def running_heads(gates: torch.Tensor) -> torch.Tensor:
+    """Which heads run (…, L·H), 0/1 in the gates' dtype, under gates (…, N) (the source first): gate > 0 —
+    a gate-weighted head (``phase2.gate_weights: softmax``) runs at any weight, so it counts whole."""
+    return (gates[..., 1:] > 0).to(gates.dtype)

@@ -63,12 +63,6 @@ def leave_one_out_kl(lm, ids: torch.Tensor, n_layers: int, n_heads: int, skip: s
     return torch.stack(out, -1)
 
 
-def top_k_gates(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Per-position gates (…, N) keeping the k heads of largest score (…, L·H); the source on."""
-    keep = torch.zeros_like(scores).scatter_(-1, torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k], 1.0)
-    return torch.cat([torch.ones_like(keep[..., :1]), keep], -1)
-
-
 GREEDY_ROWS = 8
 """Sequences per forward of :func:`greedy_gates` (windows × candidate removals, at least one
 removal). More is not faster on CPU: the forward under per-position gates and the KL over the

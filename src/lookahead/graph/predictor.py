@@ -1,4 +1,4 @@
-"""The lookahead structure predictor and its cascading gate (DESIGN §4).
+"""The lookahead structure predictor and its cascading gate (docs/design.md).
 
 Per position t, from the context alone:
 
@@ -8,7 +8,7 @@ Per position t, from the context alone:
     hard: A_raw = 1[Z_t + L > 0], g = 1[s > 0]   straight-through to the soft cascade in training
 
 then :func:`cascade` turns A_raw into the executed graph (A, g) in layer order. ``e_t`` comes from a
-causal context encoder (DESIGN §3) and the geometric features from the init stage's table for the
+causal context encoder (docs/pipeline.md) and the geometric features from the init stage's table for the
 token at t, so the predictor — a per-position function — never sees tokens after t.
 
 The V half of the MLP's output layer starts at zero, so Z_t = B at initialisation (near the dense
@@ -37,8 +37,8 @@ from torch import nn
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors
 from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bound_logits, gate_noise, head_gates,
-                                    keep_count, logistic_noise, static_layer_counts, straight_through)
-from lookahead.graph.nodes import allowed_mask, n_edges, n_nodes
+                                    logistic_noise, static_layer_counts, straight_through)
+from lookahead.graph.nodes import allowed_mask, keep_count, n_edges, n_nodes
 
 INPUTS = ("cache", "lm", "embedding", "layer")
 WEIGHTS = ("binary", "softmax")
@@ -52,7 +52,7 @@ class PredictorError(LookaheadError, ValueError):
 
 @dataclasses.dataclass
 class PredictorConfig:
-    """The lookahead structure predictor (DESIGN §4)."""
+    """The lookahead structure predictor (docs/design.md)."""
 
     rank: int = 8
     """Rank r of the per-token node factors U, V (N × r)."""

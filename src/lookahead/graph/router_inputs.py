@@ -1,4 +1,4 @@
-"""What the structure predictor reads at position t (``predictor.input``, DESIGN §3–4).
+"""What the structure predictor reads at position t (``predictor.input``, docs/pipeline.md).
 
 - ``cache``: the context cache's encoding of the window up to t (MiniLM, the base LM or an HF
   encoder: :mod:`lookahead.pipeline.contexts`);
@@ -39,8 +39,19 @@ def lm_states(lm, ids: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "embedding":
         return emb
     last = core(input_ids=ids).last_hidden_state.float()  # after the final norm
-    prev = torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1)
-    return torch.cat([emb, prev], dim=-1)
+    return lm_input(emb, states_before(last))
+
+
+def states_before(hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states (B, T, d) moved one position on: at t the state of t − 1 (zeros at t = 0), what
+    the ``lm`` input may read at t."""
+    return torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)
+
+
+def lm_input(emb: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """The ``lm`` input (B, T, 2d): the token's embedding beside the final hidden state of the position
+    before it (``before``, already moved: :func:`states_before`, or the last state of a decode step)."""
+    return torch.cat([emb, before.float()], dim=-1)
 
 
 def router_context(kind: str, lm, ids: torch.Tensor, cached: torch.Tensor | None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The head-graph runtime (DESIGN §4): an OLMo2 forward pass in which every attention head reads
+"""The head-graph runtime (docs/design.md): an OLMo2 forward pass in which every attention head reads
 its own input stream, built from the outputs of the heads that feed it.
 
 For head j of layer l (node 1 + l·H + h) the input is
@@ -64,7 +64,7 @@ SKIP_MODES = ("full", "query")
 
 @dataclasses.dataclass
 class RuntimeConfig:
-    """How the head-graph runtime executes a head that is off at a position (DESIGN §4)."""
+    """How the head-graph runtime executes a head that is off at a position (docs/design.md)."""
 
     skip: str = "query"
     """full: no query, key or value there; query: no query, attention row or output, keys and values kept."""

@@ -46,7 +46,7 @@ def sample_topologies(predictor, contexts: torch.Tensor, features: torch.Tensor 
 
     Why the flips: a trained predictor's logits are typically far from 0 (|Z| of thousands on the
     default run), so its own noise almost never changes a bit and every sample of a position is the
-    same graph; the diffusion head needs several good topologies per context (DESIGN §2 pairs).
+    same graph; the diffusion head needs several good topologies per context (docs/pipeline.md).
     """
     was_training = predictor.training
     predictor.train()  # noise on

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from lookahead.graph.nodes import baseline_graph, random_topology, static_gates
-from lookahead.graph.predictor import geo_features
 from lookahead.graph.plan import execute
+from lookahead.graph.predictor import geo_features
 from lookahead.lm.nll import token_nll
 
 
@@ -31,6 +31,16 @@ class GeoLookup:
         return GeoLookup(self.table.to(device), self.mask.to(device))
 
 
+def static_token_nll(lm, windows: torch.Tensor, importance: torch.Tensor, k: int, skip: str = "full") -> torch.Tensor:
+    """Per-position NLL (B, T) of ``windows`` (B, T + 1) with only the LM's ``k`` most important heads
+    (probe importance, (L, H)): one topology for every position, the baseline graph among the heads kept."""
+    n_layers, n_heads = importance.shape
+    gates = static_gates(importance, k)
+    adjacency = baseline_graph(gates, n_layers, n_heads, skip)
+    ids = windows[:, :-1]
+    return token_nll(execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), skip), windows[:, 1:])
+
+
 def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tensor, skip: str = "full") -> list[dict]:
     """NLL of the LM with only its k most important heads (probe importance, (L, H)), for every
     k = 0 … L·H: a shared topology, the baseline graph among the heads kept
@@ -38,12 +48,9 @@ def static_pruning_curve(lm, batches: list[torch.Tensor], importance: torch.Tens
     n_layers, n_heads = importance.shape
     rows = []
     for k in range(n_layers * n_heads + 1):
-        gates = static_gates(importance, k)
-        adjacency = baseline_graph(gates, n_layers, n_heads, skip)
         total, count = 0.0, 0
         for windows in batches:
-            ids = windows[:, :-1]
-            nll = token_nll(execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), skip), windows[:, 1:])
+            nll = static_token_nll(lm, windows, importance, k, skip)
             total, count = total + nll.sum().item(), count + nll.numel()
         rows.append({"heads_kept": k, "active_head_fraction": k / (n_layers * n_heads), "nll": total / count})
     return rows

@@ -1,4 +1,4 @@
-"""Text and context encoders shared by the probe, init and contexts stages (DESIGN §3).
+"""Text and context encoders shared by the probe, init and contexts stages (docs/pipeline.md).
 
 - :func:`encode_texts`: mean-pooled last hidden state of whole texts (probe, init).
 - :class:`ContextEncoder` and its three kinds, each mapping token windows of the base tokenizer

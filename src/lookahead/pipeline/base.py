@@ -1,4 +1,4 @@
-"""The base causal LM (DESIGN §2 base): pretrained from scratch as OLMo2, or snapshotted from a
+"""The base causal LM (docs/pipeline.md): pretrained from scratch as OLMo2, or snapshotted from a
 hub id or a local directory. The output is always a ``save_pretrained`` directory (safetensors)
 that embeds the resolved config it was built with (``lookahead_config.json``, STYLE 6).
 """
@@ -39,7 +39,7 @@ class BaseConfig(ModelSource):
     init_perturbation: float = 0.0
     """Share of a scratch model's initial weights moved by one float32 ulp (seeded, away from or
     towards zero at random) before training: 0 leaves the initialisation untouched; ``make
-    replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (DESIGN §12)."""
+    replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (docs/reproducibility.md)."""
     arch: ArchConfig = dataclasses.field(default_factory=ArchConfig)
     """Scratch architecture; with `path`/`hub`, context_length is the evaluation window."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=800, lr=3e-3))

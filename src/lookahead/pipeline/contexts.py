@@ -1,4 +1,4 @@
-"""The contexts stage (DESIGN §2 contexts, §3): per-position context embeddings of seeded token
+"""The contexts stage (docs/pipeline.md, §3): per-position context embeddings of seeded token
 windows, computed once by the frozen context encoder and cached for phase 1 and the pairs stage.
 
 Cache layout (a few big files, memory-mapped by later stages)::
@@ -34,7 +34,7 @@ from lookahead.train import data
 
 @dataclasses.dataclass
 class ContextsConfig:
-    """The frozen context encoder and the windows it encodes (DESIGN §3)."""
+    """The frozen context encoder and the windows it encodes (docs/pipeline.md)."""
 
     encoder: str = "minilm"
     """`minilm` (packaged all-MiniLM-L6-v2), `base` (the pipeline's LM), or an HF id/dir of a causal embedding model."""

@@ -1,4 +1,4 @@
-"""The text corpus: WordNet glosses, local files or a hub dataset, split by hash (DESIGN §2 corpus).
+"""The text corpus: WordNet glosses, local files or a hub dataset, split by hash (docs/pipeline.md).
 
 Every document is one line. The train/val split is a pure function of the line's text and
 ``corpus.split_salt``, so it is the same on every machine, in every order, and a line never moves

@@ -1,4 +1,4 @@
-"""The init stage (DESIGN §2 init): geometric token embeddings from WordNet, their Procrustes
+"""The init stage (docs/pipeline.md): geometric token embeddings from WordNet, their Procrustes
 alignment to the base model's residual stream, and the predictor's starting node factors.
 
 (a) eigendecomposition of the anchor Wu-Palmer matrix → top ``n_geo`` eigenvectors scaled by

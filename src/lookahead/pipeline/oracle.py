@@ -24,8 +24,8 @@ from lookahead.core.atomic import atomic_dir
 from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
-from lookahead.graph.gating import keep_count
-from lookahead.graph.oracle import GREEDY_ROWS, greedy_targets, top_k_gates
+from lookahead.graph.nodes import keep_count, top_k_gates
+from lookahead.graph.oracle import GREEDY_ROWS, greedy_targets
 from lookahead.train import data
 
 
@@ -46,6 +46,18 @@ class OracleConfig:
         require(self.windows >= 1, "windows", f"must be >= 1; got {self.windows}")
         require(self.rows >= 1, "rows", f"must be >= 1; got {self.rows}")
         require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
+
+
+def read_keep(params_path: str | Path) -> float:
+    """``predictor.keep`` of a params file, the share of heads the oracle keeps (validated here, as the
+    predictor's section does, so that the oracle stage does not import the predictor)."""
+    from lookahead.core.config import read_params
+    from lookahead.core.errors import ConfigError
+
+    value = (read_params(params_path).get("predictor") or {}).get("keep", 0.5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError("predictor.keep", f"must be in (0, 1]; got {value!r}")
+    return float(value)
 
 
 # metrics/oracle.json (lookahead.core.report); timings stay in the report

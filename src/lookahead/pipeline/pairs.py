@@ -1,4 +1,4 @@
-"""The pairs stage (DESIGN §2 pairs): (context, topology) pairs for the structure decoders.
+"""The pairs stage (docs/pipeline.md): (context, topology) pairs for the structure decoders.
 
 ``pairs.target: eps_good`` (the default; issue: a structure decoder that captures several good
 topologies) writes a label-free ground truth of good keep sets: for the first ``sequences`` train and
@@ -48,12 +48,12 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.core.windows import set_label
-from lookahead.graph.gating import keep_count
 from lookahead.graph.keepsets import as_gates, eps_good, search_keep_sets
-from lookahead.graph.nodes import allowed_mask, head_graph, n_edges, pack_bits, random_topology, unpack_bits
+from lookahead.graph.nodes import (allowed_mask, head_graph, keep_count, n_edges, pack_bits, random_topology,
+                                   unpack_bits)
+from lookahead.graph.plan import execute
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
-from lookahead.graph.plan import execute
 from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup

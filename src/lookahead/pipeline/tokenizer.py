@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizer and the tokenized train/val streams (DESIGN §2 tokenizer).
+"""Byte-level BPE tokenizer and the tokenized train/val streams (docs/pipeline.md).
 
 Special tokens of the scratch tokenizer:
 

@@ -1,4 +1,4 @@
-"""Relational alignment (DESIGN §6): how well an LM's geometry agrees with WordNet — pair cosines
+"""Relational alignment: how well an LM's geometry agrees with WordNet — pair cosines
 against path similarity, and the decay of similarity along hypernym chains."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lookahead.lm.encoders import encode_texts
 from lookahead.core.seeds import mean_ci
+from lookahead.lm.encoders import encode_texts
 from lookahead.semantics import geometry
 
 

@@ -1,4 +1,4 @@
-"""WordNet similarity at scale (DESIGN §5): Wu–Palmer over all synset pairs of the matched tokens,
+"""WordNet similarity at scale (docs/install.md): Wu–Palmer over all synset pairs of the matched tokens,
 exactly as nltk computes it but vectorised, path similarity of pairs, and tokenizer matching."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""WordNet 3.0 through nltk, found without network access (DESIGN §5).
+"""WordNet 3.0 through nltk, found without network access (docs/install.md).
 
 Search order:
 
@@ -65,12 +65,12 @@ OPTIONAL_FILES = ("cntlist.rev", "lexnames")
 
 
 class WordNetMissing(LookaheadError, RuntimeError):
-    """WordNet 3.0 could not be found by any route of DESIGN §5."""
+    """WordNet 3.0 could not be found by any route of docs/install.md."""
 
 
 @dataclasses.dataclass
 class WordNetSource:
-    """Where WordNet comes from (DESIGN §5): the `wordnet.path` key, read by every stage that
+    """Where WordNet comes from (docs/install.md): the `wordnet.path` key, read by every stage that
     opens WordNet."""
 
     path: str | None = None
@@ -208,7 +208,7 @@ def _reader(data_root: Path | None):
 
 
 def open_wordnet(path: str | Path | None = None, root: str | Path | None = None):
-    """The nltk WordNet reader found by the DESIGN §5 search.
+    """The nltk WordNet reader found by the docs/install.md search.
 
     Args:
         path: a directory of WordNet 3.0 database files (params ``wordnet.path``), or None.

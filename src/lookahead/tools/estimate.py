@@ -1,4 +1,4 @@
-"""What a params file asks of one GPU, stage by stage, before anything runs (DESIGN §9).
+"""What a params file asks of one GPU, stage by stage, before anything runs (docs/scaling.md).
 
 ``python -m lookahead.tools.params profiles/olmo2-1b.yaml --estimate`` (``make estimate
 PROFILE=…``) prints, for every stage, the parameters it holds (trained / frozen), the tokens it runs

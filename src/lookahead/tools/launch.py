@@ -1,4 +1,4 @@
-"""How dvc.yaml starts the training stages (DESIGN §9).
+"""How dvc.yaml starts the training stages (docs/scaling.md).
 
 ``launch.train`` is interpolated into the command of every training stage (``${launch.train}
 stages/base.py …``): ``python`` runs one process; ``accelerate launch --multi_gpu --num_processes N``

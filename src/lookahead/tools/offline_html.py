@@ -1,4 +1,4 @@
-"""HTML pages that render with no network (DESIGN §1).
+"""HTML pages that render with no network (docs/development.md#layout).
 
 DVC's plot pages load vega, vega-lite and vega-embed from a CDN, so offline they come out blank.
 Here the three libraries are inlined from the bundle that ``vl-convert-python`` ships (no network

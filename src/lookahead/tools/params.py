@@ -1,4 +1,4 @@
-"""The sections of params.yaml and the dataclass each loads into (DESIGN §10).
+"""The sections of params.yaml and the dataclass each loads into (docs/troubleshooting.md).
 
 :func:`validate_all` checks a whole params file at once — unknown sections included — before any
 work: ``make repro`` runs it (``python -m lookahead.tools.params params.yaml``), and each stage validates
@@ -31,10 +31,11 @@ SECTIONS: dict[str, str] = {
     "runtime": "lookahead.graph.runtime:RuntimeConfig",
     "contexts": "lookahead.pipeline.contexts:ContextsConfig",
     "oracle": "lookahead.pipeline.oracle:OracleConfig",
-    "phase1": "lookahead.pipeline.phase1.build:Phase1Config",
+    "phase1": "lookahead.pipeline.phase1.config:Phase1Config",
     "pairs": "lookahead.pipeline.pairs:PairsConfig",
-    "diffusion": "lookahead.pipeline.diffusion.build:DiffusionConfig",
+    "diffusion": "lookahead.pipeline.diffusion.config:DiffusionConfig",
     "phase2": "lookahead.pipeline.phase2.config:Phase2Config",
+    "decoder_inputs": "lookahead.pipeline.phase2.config:DecoderInputs",
     "scoring": "lookahead.artifacts.val_scores:ScoringConfig",
     "evaluate": "lookahead.pipeline.evaluate.config:EvaluateConfig",
 }

@@ -1,4 +1,4 @@
-"""A replicate that emulates a second machine (DESIGN §12): ``make replicate``.
+"""A replicate that emulates a second machine (docs/reproducibility.md): ``make replicate``.
 
     python -m lookahead.tools.replicate                          # the default: 1e-4 of the base's init
     python -m lookahead.tools.replicate --report metrics/replicate.md
@@ -168,7 +168,7 @@ def report_text(rows: list[Row], fraction: float, wall_s: float, stages: list[st
         f"Written by `python -m lookahead.tools.replicate --report` (`make replicate`): the stages {', '.join(stages)} "
         f"rerun with `base.init_perturbation: {fraction:g}` (one float32 ulp in that share of the base's initial "
         f"weights) in {wall_s / 60:.1f} min. `committed` is this workspace's run, `here` the replicate's; claims carry "
-        "their 95 % interval (DESIGN §12).",
+        "their 95 % interval (docs/reproducibility.md).",
         "",
         f"- claims agreeing in sign and interval: {s['claims_agree']} of {s['claims']}"
         + (f" (failed: {', '.join(s['claims_failed'])})" if s["claims_failed"] else ""),

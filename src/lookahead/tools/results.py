@@ -25,7 +25,7 @@ is judged against, and a verdict by a rule stated beside the table:
 - a speed is judged by the share of its FLOP ideal it reaches.
 
 Every table is scored on one set of windows, named under it (the headline's ``window_set``,
-:func:`lookahead.core.windows.set_label`): :func:`scored_on` refuses a table whose figures come from
+:func:`lookahead.core.windows.set_label`): :func:`lookahead.tools.verdicts.scored_on` refuses a table whose figures come from
 two. ``--check`` compares the page with a render of the same revision's metrics (``--rev``, default
 the working tree), so that a rerun on another machine — whose metrics differ in their last bits —
 does not make the committed page stale: the docs test checks ``HEAD``.
@@ -42,151 +42,16 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from lookahead.core.atomic import atomic_file
-from lookahead.core.intervals import quantile
 from lookahead.core.report import read_headline
-from lookahead.core.windows import set_name
+from lookahead.tools.verdicts import (COMPARISON, Figures, claim_row, claim_verdict, mean_row, nll_table, scored_on, table,
+                                      table_rows, versus_row)
 
 PAGE = Path("docs/results.md")
 RUNTIME = Path("benchmarks/results/runtime.json")
 PARETO = Path("metrics/evaluate_pareto.csv")
-
-
-@dataclass(frozen=True)
-class Figures:
-    """One stage's headline (mean, ``_sd``, ``_ci_low``/``_ci_high``, ``seeds``)."""
-
-    stage: str
-    values: dict
-
-    def has(self, *keys: str) -> bool:
-        return all(isinstance(self.values.get(k), (int, float)) and not isinstance(self.values.get(k), bool)
-                   for k in keys)
-
-    @property
-    def seeds(self) -> int:
-        return int(self.values.get("seeds", 1))
-
-    def mean(self, key: str) -> float:
-        return float(self.values[key])
-
-    def sd(self, key: str) -> float:
-        return float(self.values.get(f"{key}_sd") or 0.0)
-
-    def show(self, key: str, digits: int = 3) -> str:
-        """``mean ± sd (n)``, or the one value of a figure without a spread."""
-        if f"{key}_sd" not in self.values:
-            return _num(self.mean(key), digits)
-        return f"{_num(self.mean(key), digits)} ± {_num(self.sd(key), digits)} ({self.seeds})"
-
-    def interval(self, key: str) -> tuple[float, float] | None:
-        low, high = self.values.get(f"{key}_ci_low"), self.values.get(f"{key}_ci_high")
-        return (float(low), float(high)) if low is not None and high is not None else None
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def claim_verdict(interval: tuple[float, float], below: bool, reference: float = 0.0) -> str:
-    """A paired difference's interval against ``reference``, claimed ``below`` it (else above)."""
-    low, high = interval
-    if (high < reference) if below else (low > reference):
-        return "holds"
-    if (low > reference) if below else (high < reference):
-        return "fails"
-    return "unresolved"
-
-
-def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: float = 0.0,
-                 interval: tuple[float, float] | None = None) -> str:
-    """``mean`` (sd over ``n`` seeds) against ``reference`` (a value, or a mean with ``other_sd``):
-    by ``interval`` (the figure's own 95 % interval) where given, else by ``mean ± t · se``, se =
-    sqrt((sd² + other_sd²) / n), t Student's at n − 1 degrees of freedom (the normal 1.96 for one
-    seed, where only a zero spread is possible)."""
-    diff = mean - reference
-    if interval is not None:
-        low, high = interval
-        if low <= reference <= high:
-            return "within noise"
-        return "above" if low > reference else "below"
-    se = math.sqrt((sd ** 2 + other_sd ** 2) / max(n, 1))
-    q = quantile(0.0, se, max(n, 1))[0]  # the seed component alone: t(n − 1), the normal quantile for one seed
-    if diff == 0.0 or (se > 0.0 and abs(diff) <= q * se):
-        return "within noise"
-    return "above" if diff > 0 else "below"
-
-
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-COMPARISON = ("comparison", "figure", "mean ± sd (seeds)", "judged against", "verdict")
-
-
-class MixedWindows(ValueError):
-    """A table whose figures were scored on different windows."""
-
-
-def scored_on(*labels: str | None) -> str:
-    """The line naming the one window set a table's figures come from; :class:`MixedWindows` where
-    they come from two (a label None: a run from before window sets were recorded)."""
-    known = sorted({label for label in labels if label})
-    if len(known) > 1:
-        raise MixedWindows(f"one table, figures from {len(known)} window sets: {', '.join(known)}")
-    if not known:
-        return "Scored on: windows not recorded (a run from before `window_set`)."
-    name = set_name(known[0])
-    what = {"test": "the test set (the claims' windows)", "selection": "the selection set (not the claims' windows)",
-            "cache-val": "the context cache's val windows (the decoders read their encodings)"}.get(name, name)
-    return f"Scored on: {what}, `{known[0]}` (`window_set`: name, windows x positions, hash of the token ids)."
-
-
-def _claim_row(f: Figures, what: str, key: str, below: bool, against: str) -> tuple[str, ...] | None:
-    if not f.has(key) or f.interval(key) is None:
-        return None
-    low, high = f.interval(key)
-    return (what, f"`{key}`", f"{f.show(key)}, 95 % CI [{low:.3f}, {high:.3f}]", against,
-            claim_verdict((low, high), below))
-
-
-def _mean_row(f: Figures, what: str, key: str, claimed: str, reference: float, against: str,
-              digits: int = 3) -> tuple[str, ...] | None:
-    """A mean judged against a fixed ``reference`` (described by ``against``), claimed ``below`` or ``above`` it."""
-    return _judged(f, what, key, claimed, reference, 0.0, against, digits)
-
-
-def _versus_row(f: Figures, what: str, key: str, claimed: str, other: str) -> tuple[str, ...] | None:
-    """A mean judged against the stage's mean ``other`` (their spreads combined), claimed ``below`` or ``above`` it."""
-    if not f.has(other):
-        return None
-    return _judged(f, what, key, claimed, f.mean(other), f.sd(other), f"`{other}`: {f.show(other)}", 3)
-
-
-def _judged(f: Figures, what: str, key: str, claimed: str, reference: float, reference_sd: float, against: str,
-            digits: int) -> tuple[str, ...] | None:
-    if not f.has(key):
-        return None
-    interval = f.interval(key) if reference_sd == 0.0 else None
-    side = mean_verdict(f.mean(key), f.sd(key), f.seeds, reference, reference_sd, interval)
-    verdict = "within noise" if side == "within noise" else f"{'holds' if side == claimed else 'fails'} ({side})"
-    shown = f.show(key, digits) + ("" if interval is None else f", 95 % CI [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]")
-    return (what, f"`{key}`", shown, f"{claimed} {against}", verdict)
-
-
-def _nll_table(f: Figures, what: str, rows: list[tuple[str, str]]) -> list[str]:
-    """The val NLLs behind a finding: one row per (name, key) the stage has."""
-    return table((what, "figure", "val NLL"), [(name, f"`{key}`", f.show(key)) for name, key in rows if f.has(key)])
-
-
-def _rows(*rows) -> list[tuple[str, ...]]:
-    return [row for row in rows if row is not None]
 
 
 def phase1_section(m: dict[str, Figures]) -> list[str]:
@@ -199,16 +64,16 @@ def phase1_section(m: dict[str, Figures]) -> list[str]:
            "reads the routed model's own states (about dense MACs per token, its router included); on a "
            "dense pass's states it also pays a dense forward (about twice dense MACs).", "",
            scored_on(p.values.get("window_set")), ""]
-    out += table(COMPARISON, _rows(
-        _claim_row(p, "router as deployed below static pruning at the same head count", "deployed_minus_static_pruning",
+    out += table(COMPARISON, table_rows(
+        claim_row(p, "router as deployed below static pruning at the same head count", "deployed_minus_static_pruning",
                    True, "< 0"),
-        _claim_row(p, "router as deployed below static pruning at the same MACs per token (static in `full` skip, "
+        claim_row(p, "router as deployed below static pruning at the same MACs per token (static in `full` skip, "
                       "heads interpolated)", "deployed_minus_static_at_equal_macs", True, "< 0"),
-        _claim_row(p, "router on a dense pass's states (≈2× dense MACs) below static pruning at the same head count",
+        claim_row(p, "router on a dense pass's states (≈2× dense MACs) below static pruning at the same head count",
                    "router_minus_static_pruning", True, "< 0"),
-        _mean_row(p, "the router captures the greedy per-token oracle's gain (interval: windows and seeds)",
+        mean_row(p, "the router captures the greedy per-token oracle's gain (interval: windows and seeds)",
                   "greedy_capture", "above", 0.6, "0.6 (the router's target)", digits=2),
-        _versus_row(p, "the router keeps the greedy oracle's heads, against the static mask's recall of them",
+        versus_row(p, "the router keeps the greedy oracle's heads, against the static mask's recall of them",
                     "oracle_recall_at_k", "above", "static_recall_at_k"),
     ))
     out += ["", "The NLLs behind it (the same windows):", ""]
@@ -217,7 +82,7 @@ def phase1_section(m: dict[str, Figures]) -> list[str]:
            ("random per-token heads (exactly K)", "random_heads_nll"),
            ("leave-one-out oracle (label-free: an oracle, not a method)", "oracle_nll"),
            ("greedy per-token oracle (label-free: an oracle, not a method)", "greedy_oracle_nll")]
-    out += _nll_table(p, "topology", nll)
+    out += nll_table(p, "topology", nll)
     return out
 
 
@@ -231,16 +96,16 @@ def phase2_section(m: dict[str, Figures]) -> list[str]:
            "Phase 2's seed i starts from phase 1's seed i, so the intervals cover the router's seeds too. "
            "The seed's goal is topologies that *lower* NLL against dense.", "",
            scored_on(e.values.get("window_set")), ""]
-    out += table(COMPARISON, _rows(
-        _claim_row(e, "phase 2 below the dense control (the seed's goal)", "phase2_minus_control", True, "< 0"),
-        _claim_row(e, "phase 2 below the static control (per-token routing pays)", "phase2_minus_static_control",
+    out += table(COMPARISON, table_rows(
+        claim_row(e, "phase 2 below the dense control (the seed's goal)", "phase2_minus_control", True, "< 0"),
+        claim_row(e, "phase 2 below the static control (per-token routing pays)", "phase2_minus_static_control",
                    True, "< 0"),
     ))
     out += ["", "The NLLs behind it (the same windows):", ""]
     nll = [("base LM, dense", "dense_base_nll"), ("dense control", "dense_control_nll"),
            ("static control", "static_control_nll"), ("phase 1 router on the base LM", "phase1_hard_nll"),
            ("phase 2, hard gates", "phase2_hard_nll")]
-    out += _nll_table(e, "model", nll)
+    out += nll_table(e, "model", nll)
     if e.has("attention_flops_over_dense"):
         out += ["", f"Attention FLOPs of the routed rows over dense: {e.mean('attention_flops_over_dense'):.3f} "
                 "(`attention_flops_over_dense`, on the context cache's val windows)."]
@@ -255,23 +120,23 @@ def decoders_section(m: dict[str, Figures]) -> list[str]:
            "router's sampler (`baseline_`), the autoregressive keep-set decoder (`autoregressive_`) and the "
            "diffusion head (`metrics/diffusion.json`). Best of K is chosen without labels (by KL to dense).", "",
            scored_on(d.values.get("window_set")), ""]
-    rows = _rows(
-        _versus_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
+    rows = table_rows(
+        versus_row(d, "diffusion head's recall@8 of ε-good sets, against the router's sampler", "recall_at_8", "above",
                     "baseline_recall_at_8"),
-        _versus_row(d, "autoregressive decoder's recall@8, against the router's sampler", "autoregressive_recall_at_8",
+        versus_row(d, "autoregressive decoder's recall@8, against the router's sampler", "autoregressive_recall_at_8",
                     "above", "baseline_recall_at_8"),
-        _versus_row(d, "diffusion best of K (label-free) against frequency-matched random sets",
+        versus_row(d, "diffusion best of K (label-free) against frequency-matched random sets",
                     "best_of_k_label_free_nll", "below", "null_frequency_best_of_k_nll"),
-        _versus_row(d, "autoregressive best of K (label-free) against the same null",
+        versus_row(d, "autoregressive best of K (label-free) against the same null",
                     "autoregressive_best_of_k_label_free_nll", "below", "null_frequency_best_of_k_nll"),
-        _versus_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below",
+        versus_row(d, "diffusion best of K against random heads' best of K", "best_of_k_nll", "below",
                     "baseline_best_of_k_nll"),
     )
     out += table(COMPARISON, rows)
     if d.has("eps_good_per_position"):
         out += ["", f"ε-good keep sets per val position: {d.mean('eps_good_per_position'):.2f}, two or more at "
                 f"{d.mean('eps_good_multi_share'):.1%} of positions (`eps_good_per_position`, `eps_good_multi_share`)."]
-    claim = _claim_row(e, "diffusion best of K below random best of K (evaluate; both chosen by the label: an oracle, "
+    claim = claim_row(e, "diffusion best of K below random best of K (evaluate; both chosen by the label: an oracle, "
                           "not a method)", "diffusion_best_of_k_minus_null", True, "< 0")
     if claim is not None:
         out += ["", "Evaluate's best-of-K claim, on its own windows:", "", scored_on(e.values.get("cache_window_set")), ""]
@@ -286,12 +151,12 @@ def modulator_section(m: dict[str, Figures]) -> list[str]:
            f"The seed claims that nudging the residual stream toward each token's WordNet geometry (here the "
            f"`{kind}` modulator, the LM frozen) raises the alignment of the model's representations with WordNet "
            "while NLL stays within +1 % (`metrics/modulator.json`).", ""]
-    out += table(COMPARISON, _rows(
-        _mean_row(mod, "NLL change, % (coherence kept)", "val_nll_change_pct", "below", 1.0, "+1 % (the seed's bar)"),
-        _mean_row(mod, "gloss-level Pearson gain, %", "pearson_gain_pct", "above", 0.0, "0 (no gain)"),
-        _mean_row(mod, "gloss-level Spearman gain, %", "spearman_gain_pct", "above", 0.0, "0 (no gain)"),
-        _mean_row(mod, "token-level Spearman gain, %", "token_spearman_gain_pct", "above", 0.0, "0 (no gain)"),
-        _mean_row(mod, "mean α (how far the stream is pulled)", "alpha_mean", "above", 0.0, "0",
+    out += table(COMPARISON, table_rows(
+        mean_row(mod, "NLL change, % (coherence kept)", "val_nll_change_pct", "below", 1.0, "+1 % (the seed's bar)"),
+        mean_row(mod, "gloss-level Pearson gain, %", "pearson_gain_pct", "above", 0.0, "0 (no gain)"),
+        mean_row(mod, "gloss-level Spearman gain, %", "spearman_gain_pct", "above", 0.0, "0 (no gain)"),
+        mean_row(mod, "token-level Spearman gain, %", "token_spearman_gain_pct", "above", 0.0, "0 (no gain)"),
+        mean_row(mod, "mean α (how far the stream is pulled)", "alpha_mean", "above", 0.0, "0",
                   digits=4),
     ))
     if "cv_in_band" in mod.values:

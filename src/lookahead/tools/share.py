@@ -1,4 +1,4 @@
-"""Push a repository's outputs together with its whole run-cache, objects included (DESIGN §11).
+"""Push a repository's outputs together with its whole run-cache, objects included (docs/sharing.md).
 
 ``dvc push --run-cache`` sends the run-cache records (which stage ran with which dependencies and
 produced which output hashes) but, since DVC 3, not the objects of those outputs: only the

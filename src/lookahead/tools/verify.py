@@ -1,4 +1,4 @@
-"""Check a run against the committed one, figure by figure (DESIGN §12): ``make verify``.
+"""Check a run against the committed one, figure by figure (docs/reproducibility.md): ``make verify``.
 
     python -m lookahead.tools.verify                 # the workspace's metrics/*.json against HEAD's
     python -m lookahead.tools.verify --rev v1.2      # ... against another git revision's
@@ -18,7 +18,7 @@ compared with the same figure at the revision, within a tolerance:
   together allow). One failing claim makes the command exit 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
-  DESIGN §12) and are not research claims.
+  docs/reproducibility.md) and are not research claims.
 
 ``--against DIR`` compares with another workspace's ``metrics/`` instead of a git revision (the
 replicate, ``lookahead.tools.replicate``, does).

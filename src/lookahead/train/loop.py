@@ -2,7 +2,7 @@
 
 A phase supplies a small :class:`TrainModule` (the model, how to get batch ``step``, the loss, an
 evaluation); the loop owns everything else: AdamW, linear warmup + cosine decay, gradient clipping,
-HF Accelerate (so ``accelerate launch`` runs it data-parallel, DESIGN §9), the NaN/inf guard,
+HF Accelerate (so ``accelerate launch`` runs it data-parallel, docs/scaling.md), the NaN/inf guard,
 periodic evaluation, tqdm progress, MLflow step metrics, and checkpoint/resume.
 
 Data parallelism: the module hands out the global batch of a step; each of N processes keeps its

@@ -1,4 +1,4 @@
-"""The schedule of the sparsity terms phase 1 and phase 2 train under (DESIGN §4): the keys both
+"""The schedule of the sparsity terms phase 1 and phase 2 train under (docs/design.md): the keys both
 configs share, validated once, and the edge temperature annealed over training."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ with the token's geometric features, and returns keep sets of exactly K heads:
 - ``baseline``: its sampler, the keep scores plus logistic noise of scale 1 through the top-K budget;
 - ``autoregressive``: :class:`lookahead.graph.keepsets.KeepSetAR`, trained here by maximum likelihood
   on the train windows' ε-good sets (an exact distribution over the C(L·H, K) sets);
-- ``diffusion``: the diffusion head (DESIGN §7) over the sets' edge bits, its last step's sample
+- ``diffusion``: the diffusion head (docs/pipeline.md) over the sets' edge bits, its last step's sample
   brought to K heads (:meth:`lookahead.graph.denoiser.Denoiser.sample_keep_sets`).
 
 Beside each sampling decoder, three nulls: ``_marginals`` (independent heads at the decoder's own
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph.keepsets import KeepSetAR, as_gates, marginal_sets, recall_at, topk_set
-from lookahead.graph.nodes import head_graph
+from lookahead.graph.keepsets import KeepSetAR, as_gates, marginal_sets, recall_at
+from lookahead.graph.nodes import head_graph, topk_set
 from lookahead.graph.oracle import DenseKL
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll

@@ -1,5 +1,5 @@
 """Judging the diffusion head against the **baseline sampler** — the phase-1 predictor with its
-logistic noise on — at the same K, on held-out contexts (DESIGN §7):
+logistic noise on — at the same K, on held-out contexts (docs/pipeline.md):
 
 1. LM NLL of one sample (the mean over the K samples of each position) and best-of-K (per
    position, the lowest of K), on the cache's val windows, next to dense and the predictor's
@@ -28,8 +28,8 @@ import torch
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.denoiser import Denoiser
 from lookahead.graph.nodes import allowed_mask, n_edges
-from lookahead.graph.router_inputs import router_context
 from lookahead.graph.plan import execute
+from lookahead.graph.router_inputs import router_context
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll

@@ -1,4 +1,4 @@
-"""The causality check (DESIGN §4.5): a decoder's topology and the LM's logits at positions <= t
+"""The causality check (docs/design.md): a decoder's topology and the LM's logits at positions <= t
 must not change when tokens after t do — run with the real context encoder on perturbed val text."""
 
 from __future__ import annotations

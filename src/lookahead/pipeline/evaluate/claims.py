@@ -1,4 +1,4 @@
-"""The research claims evaluate judges, each a paired difference with its interval (DESIGN §12).
+"""The research claims evaluate judges, each a paired difference with its interval (docs/reproducibility.md).
 
 - ``phase2_minus_control``, ``phase2_minus_static_control``: the phase-2 LM under its router — as
   deployed (the router reading the routed model's own states) where phase 2 scored it so, else

@@ -15,7 +15,7 @@ class EvaluateError(LookaheadError, ValueError):
 
 @dataclasses.dataclass
 class EvaluateConfig:
-    """The final table, the causality check and the explainer figure (DESIGN §2 evaluate)."""
+    """The final table, the causality check and the explainer figure (docs/pipeline.md)."""
 
     seeds: int = 3
     """Runs over seeds of the diffusion samples and random heads, for each headline figure's mean and `_sd`

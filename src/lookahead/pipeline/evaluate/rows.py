@@ -23,9 +23,9 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.denoiser import draw_topology
-from lookahead.graph.nodes import random_topology, static_topology
-from lookahead.graph.router_inputs import router_context
+from lookahead.graph.nodes import random_topology, running_heads, static_topology
 from lookahead.graph.plan import execute
+from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
@@ -56,7 +56,7 @@ def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, sk
     L, H, d, D = s.n_layers, s.n_heads, s.d_model, s.d_head
     g = gates[..., 1:].reshape(b, t, L, H)
     into = adjacency[..., 1:].reshape(b, t, -1, L, H).sum(2)  # (B, T, L, H): weight into each head
-    on = (g > 0).to(adjacency.dtype)  # a pair that runs (soft gates: every pair with any weight)
+    on = running_heads(gates).reshape(b, t, L, H).to(adjacency.dtype)  # soft gates: every head with any weight
     positions = torch.arange(1, t + 1, device=gates.device, dtype=adjacency.dtype)
     if skip == "query":  # keys and values everywhere; queries, outputs and attention rows where on
         attn = (4 * d * D + on * (4 * d * D + 4 * D * positions[None, :, None, None])).sum((-2, -1))

@@ -1,4 +1,4 @@
-"""The modulator stage (DESIGN §2 modulator): a geometric modulator — the LERP one of
+"""The modulator stage (docs/pipeline.md): a geometric modulator — the LERP one of
 :mod:`lookahead.pipeline.modulator.model` or the field one of :mod:`lookahead.pipeline.modulator.field`
 (``modulator.kind``) — trained on next-token NLL over the train stream with the LM frozen, measured
 before and after: val NLL (coherence), relational alignment with WordNet exactly as the probe stage

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from lookahead.pipeline.modulator.model import modulated_blocks
+from lookahead.pipeline.modulator.hooks import modulated_blocks
 
 EXPERTS = (1, 2, 4)  # edge, triangle, pentachoron
 

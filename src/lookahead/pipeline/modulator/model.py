@@ -1,4 +1,4 @@
-"""The geometric residual modulator (DESIGN §2 modulator; the seed notebook's LERP injection).
+"""The geometric residual modulator (docs/pipeline.md; the seed notebook's LERP injection).
 
 At each chosen block of a frozen OLMo2 LM, the residual stream entering the block is pulled toward
 a per-token geometric target:
@@ -18,8 +18,6 @@ trainable or frozen by params. The update is ``torch.lerp``, so α = 0 leaves th
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 import json
 import math
 from pathlib import Path
@@ -29,6 +27,7 @@ from torch import nn
 
 from lookahead.core.config import from_dict
 from lookahead.pipeline.modulator.config import ModulatorConfig
+from lookahead.pipeline.modulator.hooks import modulated_blocks
 
 
 def _logit(p: float) -> float:
@@ -37,27 +36,6 @@ def _logit(p: float) -> float:
     if p >= 1.0:
         return math.inf
     return math.log(p / (1.0 - p))
-
-
-@contextlib.contextmanager
-def modulated_blocks(lm, layers: list[int], modify: Callable[[torch.Tensor, int], torch.Tensor]) -> Iterator[None]:
-    """Within the block, the residual h entering block ``layers[k]`` of the OLMo2 ``lm`` is replaced
-    by ``modify(h, k)`` (forward pre-hooks, removed on exit): how both modulators are applied."""
-    blocks = lm.model.layers
-
-    def hook(k: int):
-        def pre(module, args, kwargs):
-            if args:
-                return (modify(args[0], k), *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": modify(kwargs["hidden_states"], k)}
-        return pre
-
-    handles = [blocks[layer].register_forward_pre_hook(hook(k), with_kwargs=True) for k, layer in enumerate(layers)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class GeometricModulator(nn.Module):

@@ -1,4 +1,4 @@
-"""Phase 1 (DESIGN §2 phase1, §4): train the lookahead structure predictor with the LM and the
+"""Phase 1 (docs/pipeline.md, §4): train the lookahead structure predictor with the LM and the
 context encoder frozen, on the cached contexts.
 
 Loss per batch: NLL(A) + lambda_head · mean gate + lambda_edge · mean active edge weight, τ annealed
@@ -17,7 +17,7 @@ router routes per token is measured, not assumed: ``dynamic_fraction`` and ``gat
 of its hard gates, ``context_shuffle_dnll`` (its router inputs permuted across val positions) and
 ``static_twin_gap`` (the same router trained on zeroed inputs, ``phase1.static_twin``).
 
-Two sets of windows (DESIGN §12): the periodic evaluation (the curves and the Pareto picture)
+Two sets of windows (docs/reproducibility.md): the periodic evaluation (the curves and the Pareto picture)
 scores the context cache's val windows, labelled ``cache_val`` in the report; every headline figure
 — dense, the router on dense states and as deployed, static pruning, random heads, both oracles,
 recall, the routing statistics, the context shuffle and the static twin — scores the ``scoring``
@@ -25,477 +25,38 @@ windows (the test set, or the selection set in comparisons; :mod:`lookahead.pipe
 every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors``: the claims carry
 95 % intervals over those positions and the seeds (:mod:`lookahead.core.intervals`).
 """
-
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.oracle_targets import TARGETS_FILE, OracleTargets
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig, save_scores, scoring_windows, set_label
+from lookahead.artifacts.val_scores import ScoringConfig, save_scores, scoring_windows
 from lookahead.core.atomic import atomic_dir
 from lookahead.core.config import to_dict
-from lookahead.core.devices import eval_mode, resolve_device
+from lookahead.core.devices import resolve_device
 from lookahead.core.errors import ConfigError, require
 from lookahead.core.intervals import CI_HIGH, CI_LOW, SE, claim_keys
 from lookahead.core.seeds import final_evaluation_only, over_seeds
 from lookahead.core.tracking import is_main_process
 from lookahead.graph.cost import deployed_macs
-from lookahead.graph.gating import balance_loss, keep_count, l0_penalty, topk_mask, z_loss
-from lookahead.graph.nodes import n_edges
-from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats, top_k_gates
-from lookahead.graph.plan import execute, gated_forward
-from lookahead.graph.predictor import PredictorConfig, StructurePredictor, budget_terms, load_init, save_predictor
+from lookahead.graph.oracle import routing_stats
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
 from lookahead.graph.predictor import seed_router_name
-from lookahead.graph.router_inputs import input_dim, router_context
-from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
-from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
-from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase1.final import (  # noqa: F401  (ScoringSet, deployed_nll: the final figures' API, here too)
-    CLAIMS, ScoringSet, capture, claims, deployed_nll, routed, score_final, scoring_set, seed_figures)
+from lookahead.graph.router_inputs import input_dim
+from lookahead.graph.runtime import RuntimeConfig
+from lookahead.graph.scoring import GeoLookup
+from lookahead.pipeline.phase1.config import Phase1Config
+from lookahead.pipeline.phase1.final import (CLAIMS, ScoringSet, capture, claims, routed, score_final, scoring_set,
+                                             seed_figures)
+from lookahead.pipeline.phase1.module import Phase1Module
 from lookahead.train.checkpoints import checkpoint_dir
-from lookahead.train.loop import TrainConfig, TrainResult, logs_step, train
-from lookahead.train.schedule import check_budget_schedule, tau_at
-
-
-@dataclasses.dataclass
-class Phase1Config:
-    """Predictor training with the LM frozen (DESIGN §4)."""
-
-    seeds: int = 3
-    """Runs over seeds of training (batches, noise), for each headline figure's mean and `_sd`
-    (lookahead.core.seeds); the first, with the configured seeds, writes the outputs."""
-    lambda_head: float = 0.0
-    """Weight of the mean head gate (pushes heads off)."""
-    lambda_edge: float = 1.0
-    """Weight of the mean active edge weight (pushes edges off)."""
-    tau_start: float = 1.0
-    """Edge-sigmoid temperature at step 0."""
-    tau_end: float = 1.0
-    """Temperature at the last step (geometric annealing in between)."""
-    hard_from_step: int = -1
-    """Straight-through hard edges and gates from this step on (-1 = never: soft training)."""
-    eval_sequences: int = 0
-    """Val windows of the context cache used for evaluation (0 = all of them)."""
-    eval_batch_size: int = 8
-    """Windows per forward pass when evaluating."""
-    random_draws: int = 3
-    """Draws of the random per-position heads baseline (its NLL is their mean)."""
-    z_loss: float = 0.0
-    """Head gates: weight of the router z-loss, mean z² of the keep logits (MoA uses 1e-3)."""
-    balance: float = 0.0
-    """Head gates: weight of the load-balance loss on the heads' shares of tokens."""
-    noise_start: float = 1.0
-    """Head gates: scale of the training noise on the keep scores at step 0."""
-    noise_end: float = 1.0
-    """Its scale at the last step (geometric in between; 0 < noise_end <= noise_start)."""
-    oracle: str = "greedy"
-    """The label-free oracle in the report: loo (leave-one-out KL), greedy (also the greedy one,
-    (L·H − K)·L·H forwards) or none."""
-    nll_weight: float = 0.0
-    """Weight of the NLL of the soft-executed graph in the loss (its straight-through gradient); 0 =
-    the LM runs without gradient (the NLL is still logged) and the router learns from the other
-    terms alone, e.g. pure oracle distillation (needs ``distill`` > 0)."""
-    distill: float = 1.0
-    """Head gates: weight of the oracle distillation (``loss``) of the keep logits toward the
-    oracle's keep set at each training position (``distill_target``; the oracle reads the dense
-    model at t, a training target only; the router's inputs stay causal)."""
-    distill_target: str = "greedy"
-    """The oracle distilled from: loo (each position's top-K by leave-one-out KL) or greedy (the
-    greedy label-free oracle's heads: stronger, (L·H − K)·L·H forwards per train window). Both
-    come from the oracle stage's train windows (``data/oracle``) for routers that read the LM; a
-    router that reads the context cache trains on the cache's windows, its targets computed once
-    per stage run and shared by its seeds."""
-    loss: str = "listwise"
-    """Distillation loss: bce (each head's keep logit, centred on the router's top-K threshold,
-    against the oracle's keep set) or listwise (softmax cross-entropy of the keep set over the
-    router's scores: −mean over kept heads of log softmax(z), a ListNet-style ranking loss)."""
-    finetune_steps: int = 0
-    """The last ``finetune_steps`` of ``train.steps`` fine-tune the distilled router end to end: the
-    loss is KL(dense ‖ routed) at every position through the straight-through top-K (hard gates in
-    the forward, the soft gates' gradient), the LM frozen; distillation and the other terms off."""
-    input_rounds: int = 1
-    """``predictor.input: lm``: training inputs from the router's own routed model, not only the
-    dense pass — this many rounds of "route on the dense states, run the routed LM, route again on
-    its final hidden states at t − 1" per batch (no gradient; each a forward of the LM), toward the
-    states the router reads as deployed (``deployed_nll``: the fixed point of those rounds)."""
-    train_windows: int = 0
-    """Oracle windows trained on, the first ones of the oracle stage's draw (0 = all of them): the
-    curve of router quality against oracle windows without recomputing the oracle."""
-    static_twin: bool = True
-    """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=200, checkpoint_every=100))
-    """Optimisation of the predictor (batch_size = windows per step)."""
-
-    def __post_init__(self) -> None:
-        require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
-        check_budget_schedule(self)
-        require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
-        require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
-        require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
-        for name in ("z_loss", "balance", "distill", "nll_weight"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0; got {value}")
-        require(math.isfinite(self.noise_start) and self.noise_start > 0, "noise_start",
-                f"must be > 0; got {self.noise_start}")
-        require(math.isfinite(self.noise_end) and 0 < self.noise_end <= self.noise_start, "noise_end",
-                f"must be in (0, noise_start = {self.noise_start}]; got {self.noise_end}")
-        require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
-        require(self.distill_target in ("loo", "greedy"), "distill_target",
-                f"must be loo or greedy; got {self.distill_target!r}")
-        require(self.loss in ("bce", "listwise"), "loss", f"must be bce or listwise; got {self.loss!r}")
-        require(self.train_windows >= 0, "train_windows", f"must be >= 0 (0 = all); got {self.train_windows}")
-        require(self.input_rounds >= 0, "input_rounds", f"must be >= 0; got {self.input_rounds}")
-        require(0 <= self.finetune_steps <= self.train.steps, "finetune_steps",
-                f"must be in [0, train.steps = {self.train.steps}]; got {self.finetune_steps}")
-        require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
-                "is 0 and so is distill: nothing would train the router (set one of them > 0)")
-
-    def tau(self, step: int) -> float:
-        """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
-        return tau_at(self.tau_start, self.tau_end, step, self.train.steps)
-
-    def noise(self, step: int) -> float:
-        """The head gates' noise scale at ``step``, annealed like τ."""
-        return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
-
-
-ORACLES = ("loo", "greedy", "none")
-BELOW_MARGIN = 1e-4
-"""A position counts as below dense when its hard NLL is lower by more than this (nats): at step 0
-hard and dense agree to ~1e-7, and float ties are not improvements."""
-
-
-class Phase1Module:
-    """The phase's step object for :func:`lookahead.train.loop.train`: the predictor trains, the LM is frozen.
-
-    ``zero_inputs``: the router sees zeros instead of its context and geometric features (the
-    static twin: whatever it learns is one mask for every position). ``oracle``: the oracle stage's
-    targets; its windows are the training windows of a router that does not read the cache."""
-
-    def __init__(self, predictor: StructurePredictor, lm, cache: ContextCache, geo: GeoLookup,
-                 importance: torch.Tensor, cfg: Phase1Config, skip: str = "full", zero_inputs: bool = False,
-                 oracle_targets: dict | None = None, oracle: OracleTargets | None = None):
-        self.model = predictor
-        self.lm = lm.eval().requires_grad_(False)
-        self.cache, self.geo, self.cfg = cache, geo, cfg
-        self.importance = importance
-        self.skip, self.zero_inputs = skip, zero_inputs
-        self.n_layers, self.n_heads = predictor.n_layers, predictor.n_heads
-        self.n_edges = n_edges(self.n_layers, self.n_heads)
-        self.device = torch.device("cpu")
-        n_val = len(cache.windows("val"))
-        self.val_rows = np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
-        self.tau_now = cfg.tau(0)
-        self._val: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # windows, inputs, geo
-        self._dense: list[torch.Tensor] | None = None  # per-batch dense NLL (B, T): the LM is frozen
-        self._loo: list[torch.Tensor] | None = None  # per-batch leave-one-out KL (B, T, L·H)
-        self._oracle: dict[int, float] = {}  # heads kept per position -> the oracle's NLL
-        # train window -> its oracle scores (T, L·H): leave-one-out KL, or the greedy oracle's 0/1 heads
-        self._train_loo: dict[int, torch.Tensor] = {} if oracle_targets is None else oracle_targets
-        self.oracle = oracle if predictor.cfg.input != "cache" else None
-        if self.oracle is not None:
-            self.oracle.check(skip, self.keep_k(), self.n_layers * self.n_heads, cache.context_length)
-            self.n_train = len(self.oracle) if cfg.train_windows == 0 else min(cfg.train_windows, len(self.oracle))
-        else:
-            self.n_train = len(cache.windows("train"))
-        self._greedy: dict[int, list[torch.Tensor]] = {}  # heads kept -> per-batch greedy oracle gates (B, T, N)
-        self._train_inputs: dict[int, torch.Tensor] = {}  # oracle window -> the router's inputs (T, F): the LM is frozen
-        self.static_curve: list[dict] | None = None
-        self.last_eval: dict = {}
-
-    def cache_label(self) -> str:
-        """The :func:`lookahead.artifacts.val_scores.set_label` of the periodic evaluation's windows."""
-        return set_label("cache-val", self.cache.windows("val")[self.val_rows])
-
-    def place(self, device) -> None:
-        self.device = torch.device(device)
-        self.lm.to(self.device)
-        self.geo = self.geo.to(self.device)
-
-    def inputs(self, ids: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The router's context and geometric features of windows ``ids`` (zeros for the twin)."""
-        if self.zero_inputs:  # nothing to compute: zeros of the router's input widths
-            geo_dim = self.model.geo_dim
-            zeros = ids.new_zeros(*ids.shape, self.model.context_dim + geo_dim, dtype=torch.float32)
-            return zeros[..., : self.model.context_dim], (zeros[..., self.model.context_dim:] if geo_dim else None)
-        context = router_context(self.model.cfg.input, self.lm, ids, contexts)
-        return context, (self.geo(ids) if self.model.geo_dim else None)
-
-    def train_inputs(self, ids: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`inputs` of a training batch. A router that reads the frozen LM's states trains on the
-        oracle stage's windows, each drawn many times: its states are computed once per window, each
-        window alone (the same numbers whatever batch first draws it, so a resumed run trains on the
-        same inputs), and kept for every seed (:data:`VAL_STATE`)."""
-        if self.zero_inputs or self.oracle is None or self.model.cfg.input not in ("lm", "embedding", "layer"):
-            return self.inputs(ids, batch["contexts"])
-        rows = [int(r) for r in batch["rows"]]
-        for i, r in enumerate(rows):
-            if r not in self._train_inputs:
-                self._train_inputs[r] = router_context(self.model.cfg.input, self.lm, ids[i : i + 1], None)[0]
-        context = torch.stack([self._train_inputs[r] for r in rows])
-        return context, (self.geo(ids) if self.model.geo_dim else None)
-
-    @torch.no_grad()
-    def routed_inputs(self, model, ids: torch.Tensor, context: torch.Tensor, geo: torch.Tensor | None) -> torch.Tensor:
-        """``phase1.input_rounds`` rounds of routing on the states of the LM routed by the router's
-        hard gates (``predictor.input: lm`` or ``layer``; other inputs come back unchanged). For
-        ``layer``, L − 1 rounds make every layer's input the routed forward's own (as deployed)."""
-        kind = self.model.cfg.input
-        if kind not in ("lm", "layer") or self.zero_inputs or not self.cfg.input_rounds:
-            return context
-        emb = context[..., : context.shape[-1] // 2]  # lm: the token embedding half stays
-        for _ in range(self.cfg.input_rounds):
-            with eval_mode(model):
-                _, gates = model(context, geo, hard=True)
-            out = gated_forward(self.lm, ids, gates, self.skip, layer_inputs=kind == "layer")
-            if kind == "layer":
-                context = out.layer_inputs.float()
-            else:  # the routed final hidden state at t − 1 (zeros at t = 0)
-                hidden = out.hidden.float()
-                context = torch.cat([emb, torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)], -1)
-        return context
-
-    def keep_k(self) -> int:
-        """Heads the router keeps per position (its top-K budget)."""
-        return keep_count(self.n_layers * self.n_heads, self.n_layers, self.model.cfg.keep, per_layer=False)
-
-    def batch(self, step: int) -> dict:
-        t = self.cfg.train
-        rows = np.random.default_rng([t.seed, step, 0, 50]).integers(0, self.n_train, t.batch_size)
-        if self.oracle is not None:
-            windows, contexts = self.oracle.windows[torch.from_numpy(rows)], None
-        else:
-            windows, contexts = self.cache.batch("train", rows)
-        self.tau_now = self.cfg.tau(step)
-        hard = 0 <= self.cfg.hard_from_step <= step
-        finetune = step >= t.steps - self.cfg.finetune_steps
-        return {"windows": windows, "contexts": contexts, "tau": self.tau_now, "hard": hard or finetune,
-                "noise": self.cfg.noise(step), "rows": rows, "logged": logs_step(step, t), "finetune": finetune}
-
-    def _oracle_targets(self, windows: torch.Tensor, rows) -> torch.Tensor:
-        """The oracle's scores (B, T, L·H) of training windows — leave-one-out KL, or 1 for the greedy
-        oracle's heads —, read from the oracle stage's file, or (a router that reads the cache)
-        computed once per window and one window at a time (the same numbers whichever batch first
-        needs a window: a resumed run trains on the same targets)."""
-        if self.oracle is not None:
-            return self.oracle.scores(self.cfg.distill_target, rows).to(self.device)
-        for i, r in enumerate(int(x) for x in rows):
-            if r not in self._train_loo:
-                ids = windows[i : i + 1, :-1].to(self.device)
-                if self.cfg.distill_target == "greedy":
-                    scores = greedy_gates(self.lm, ids, self.n_layers, self.n_heads, self.keep_k(), self.skip)[..., 1:]
-                else:
-                    scores = leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)
-                self._train_loo[r] = scores[0].cpu()
-        return torch.stack([self._train_loo[int(r)] for r in rows]).to(self.device)
-
-    def finetune_loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """KL(dense ‖ routed) per position, mean, through the straight-through hard gates (the LM frozen)."""
-        windows = batch["windows"]
-        ids = windows[:, :-1]
-        context, geo = self.train_inputs(ids, batch)
-        context = self.routed_inputs(model, ids, context, geo)
-        self.model.noise_scale = batch["noise"]  # the predictor itself (``model`` may be its DDP wrapper)
-        adjacency, gates, z = model(context, geo, tau=batch["tau"], hard=True, with_logits=True)
-        with torch.no_grad():
-            dense_logp = F.log_softmax(self.lm(input_ids=ids).logits.float(), -1)
-        logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
-        kl = kl_to_dense(dense_logp, logits).mean()
-        nll = token_nll(logits.detach(), windows[:, 1:]).mean()
-        return kl, {"nll": nll.item(), "head_gate": gates[..., 1:].mean().item(), "tau": batch["tau"],
-                    "finetune_kl": kl.item()}
-
-    def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        if batch.get("finetune"):
-            return self.finetune_loss(model, batch)
-        windows = batch["windows"]
-        ids = windows[:, :-1]
-        context, geo = self.train_inputs(ids, batch)
-        context = self.routed_inputs(model, ids, context, geo)
-        self.model.noise_scale = batch["noise"]  # the predictor itself (``model`` may be its DDP wrapper)
-        adjacency, gates, z = model(context, geo, tau=batch["tau"], hard=batch["hard"], with_logits=True)
-        # soft execution: every head's output exists. Without an NLL term (pure distillation) the LM
-        # runs, without gradient, only for the training curve's NLL: on the steps the curve logs
-        nll = None
-        if self.cfg.nll_weight > 0 or batch.get("logged", True):
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.nll_weight > 0):
-                logits = forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip)
-                nll = token_nll(logits, windows[:, 1:]).mean()
-        head, edge = budget_terms(adjacency, gates, self.n_layers, self.n_heads)
-        pcfg = self.model.cfg
-        penalty = l0_penalty(z).mean() if z is not None and pcfg.estimator == "hard_concrete" else head
-        loss = self.cfg.lambda_head * penalty
-        if self.cfg.nll_weight > 0:
-            loss = loss + self.cfg.nll_weight * nll
-        if pcfg.gate == "cascade" or pcfg.edges == "learned":  # head gates with every edge: nothing to prune
-            loss = loss + self.cfg.lambda_edge * edge
-        figures = {"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]}
-        if nll is not None:
-            figures = {"nll": nll.item(), **figures}
-        if z is not None:
-            if self.cfg.z_loss:
-                loss = loss + self.cfg.z_loss * z_loss(z)
-            if self.cfg.balance:
-                loss = loss + self.cfg.balance * balance_loss(gates[..., 1:], pcfg.keep)
-            if self.cfg.distill:
-                distill = distill_loss(z, self._oracle_targets(windows, batch["rows"]), pcfg.keep, self.n_layers,
-                                       self.cfg.loss, per_layer=pcfg.budget in ("topk_layer", "topk_layer_static"),
-                                       counts=getattr(self.model, "layer_keep", None))
-                loss = loss + self.cfg.distill * distill
-                figures["distill"] = distill.item()
-            figures["logit_abs"] = z.detach().abs().mean().item()
-        return loss, figures
-
-    def tokens(self, batch: dict) -> int:
-        return batch["windows"][:, 1:].numel()
-
-    def _val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """(windows, router context, geometric features) per val batch, made once: the LM is frozen."""
-        if self._val is None:
-            size = self.cfg.eval_batch_size
-            self._val = []
-            for i in range(0, len(self.val_rows), size):
-                windows, contexts = self.cache.batch("val", self.val_rows[i : i + size])
-                windows = windows.to(self.device)
-                self._val.append((windows, *self.inputs(windows[:, :-1], contexts.to(self.device))))
-        return self._val
-
-    def oracle_nll(self, keep: int) -> float:
-        """NLL of the leave-one-out KL oracle keeping ``keep`` heads at every position."""
-        batches = self._val_batches()
-        if self._loo is None:
-            self._loo = [leave_one_out_kl(self.lm, w[:, :-1], self.n_layers, self.n_heads, self.skip)
-                         for w, _, _ in batches]
-        if keep not in self._oracle:
-            total, count = 0.0, 0
-            for (windows, _, _), kl in zip(batches, self._loo):
-                nll = gates_nll(self.lm, windows, top_k_gates(kl, keep), self.n_layers, self.n_heads, self.skip)
-                total, count = total + nll.sum().item(), count + nll.numel()
-            self._oracle[keep] = total / count
-        return self._oracle[keep]
-
-    @torch.no_grad()
-    def greedy_val_gates(self, keep: int) -> list[torch.Tensor]:
-        """The greedy label-free oracle's gates (B, T, N) keeping ``keep`` heads, per val batch
-        (computed once per head count: the LM is frozen)."""
-        if keep not in self._greedy:
-            self._greedy[keep] = [greedy_gates(self.lm, w[:, :-1], self.n_layers, self.n_heads, keep, self.skip)
-                                  for w, _, _ in self._val_batches()]
-        return self._greedy[keep]
-
-    @torch.no_grad()
-    def greedy_oracle_nll(self, keep: int) -> float:
-        """NLL of the greedy label-free oracle keeping ``keep`` heads at every position."""
-        total, count = 0.0, 0
-        for (windows, _, _), gates in zip(self._val_batches(), self.greedy_val_gates(keep)):
-            nll = gates_nll(self.lm, windows, gates, self.n_layers, self.n_heads, self.skip)
-            total, count = total + nll.sum().item(), count + nll.numel()
-        return total / count
-
-    def _hard_nll(self, model, batches) -> tuple[PositionTotals, torch.Tensor]:
-        """Soft and hard NLL, below-dense share and active edges of the router's topologies, and its
-        hard gates (positions, L·H)."""
-        totals, on = PositionTotals(), []
-        for (windows, context, geo), dense in zip(batches, self._dense):
-            ids, targets = windows[:, :-1], windows[:, 1:]
-            adjacency, gates = model(context, geo, tau=self.tau_now, hard=False)
-            soft = token_nll(forward_with_topology(self.lm, ids, adjacency, gates, skip=self.skip), targets)
-            adjacency, gates = model(context, geo, tau=self.tau_now, hard=True)
-            hard = token_nll(execute(self.lm, ids, adjacency, gates, self.skip), targets)
-            totals.add(dense.numel(), soft=soft.sum().item(), hard=hard.sum().item(), dense=dense.sum().item(),
-                       below=(hard < dense - BELOW_MARGIN).sum().item(),
-                       edges=adjacency.sum((-2, -1)).sum().item() / self.n_edges)
-            on.append(gates[..., 1:].reshape(-1, self.n_layers * self.n_heads) > 0)
-        return totals, torch.cat(on)
-
-    def _shuffled_nll(self, model, batches) -> float:
-        """Hard NLL with the router's inputs permuted across all val positions (a fixed draw)."""
-        context = torch.cat([c.reshape(-1, c.shape[-1]) for _, c, _ in batches])
-        perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(self.cfg.train.seed)).to(self.device)
-        context = context[perm]
-        geo = None if batches[0][2] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, _, g in batches])[perm]
-        total, count, start = 0.0, 0, 0
-        for windows, c, _ in batches:
-            size = c.shape[0] * c.shape[1]
-            rows = slice(start, start + size)
-            start += size
-            g_b = None if geo is None else geo[rows].view(*c.shape[:2], -1)
-            adjacency, gates = model(context[rows].view(c.shape), g_b, tau=self.tau_now, hard=True)
-            ids = windows[:, :-1]
-            nll = token_nll(execute(self.lm, ids, adjacency, gates, self.skip), windows[:, 1:])
-            total, count = total + nll.sum().item(), count + nll.numel()
-        return total / count
-
-    @torch.no_grad()
-    def evaluate(self, model) -> dict[str, float]:
-        """Dense, soft and hard NLL on the val contexts, active fractions, routing statistics, the
-        baselines at the same fraction and the label-free oracle."""
-        with eval_mode(model):
-            batches = self._val_batches()
-            if self._dense is None:
-                self._dense = [token_nll(self.lm(input_ids=w[:, :-1]).logits, w[:, 1:]) for w, _, _ in batches]
-            totals, on = self._hard_nll(model, batches)
-            shuffled = self._shuffled_nll(model, batches)
-        per_layer = on.float().view(-1, self.n_layers, self.n_heads).mean((0, 2)).tolist()
-        fraction = float(np.mean(per_layer))
-        windows = [w for w, _, _ in batches]
-        if self.static_curve is None:
-            self.static_curve = static_pruning_curve(self.lm, windows, self.importance, self.skip)
-        random_nll = random_heads_nll(self.lm, windows, fraction, self.n_layers, self.n_heads,
-                                      self.cfg.random_draws, self.cfg.train.seed, self.skip)
-        static = interpolate_curve(self.static_curve, fraction)
-        hard = totals.mean("hard")
-        keep = round(fraction * self.n_layers * self.n_heads)
-        oracle = self.oracle_nll(keep) if self.cfg.oracle != "none" else None
-        recall = None
-        if self.cfg.oracle == "greedy" and keep > 0:  # |router's heads ∩ the greedy oracle's| / K per position
-            greedy = torch.cat([g[..., 1:].reshape(-1, self.n_layers * self.n_heads) for g in self.greedy_val_gates(keep)])
-            recall = ((greedy > 0) & on).sum(-1).double().mean().item() / keep
-        metrics = {
-            "dense_nll": totals.mean("dense"),
-            "soft_nll": totals.mean("soft"),
-            "hard_nll": hard,
-            "active_head_fraction": fraction,
-            "active_edge_fraction": totals.mean("edges"),
-            "below_dense_fraction": totals.mean("below"),
-            "static_pruning_nll": static,
-            "random_heads_nll": random_nll,
-            "oracle_nll": oracle,
-            "oracle_capture": capture(static, hard, oracle),
-            "oracle_recall_at_k": recall,
-            "context_shuffle_dnll": shuffled - hard,
-            **routing_stats(on, self.n_layers),
-            "tau": self.tau_now,
-        }
-        self.last_eval = {**metrics, "active_head_fraction_per_layer": per_layer, "oracle_heads_kept": keep}
-        return metrics
-
-
-def distill_loss(z: torch.Tensor, scores: torch.Tensor, keep: float, n_layers: int, loss: str = "bce",
-                 per_layer: bool = False, counts: torch.Tensor | None = None) -> torch.Tensor:
-    """Distillation of keep logits z (…, L·H) toward the oracle's keep set, the top-K of its
-    ``scores`` (…, L·H), K = round(keep · L·H): ``bce`` of z centred on its own top-K threshold
-    against the keep set, or ``listwise``, −(1/K) Σ_{h kept} log softmax(z)_h. ``per_layer`` (the
-    budgets ``topk_layer``, ``topk_layer_static``): the top K_l of each layer's scores — K/L, or
-    ``counts`` (L,) —, the threshold and the softmax over each layer's heads."""
-    k = counts if per_layer and counts is not None else keep_count(z.shape[-1], n_layers, keep, per_layer)
-    kept = int(k.sum()) if isinstance(k, torch.Tensor) else k * (n_layers if per_layer else 1)
-    target = topk_mask(scores, k, n_layers, per_layer=True)[0] if per_layer else top_k_gates(scores, k)[..., 1:]
-    groups = z.unflatten(-1, (n_layers, -1)) if per_layer else z  # the heads a softmax or a threshold spans
-    if loss == "listwise":
-        return -(target * F.log_softmax(groups, -1).reshape(z.shape)).sum(-1).mean() / kept
-    _, theta = topk_mask(z, k, n_layers, per_layer)
-    return F.binary_cross_entropy_with_logits((groups - theta).reshape(z.shape), target)
+from lookahead.train.loop import TrainResult, train
 
 
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
@@ -719,4 +280,3 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
             save_scores(scores_file, scores, scoring.label)
         out.update(claims(scores, scoring))
     return out, result, module
-

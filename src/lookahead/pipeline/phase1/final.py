@@ -1,4 +1,4 @@
-"""Phase 1's final figures, every one on the same windows (DESIGN §12): the scoring set of
+"""Phase 1's final figures, every one on the same windows (docs/reproducibility.md): the scoring set of
 ``scoring.set`` (the test set at the committed run, the selection set in comparisons), or — for a
 router that reads the context cache, whose encodings exist only for the cache's windows — the
 cache's val windows, labelled so.
@@ -27,15 +27,16 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.val_scores import ScoringConfig, batches, paired, set_label
+from lookahead.artifacts.val_scores import ScoringConfig, batches, paired
 from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
+from lookahead.core.windows import set_label
 from lookahead.graph.cost import macs_per_token
 from lookahead.graph.generate import Router, layer_routed, self_consistent
-from lookahead.graph.nodes import static_gates, static_topology
-from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats, top_k_gates
+from lookahead.graph.nodes import static_gates, top_k_gates
+from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
-from lookahead.graph.scoring import random_heads_scores
+from lookahead.graph.scoring import random_heads_scores, static_token_nll
 from lookahead.lm.nll import token_nll
 
 
@@ -70,6 +71,21 @@ def _cat(parts: list[torch.Tensor]) -> np.ndarray:
     return torch.cat([p.flatten().double().cpu() for p in parts]).numpy()
 
 
+def shuffled(inputs: list[tuple[torch.Tensor, torch.Tensor | None]], seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Router inputs, batch by batch ``(context (B, T, F), geo (B, T, G) or None)``, permuted across all
+    their positions (a fixed draw of ``seed``) and returned in the same shapes: the context shuffle."""
+    context = torch.cat([c.reshape(-1, c.shape[-1]) for c, _ in inputs])
+    perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(seed)).to(context.device)
+    geo = None if inputs[0][1] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, g in inputs])[perm]
+    context, start, out = context[perm], 0, []
+    for c, _ in inputs:
+        size = c.shape[0] * c.shape[1]
+        out.append((context[start : start + size].view(c.shape),
+                    None if geo is None else geo[start : start + size].view(*c.shape[:2], -1)))
+        start += size
+    return out
+
+
 @torch.no_grad()
 def routed(module, model, scoring: ScoringSet, shuffle: bool = False) -> tuple[np.ndarray, torch.Tensor]:
     """Per-position NLL (P,) under the router's hard gates on a dense pass's states, and the gates
@@ -79,17 +95,7 @@ def routed(module, model, scoring: ScoringSet, shuffle: bool = False) -> tuple[n
         for windows, contexts in scoring.batches:
             inputs.append(module.inputs(windows[:, :-1], contexts))
         if shuffle:
-            context = torch.cat([c.reshape(-1, c.shape[-1]) for c, _ in inputs])
-            perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(module.cfg.train.seed))
-            perm = perm.to(context.device)
-            geo = None if inputs[0][1] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, g in inputs])[perm]
-            context, start, shuffled = context[perm], 0, []
-            for c, g in inputs:
-                size = c.shape[0] * c.shape[1]
-                shuffled.append((context[start : start + size].view(c.shape),
-                                 None if geo is None else geo[start : start + size].view(*c.shape[:2], -1)))
-                start += size
-            inputs = shuffled
+            inputs = shuffled(inputs, module.cfg.train.seed)
         nll, on = [], []
         for (windows, _), (context, geo) in zip(scoring.batches, inputs):
             adjacency, gates = model(context, geo, tau=module.tau_now, hard=True)
@@ -108,10 +114,8 @@ def _over(module, scoring: ScoringSet, gates_of) -> np.ndarray:
 def static_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
     """Per-position NLL (P,) of static pruning keeping the ``keep`` most important heads (probe importance)."""
     if ("static", keep) not in scoring.shared:
-        n = module.n_layers * module.n_heads
-        adjacency, gates = (x.to(module.device) for x in static_topology(module.importance, keep / n, module.skip))
-        scoring.shared["static", keep] = _cat([token_nll(execute(module.lm, w[:, :-1], adjacency, gates, module.skip),
-                                                         w[:, 1:]) for w, _ in scoring.batches])
+        scoring.shared["static", keep] = _cat([static_token_nll(module.lm, w, module.importance, keep, module.skip)
+                                               for w, _ in scoring.batches])
     return scoring.shared["static", keep]
 
 
@@ -143,10 +147,10 @@ def equal_macs_heads(lm_config, n_heads_total: int, context: float, macs_over_de
     """The head count (fractional) static pruning keeps under ``full`` skip at ``macs_over_dense``
     of a dense forward's MACs per token (:func:`lookahead.graph.cost.macs_per_token`, monotone in
     the share of heads on; bisection); every head where the budget reaches dense."""
+    if macs_over_dense >= 1.0:
+        return float(n_heads_total)
     dense = macs_per_token(lm_config, context, 1.0, "full")
     lo, hi = 0.0, 1.0
-    if macs_per_token(lm_config, context, 1.0, "full") / dense <= macs_over_dense:
-        return float(n_heads_total)
     if macs_per_token(lm_config, context, 0.0, "full") / dense >= macs_over_dense:
         return 0.0
     for _ in range(60):

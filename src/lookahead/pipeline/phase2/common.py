@@ -3,7 +3,7 @@ windows in the same order and are scored alike: the step's windows (fresh window
 stream, or the context cache's), the loss over them and the replay windows, distillation from the
 frozen base, the base LM, saving, the data report, and the val set the final figures score.
 
-Final figures (DESIGN §12): after training, every run scores the ``scoring`` windows of the val
+Final figures (docs/reproducibility.md): after training, every run scores the ``scoring`` windows of the val
 stream (:mod:`lookahead.artifacts.val_scores`; 32 k positions at the default) — the cache's val
 windows instead with ``windows: cache``, whose routers read the cache's encodings — and keeps the
 per-position NLLs, which the stage writes for every seed and evaluate pairs position by position
@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, scoring_windows, set_label
+from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, scoring_windows
 from lookahead.core.errors import LookaheadError
+from lookahead.core.windows import set_label
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train import data
@@ -210,3 +211,8 @@ def data_report(cfg: Phase2Config, cache: ContextCache, val_rows: np.ndarray, re
         "train_tokens_per_s": result.tokens_per_s,
         "train_seconds": result.train_seconds,
     }
+
+
+def curve_rows(curve: list[dict], columns: list[str]) -> list[dict]:
+    """A training or eval curve's rows restricted to ``columns`` (a missing or None value: blank)."""
+    return [{k: r.get(k, "") if r.get(k) is not None else "" for k in columns} for r in curve]

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Literal
 
-from lookahead.core.errors import require
+from lookahead.core.errors import ConfigError, require
 from lookahead.train.loop import TrainConfig
 from lookahead.train.schedule import check_budget_schedule, tau_at
 
@@ -14,12 +14,47 @@ DECODERS = ("mlp", "diffusion")
 WINDOWS = ("stream", "cache")
 CONNECTIVITY = ("none", "static", "dynamic", "both")
 ADAPTERS = ("none", "lora")
+# The module that holds a decoder's sampler, imported by name only when that decoder runs, so that at
+# `decoder: mlp` phase 2 neither imports nor depends on the diffusion head's code. dvc.yaml lists a
+# decoder's inputs through the `decoder_inputs` params section (DVC cannot choose deps from
+# `phase2.decoder`): what `decoder: diffusion` needs there is DECODER_INPUTS["diffusion"].
+DECODER_MODULES = {"diffusion": "lookahead.graph.denoiser"}
+DECODER_INPUTS = {"mlp": {"weights": "models/phase1/seeds", "code": "src/lookahead/pipeline/phase2/build.py"},
+                  "diffusion": {"weights": "models/diffusion", "code": "src/lookahead/graph"}}
+
+
+@dataclasses.dataclass
+class DecoderInputs:
+    """The ``decoder_inputs`` section: what the phase2 stage reads for its decoder, templated into its deps
+    in dvc.yaml (DVC cannot choose deps from ``phase2.decoder``). The defaults are the mlp decoder's:
+    inputs phase 2 reads anyway."""
+
+    weights: str = DECODER_INPUTS["mlp"]["weights"]
+    """The decoder's weights: the diffusion head's directory (``models/diffusion``) under decoder diffusion."""
+    code: str = DECODER_INPUTS["mlp"]["code"]
+    """The code the decoder runs: ``src/lookahead/graph`` (the diffusion head's) under decoder diffusion."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.weights), "weights", "must name a path (the mlp decoder's: models/phase1/seeds)")
+        require(bool(self.code), "code", f"must name a path (the mlp decoder's: {DECODER_INPUTS['mlp']['code']})")
+
+
+def check_decoder_inputs(decoder: str, inputs: DecoderInputs | dict) -> None:
+    """``decoder_inputs`` (the paths dvc.yaml templates into phase 2's deps) must cover what ``decoder``
+    reads: under `diffusion` the diffusion head's code directory (its weights' directory is checked
+    when they load); under `mlp` they name inputs phase 2 reads anyway."""
+    want = DECODER_INPUTS[decoder]
+    code = str(inputs["code"] if isinstance(inputs, dict) else inputs.code).rstrip("/")
+    if decoder in DECODER_MODULES and not (want["code"] + "/").startswith(code + "/"):
+        settings = " ".join(f"-S decoder_inputs.{k}={v}" for k, v in want.items())
+        raise ConfigError("decoder_inputs.code", f"phase2.decoder {decoder} imports {DECODER_MODULES[decoder]}, which "
+                          f"{code or 'nothing'} does not cover, so its edits would not rerun phase 2: run with {settings}")
 
 
 @dataclasses.dataclass
 class Phase2Config:
     """Joint continued pretraining; the controls read `train`, `windows`, `replay` and the eval keys (and the static
-    control `distill`) (DESIGN §2 phase2)."""
+    control `distill`) (docs/pipeline.md)."""
 
     seeds: int = 3
     """Runs over seeds of training (phase 2 and the dense control each), for each headline figure's mean and `_sd`

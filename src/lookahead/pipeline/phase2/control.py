@@ -21,15 +21,17 @@ from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig, set_label
+from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.core.atomic import write_csv
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
 from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.core.windows import set_label
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, final_label
-from lookahead.pipeline.phase2.common import load_train_stream
+from lookahead.pipeline.phase2.common import curve_rows, load_train_stream
 from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
@@ -232,3 +234,12 @@ def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, o
     return over_seeds(cfg, stage, CONTROL_SEEDED if mask is None else STATIC_SEEDED, lambda c, scratch: build_control(
         c, base_dir, tokens_dir, contexts_dir, scratch / stage if scratch else out_dir, checkpoint_root,
         None if scratch else tracker, mask, scoring), lambda runs: save_seed_scores(scores_file, runs))
+
+
+def write_control_reports(result, outputs: dict) -> None:
+    """A control stage's curves: training loss and val NLL per step (the static control's: under its
+    mask, with the same LM run dense beside)."""
+    write_csv(outputs["train_curve"], curve_rows(result.train_curve, ["step", "loss", "nll", "kl", "replay_nll", "lr"]))
+    write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r.get("hard_nll", r["dense_nll"]),
+                                       **({"dense_nll": r["dense_nll"]} if "hard_nll" in r else {})}
+                                      for r in result.eval_curve])

@@ -1,4 +1,4 @@
-"""The phase-2 and control stages' plot data (DVC plots, csv) and the phase-2 figure (PNG): training
+"""The phase-2 stage's plot data (DVC plots, csv) and figures (PNG): training
 loss and NLL, and validation NLL of the phase-2 LM (hard and soft topologies, and run dense)."""
 
 from __future__ import annotations
@@ -6,14 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from lookahead.core.atomic import write_csv
+from lookahead.pipeline.phase2.common import curve_rows
 from lookahead.train.figures import fraction_twin, pyplot, save_png
 
 TRAIN_COLUMNS = ["step", "loss", "nll", "kl", "replay_nll", "head_gate", "lr", "grad_norm"]
 EVAL_COLUMNS = ["step", "hard_nll", "soft_nll", "dense_nll", "active_head_fraction"]
-
-
-def _rows(curve: list[dict], columns: list[str]) -> list[dict]:
-    return [{k: r.get(k, "") if r.get(k) is not None else "" for k in columns} for r in curve]
 
 
 def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
@@ -46,19 +43,10 @@ def plot_curves(train: list[dict], evals: list[dict], path: str | Path) -> None:
 
 def write_phase2_reports(result, outputs: dict) -> None:
     """Every plot file of the phase2 stage (paths in ``outputs``)."""
-    train, evals = _rows(result.train_curve, TRAIN_COLUMNS), _rows(result.eval_curve, EVAL_COLUMNS)
+    train, evals = curve_rows(result.train_curve, TRAIN_COLUMNS), curve_rows(result.eval_curve, EVAL_COLUMNS)
     write_csv(outputs["train_curve"], train)
     write_csv(outputs["eval_curve"], evals)
     plot_curves(train, evals, outputs["figure"])
-
-
-def write_control_reports(result, outputs: dict) -> None:
-    """A control stage's curves: training loss and val NLL per step (the static control's: under its
-    mask, with the same LM run dense beside)."""
-    write_csv(outputs["train_curve"], _rows(result.train_curve, ["step", "loss", "nll", "kl", "replay_nll", "lr"]))
-    write_csv(outputs["eval_curve"], [{"step": r["step"], "val_nll": r.get("hard_nll", r["dense_nll"]),
-                                       **({"dense_nll": r["dense_nll"]} if "hard_nll" in r else {})}
-                                      for r in result.eval_curve])
 
 
 def plot_connectivity(mean, sd, n_layers: int, n_heads: int, path: str | Path, title: str) -> None:

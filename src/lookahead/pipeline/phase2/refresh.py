@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.core.devices import eval_mode
-from lookahead.graph.gating import keep_count, topk_mask
-from lookahead.graph.oracle import GREEDY_ROWS, greedy_keep, greedy_order, leave_one_out_kl, top_k_gates
-from lookahead.graph.predictor import ALWAYS_ON_LOGIT
+from lookahead.graph.gating import listwise_loss
+from lookahead.graph.nodes import keep_count, running_heads, top_k_gates
+from lookahead.graph.oracle import GREEDY_ROWS, greedy_keep, greedy_order, leave_one_out_kl
 from lookahead.graph.router_inputs import router_context
 
 
@@ -34,7 +34,7 @@ def routed_listwise(z: torch.Tensor, keep: torch.Tensor, routed: torch.Tensor) -
     (…, L·H), the oracle's keep set ``keep`` (…, L·H) bool; −(1/K_r) Σ_{routed h kept} log softmax(z_routed)_h."""
     logp = F.log_softmax(z[..., routed], -1)
     target = keep[..., routed].to(logp.dtype)
-    return -(target * logp).sum(-1).mean() / target.sum(-1).mean().clamp_min(1.0)
+    return listwise_loss(logp, target, target.sum(-1).mean().clamp_min(1.0))
 
 
 class Refresher:
@@ -69,9 +69,9 @@ class Refresher:
         try:
             for i in range(self.steps):
                 z = predictor.head_logits(context, geo)
-                if i == 0:  # the router as it stood, against the fresh oracle
-                    with torch.no_grad():
-                        mine = topk_mask(z + predictor.always_on * ALWAYS_ON_LOGIT, self.k, predictor.n_layers, False)[0].bool()
+                if i == 0:  # the router as it stood (its hard top-K), against the fresh oracle
+                    with torch.no_grad(), eval_mode(predictor):
+                        mine = running_heads(predictor.route(context, geo, hard=True)[1]).bool()
                         recall = ((mine & keep & routed).sum() / (keep & routed).sum().clamp_min(1)).item()
                 loss = routed_listwise(z, keep, routed)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)

