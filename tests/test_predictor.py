@@ -17,10 +17,10 @@ from lookahead.graph.predictor import (
     PredictorError,
     StructurePredictor,
     cascade,
-    geo_features,
     logistic_noise,
 )
 from lookahead.graph.runtime import forward_with_topology
+from lookahead.graph.scoring import geo_features
 from tests.test_runtime import tiny_olmo2
 
 

@@ -168,6 +168,23 @@ def test_unreachable_store_warns_and_the_stage_still_runs(project, monkeypatch):
     assert done == [True] and not run.active
 
 
+def test_tracking_off_logs_nothing_and_never_imports_mlflow(project, monkeypatch):
+    """``LOOKAHEAD_TRACKING=off``: the stage runs with an inactive run, the store stays empty, and a fresh
+    process running a stage block never imports mlflow."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(tracking.SWITCH, "off")
+    with tracking.stage_run("base", {"base": {"a": 1}}) as run:
+        run.log_metrics({"x": 1.0})
+    assert not run.active
+    assert MlflowClient(f"sqlite:///{project / 'mlflow.db'}").get_experiment_by_name(tracking.EXPERIMENT) is None
+    probe = ("import sys\nfrom lookahead.core.tracking import stage_run\nwith stage_run('base', {}) as run:\n"
+             "    run.log_metrics({'x': 1.0})\nprint('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=project).stdout
+    assert out.strip() == "False"
+
+
 def test_experiment_workspace_resolves_to_its_repository(tmp_path):
     workspace = tmp_path / ".dvc" / "tmp" / "exps" / "tmpab12cd"
     workspace.mkdir(parents=True)

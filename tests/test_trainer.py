@@ -11,7 +11,8 @@ import torch
 from lookahead.lm.olmo2 import ArchConfig, olmo2_config
 from lookahead.pipeline.base import BaseConfig, LMTrainModule
 from lookahead.train import data
-from lookahead.train.loop import CHECKPOINT_FILE, NonFiniteLoss, TrainConfig, lr_lambda, train
+from lookahead.train.checkpoints import CHECKPOINT_FILE
+from lookahead.train.loop import NonFiniteLoss, TrainConfig, lr_lambda, train
 
 
 def test_schedule_is_linear_warmup_then_cosine():

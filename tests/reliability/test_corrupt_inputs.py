@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from lookahead.core.inputs import CorruptInput, check_input
 from lookahead.semantics import wordnet_source as wordnet_data
 from lookahead.tools.faults import flip_bit, truncate
-from lookahead.train.loop import CHECKPOINT_FILE, CheckpointError, TrainConfig, train
+from lookahead.train.checkpoints import CHECKPOINT_FILE, CheckpointError
+from lookahead.train.loop import TrainConfig, train
 from tests.conftest import sh
 from tests.reliability.conftest import assert_up_to_date, lock_outs
 from tests.test_trainer import Interrupted, lm_module

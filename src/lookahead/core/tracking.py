@@ -9,6 +9,8 @@
   params.yaml. Stages of one pipeline run attach to the parent run carrying that id.
 - Params are logged prefixed by the stage name; a tracking failure warns and never fails a stage.
 - Under ``accelerate launch`` only the main process (``RANK`` 0) opens runs.
+- ``LOOKAHEAD_TRACKING=off``: no run at all, and MLflow is not imported (about 2 s of a stage's
+  start-up on 2 cores: ``benchmarks/stage_overhead.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ TAG_ROLE = "lookahead.role"
 TAG_STAGE = "lookahead.stage"
 TAG_FAILED = "lookahead.failed_stages"
 EXP_WORKSPACE = os.path.join(".dvc", "tmp", "exps")
+SWITCH = "LOOKAHEAD_TRACKING"  # "off": stages run untracked, without importing MLflow
 
 
 def home_root(root: str | Path) -> Path:
@@ -124,6 +127,8 @@ class StageRun:
     def log_params(self, params: dict[str, Any]) -> None:
         """Log ``{section: config}`` as ``<stage>/<section>.<key>`` (MLflow refuses to change a
         logged param, so each stage's keys stay its own)."""
+        if not self.active:
+            return
         from mlflow.entities import Param
 
         flat = flatten(params)
@@ -135,6 +140,8 @@ class StageRun:
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Log every number in a nested dict of figures: ``a.b`` keys; a list of numbers (or of
         dicts of numbers) as a step series over its index; strings are left to the report artifact."""
+        if not self.active:
+            return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -209,6 +216,11 @@ def _parent_run(client, experiment_id: str, pid: str) -> str:
     return run.info.run_id
 
 
+def tracking_on() -> bool:
+    """False where ``LOOKAHEAD_TRACKING`` is ``off`` (any other value, or none: on)."""
+    return os.environ.get(SWITCH, "on").strip().lower() != "off"
+
+
 def is_main_process() -> bool:
     """False in the worker processes of a multi-process launch (``accelerate launch`` and torchrun
     set ``RANK``): the main process alone tracks a stage."""
@@ -220,9 +232,10 @@ def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None
     """Open the stage's child run under its pipeline's parent run; yields a :class:`StageRun`.
 
     The child ends FINISHED, or FAILED if the block raises (the exception propagates). In a
-    worker process of a multi-process launch it yields an inactive run.
+    worker process of a multi-process launch, or with tracking off (``LOOKAHEAD_TRACKING=off``), it
+    yields an inactive run.
     """
-    if not is_main_process():
+    if not is_main_process() or not tracking_on():
         yield StageRun(None, None, stage)
         return
     root = Path(root) if root else project_root()

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from lookahead.graph.nodes import keep_count, static_gates
+from lookahead.graph.nodes import keep_count, n_edges, static_gates
 
 GATE_KINDS = ("cascade", "head")
 ESTIMATORS = ("st", "hard_concrete")
@@ -156,3 +156,23 @@ def listwise_loss(logp: torch.Tensor, keep: torch.Tensor, kept) -> torch.Tensor:
     log p_h, averaged over positions. ``logp`` (…, n): log-softmax of the keep logits over the heads the
     router chooses among; ``keep`` (…, n): the keep set, 0/1 in ``logp``'s dtype; ``kept``: K."""
     return -(keep * logp).sum(-1).mean() / kept
+
+
+def softmax_weights(gates: torch.Tensor, z: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """MoH's gate weights: head gates (…, L·H) with each kept routed head's gate (kept: > 1/2; routed:
+    ``shared`` (L·H,) is 0) times its softmax weight among the kept routed heads' keep logits z
+    (…, L·H), divided by the largest such weight (gates stay in [0, 1]: the first routed head runs at
+    1, the others at exp(z_h − z_max)); shared and off heads as they were."""
+    routed_on = (gates > 0.5) & (shared == 0)
+    logits = z.masked_fill(~routed_on, float("-inf"))
+    w = torch.exp(logits - logits.amax(-1, keepdim=True)).nan_to_num(0.0)  # softmax / its largest weight
+    return torch.where(routed_on, gates * w, gates)
+
+
+def budget_terms(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two sparsity terms of phase 1's and phase 2's loss (λ_head and λ_edge weigh them): the
+    mean head gate (the embedding node, gate 0, left out) and the mean number of active edges over
+    the allowed ones. adjacency (..., N, N), gates (..., N)."""
+    head = gates[..., 1:].mean()
+    edge = adjacency.sum((-2, -1)).mean() / n_edges(n_layers, n_heads)
+    return head, edge

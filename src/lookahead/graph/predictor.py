@@ -37,8 +37,8 @@ from torch import nn
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.inputs import read_safetensors
 from lookahead.graph.gating import (BUDGETS, ESTIMATORS, GATE_KINDS, NOISES, bound_logits, gate_noise, head_gates,
-                                    logistic_noise, static_layer_counts, straight_through)
-from lookahead.graph.nodes import allowed_mask, keep_count, n_edges, n_nodes
+                                    logistic_noise, softmax_weights, static_layer_counts, straight_through)
+from lookahead.graph.nodes import allowed_mask, keep_count, n_nodes
 
 INPUTS = ("cache", "lm", "embedding", "layer")
 WEIGHTS = ("binary", "softmax")
@@ -176,26 +176,6 @@ def _gates(a: torch.Tensor, n_layers: int, n_heads: int, k: float, binary: bool)
         s = torch.einsum("...i,...ij->...j", g_src, a[..., :first, first:first + n_heads])  # (…, H)
         gates.append((s > 0).to(a.dtype) if binary else -torch.expm1(-k * s))  # 1 − exp(−k s), exact near 0
     return torch.cat(gates, dim=-1)
-
-
-def softmax_weights(gates: torch.Tensor, z: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """MoH's gate weights: head gates (…, L·H) with each kept routed head's gate (kept: > 1/2; routed:
-    ``shared`` (L·H,) is 0) times its softmax weight among the kept routed heads' keep logits z
-    (…, L·H), divided by the largest such weight (gates stay in [0, 1]: the first routed head runs at
-    1, the others at exp(z_h − z_max)); shared and off heads as they were."""
-    routed_on = (gates > 0.5) & (shared == 0)
-    logits = z.masked_fill(~routed_on, float("-inf"))
-    w = torch.exp(logits - logits.amax(-1, keepdim=True)).nan_to_num(0.0)  # softmax / its largest weight
-    return torch.where(routed_on, gates * w, gates)
-
-
-def budget_terms(adjacency: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two sparsity terms of phase 1's and phase 2's loss (λ_head and λ_edge weigh them): the
-    mean head gate (the embedding node, gate 0, left out) and the mean number of active edges over
-    the allowed ones. adjacency (..., N, N), gates (..., N)."""
-    head = gates[..., 1:].mean()
-    edge = adjacency.sum((-2, -1)).mean() / n_edges(n_layers, n_heads)
-    return head, edge
 
 
 class StructurePredictor(nn.Module):
@@ -375,12 +355,6 @@ def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     meta, tensors = read_safetensors(init_file, "pt", "config", PredictorError,
                                      "run `dvc repro init` (or restore it: `dvc checkout`)")
     return tensors, meta
-
-
-def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: torch.Tensor) -> torch.Tensor:
-    """The init stage's geometric embedding of each token and a matched flag (zeros for tokens
-    without a WordNet match). (B, T) → (B, T, n_geo + 1); depends on the token at t only."""
-    return torch.cat([geo_table[input_ids], geo_mask[input_ids, None]], dim=-1)
 
 
 PREDICTOR_FILE = "predictor.safetensors"

@@ -13,8 +13,13 @@ import torch
 
 from lookahead.graph.nodes import baseline_graph, random_topology, static_gates
 from lookahead.graph.plan import execute
-from lookahead.graph.predictor import geo_features
 from lookahead.lm.nll import token_nll
+
+
+def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: torch.Tensor) -> torch.Tensor:
+    """The init stage's geometric embedding of each token and a matched flag (zeros for tokens
+    without a WordNet match). (B, T) → (B, T, n_geo + 1); depends on the token at t only."""
+    return torch.cat([geo_table[input_ids], geo_mask[input_ids, None]], dim=-1)
 
 
 @dataclasses.dataclass

@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from lookahead.core.atomic import atomic_file
+from lookahead.core.errors import LookaheadError
+
 CHUNK = 1 << 24
+CHECKPOINT_FILE = "checkpoint.pt"
+"""A training run's checkpoint in its :func:`checkpoint_dir`."""
+
+
+class CheckpointError(LookaheadError, RuntimeError):
+    """A checkpoint exists but cannot be resumed from (unreadable, or written by another config)."""
 
 
 def checkpoint_dir(root: str | Path | None, stage: str, config: dict[str, Any], files: Sequence[str | Path],
@@ -32,3 +43,29 @@ def checkpoint_dir(root: str | Path | None, stage: str, config: dict[str, Any], 
             while chunk := f.read(CHUNK):
                 digest.update(chunk)
     return Path(root) / digest.hexdigest()[:16]
+
+
+def rng_state() -> dict:
+    """The torch generators a step may draw from: CPU, and every CUDA device's when present."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict | torch.Tensor) -> None:
+    """Restore the generators :func:`rng_state` saved (refused where the CUDA devices differ)."""
+    if isinstance(state, torch.Tensor):  # checkpoints written before CUDA states were saved
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        if len(state["cuda"]) != torch.cuda.device_count():
+            raise CheckpointError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
+                                  f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write a training checkpoint (``torch.save``), atomically."""
+    with atomic_file(path) as tmp:
+        torch.save(state, tmp)

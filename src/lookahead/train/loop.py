@@ -27,20 +27,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lookahead.core.atomic import atomic_file
 from lookahead.core.config import to_dict
 from lookahead.core.errors import ConfigError, LookaheadError, require
 from lookahead.core.seeds import following
+from lookahead.train.checkpoints import (CHECKPOINT_FILE, CheckpointError, rng_state, save_checkpoint,
+                                         set_rng_state)
 
-CHECKPOINT_FILE = "checkpoint.pt"
 
 
 class NonFiniteLoss(LookaheadError, FloatingPointError):
     """A loss or gradient norm became NaN or infinite; the stage stops."""
-
-
-class CheckpointError(LookaheadError, RuntimeError):
-    """A checkpoint exists but cannot be resumed from (unreadable, or written by another config)."""
 
 
 @dataclasses.dataclass
@@ -203,30 +199,6 @@ def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
     return batch
 
 
-def _rng_state() -> dict:
-    """The torch generators a step may draw from: CPU, and every CUDA device's when present."""
-    state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict | torch.Tensor) -> None:
-    if isinstance(state, torch.Tensor):  # checkpoints written before CUDA states were saved
-        state = {"cpu": state}
-    torch.set_rng_state(state["cpu"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        if len(state["cuda"]) != torch.cuda.device_count():
-            raise CheckpointError(f"checkpoint holds {len(state['cuda'])} CUDA generator states but "
-                                  f"{torch.cuda.device_count()} devices are visible: resume would not be exact")
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _save_checkpoint(path: Path, state: dict) -> None:
-    with atomic_file(path) as tmp:
-        torch.save(state, tmp)
-
-
 def train(
     module: TrainModule,
     cfg: TrainConfig,
@@ -297,7 +269,7 @@ def train(
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         start, train_curve, eval_curve = state["step"], state["train_curve"], state["eval_curve"]
         tokens_done, seconds_done = state["tokens"], state["seconds"]
         accelerator.print(f"{stage}: resuming from step {start} ({ckpt_path})")
@@ -305,11 +277,11 @@ def train(
 
     def save(step: int) -> None:
         if ckpt_path and accelerator.is_main_process:
-            _save_checkpoint(ckpt_path, {
+            save_checkpoint(ckpt_path, {
                 "model": accelerator.unwrap_model(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(),
+                "rng": rng_state(),
                 "step": step,
                 "train_curve": train_curve,
                 "eval_curve": eval_curve,

@@ -11,11 +11,11 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.oracle_targets import OracleTargets
 from lookahead.core.devices import eval_mode
 from lookahead.core.windows import set_label
-from lookahead.graph.gating import balance_loss, l0_penalty, listwise_loss, topk_mask, z_loss
+from lookahead.graph.gating import balance_loss, budget_terms, l0_penalty, listwise_loss, topk_mask, z_loss
 from lookahead.graph.nodes import keep_count, n_edges, top_k_gates
 from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute, gated_forward
-from lookahead.graph.predictor import StructurePredictor, budget_terms
+from lookahead.graph.predictor import StructurePredictor
 from lookahead.graph.router_inputs import lm_input, router_context, states_before
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve

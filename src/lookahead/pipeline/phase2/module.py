@@ -8,10 +8,10 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.devices import eval_mode
+from lookahead.graph.gating import budget_terms
 from lookahead.graph.generate import Router, self_consistent
 from lookahead.graph.nodes import running_heads
 from lookahead.graph.plan import execute
-from lookahead.graph.predictor import budget_terms
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import PositionTotals, token_nll
