@@ -1,7 +1,8 @@
 """Each stage's fixed cost, the part that does not depend on its work: the interpreter and the imports
 its script makes before any work (`stages/<s>.py --dry-run`, which parses and validates its params
 too), MLflow (import, opening the SQLite store, the stage's child run opened and closed, on a copy of
-this project's `mlflow.db`), and DVC's own time per stage of `dvc repro` (a scratch repository of
+this project's `mlflow.db`; and the same block with `LOOKAHEAD_TRACKING=off`, which imports no MLflow),
+and DVC's own time per stage of `dvc repro` (a scratch repository of
 stages whose command writes one small file: DVC's wall time less the commands').
 
     python benchmarks/stage_overhead.py [--repeats 3]
@@ -29,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 MLFLOW_CHILD = """
 import json, os, sys, time
 t0 = time.perf_counter()
-import mlflow.tracking
+if os.environ["LOOKAHEAD_TRACKING"] == "on":
+    import mlflow.tracking
 t1 = time.perf_counter()
 from lookahead.core.tracking import stage_run
 with stage_run("overhead", {"section": {"key": 1}}, root=sys.argv[1]) as run:
@@ -47,15 +49,16 @@ def wall(cmd: list[str], cwd: Path = REPO, env: dict | None = None) -> float:
     return time.perf_counter() - start
 
 
-def mlflow_cost(repeats: int) -> dict[str, float]:
-    """Median seconds of MLflow's import, store opening (+ the run's creation) and closing."""
+def mlflow_cost(repeats: int, tracking: str = "on") -> dict[str, float]:
+    """Median seconds of MLflow's import, store opening (+ the run's creation) and closing; with
+    ``tracking`` "off" (``LOOKAHEAD_TRACKING``) the stage's block alone (the import figure: 0)."""
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             store = Path(tmp) / "mlflow.db"
             if (REPO / "mlflow.db").is_file():
                 shutil.copy(REPO / "mlflow.db", store)
-            env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+            env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}", "LOOKAHEAD_TRACKING": tracking}
             out = subprocess.run([sys.executable, "-c", MLFLOW_CHILD, tmp], env=env, check=True,
                                  capture_output=True, text=True).stdout
             figures.append(json.loads(out.strip().splitlines()[-1]))
@@ -94,12 +97,14 @@ def main() -> None:
     startup = {s: statistics.median(wall([sys.executable, f"stages/{s}.py", "--dry-run"]) for _ in range(args.repeats))
                for s in stages}
     mlflow = mlflow_cost(args.repeats)
+    untracked = mlflow_cost(args.repeats, "off")
     dvc = dvc_cost(args.repeats)
     mlflow_total = sum(mlflow.values())
     print(json.dumps({
         "python_s": round(python, 3),
         "startup_s": {s: round(v, 3) for s, v in startup.items()},
         "mlflow_s": {k: round(v, 3) for k, v in mlflow.items()},
+        "tracking_off_s": round(sum(untracked.values()), 3),
         **{f"{k}_s": round(v, 3) for k, v in dvc.items()},
         "stages": len(stages),
         "per_stage_s": round(statistics.mean(startup.values()) + mlflow_total + dvc["dvc_per_stage"], 3),
