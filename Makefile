@@ -67,19 +67,19 @@ results: $(STAMP)
 	$(BIN)/python -m lookahead.tools.results
 
 # This workspace's headline figures against a git revision's (REV=<rev>, default HEAD), each within
-# its seed spread (DESIGN §12; "Reproducing the numbers" in the README). Exit 1: a research headline
+# its seed spread (docs/reproducibility.md; "Reproducing the numbers" in the README). Exit 1: a research headline
 # is outside its spread.
 verify: $(STAMP)
 	$(BIN)/python -m lookahead.tools.verify $(if $(REV),--rev $(REV))
 
-# A replicate that emulates a second machine (DESIGN §12): the stages from the base onwards rerun in a
+# A replicate that emulates a second machine (docs/reproducibility.md): the stages from the base onwards rerun in a
 # scratch copy with the base's initial weights moved one float32 ulp in 0.01 % of entries, then every
 # claim and headline against this workspace's (the workspace must hold a complete run; nothing in it is
 # written but REPORT=<file>, e.g. REPORT=metrics/replicate.md). Exit 1: a claim or headline disagrees.
 replicate: setup
 	$(BIN)/python -m lookahead.tools.replicate $(if $(REPORT),--report $(REPORT))
 
-# The local MLflow store (DESIGN §8) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
+# The local MLflow store (docs/tracking.md) in a browser: http://127.0.0.1:$(MLFLOW_PORT)
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri "sqlite:///$(abspath mlflow.db)" --host 127.0.0.1 --port $(MLFLOW_PORT)
 

@@ -1,4 +1,4 @@
-"""Context-encoder throughput (DESIGN §3): positions encoded per second by each encoder kind, on
+"""Context-encoder throughput (docs/pipeline.md): positions encoded per second by each encoder kind, on
 the same windows of the pipeline's train stream, side by side in one process.
 
 - `minilm`: the packaged all-MiniLM-L6-v2, one encoder pass per position (text of the last

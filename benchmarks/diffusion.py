@@ -1,4 +1,4 @@
-"""Sampling speed of the diffusion head against the phase-1 predictor's sampler (DESIGN §6, §7).
+"""Sampling speed of the diffusion head against the phase-1 predictor's sampler (docs/development.md).
 
 For the default profile's graph (4 × 4 heads, 17 nodes) and the OLMo-2-1B graph (16 × 16, 257
 nodes), in one process: a randomly initialised diffusion head of the params' ``diffusion.denoiser``

@@ -1,4 +1,4 @@
-"""Phase 1's sensitivity to one-ulp noise in its input (DESIGN §12): copy what the router reads — the
+"""Phase 1's sensitivity to one-ulp noise in its input (docs/reproducibility.md): copy what the router reads — the
 context cache (``predictor.input: cache``: a seeded 0.01 % of its fp16 values moved by one ulp) or,
 for a router that reads the LM's own states, the base LM (0.01 % of its fp32 weights moved by one
 ulp, so every state, target and baseline it computes moves by about what a CPU with other kernels

@@ -1,4 +1,4 @@
-"""`dvc repro` wall time of a profile (DESIGN §6), in a fresh temporary copy of the repository.
+"""`dvc repro` wall time of a profile (docs/development.md), in a fresh temporary copy of the repository.
 
 Runs the stages one at a time in pipeline order (`dvc repro -s <stage>`, DVC's overhead included)
 and prints one JSON line: the wall time of each stage and in all, the no-op repro time, the base

@@ -1,4 +1,4 @@
-"""Wu-Palmer matrix throughput: the project's builder vs nltk's per-pair loop (DESIGN §6).
+"""Wu-Palmer matrix throughput: the project's builder vs nltk's per-pair loop (docs/development.md).
 
 Draws `--anchors` synsets of every part of speech (seeded), builds the full ordered-pair matrix
 with `lookahead.semantics.wordnet.wup_matrix`, then times nltk's `Synset.wup_similarity` on a random sample

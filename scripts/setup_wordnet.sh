@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make WordNet 3.0 readable by nltk (DESIGN §5). Idempotent: does nothing when it is found already.
+# Make WordNet 3.0 readable by nltk (docs/install.md). Idempotent: does nothing when it is found already.
 #   1. Debian/Ubuntu packages wordnet-base + wordnet-sense-index, when apt-get can install them;
 #   2. otherwise nltk's downloader (needs network access to nltk's data);
 #   3. otherwise the error of `python -m lookahead.semantics.wordnet_source`, naming both routes.

@@ -293,7 +293,7 @@ def hub_profile_run(tiny_runs):
 @pytest.fixture(scope="session")
 def second_tiny_run(tiny_runs):
     """A second tiny pipeline run from scratch, in another repository, at the same time as the
-    first: (path, env). Every output must have the first run's bytes (DESIGN §12)."""
+    first: (path, env). Every output must have the first run's bytes (docs/reproducibility.md)."""
     run = tiny_runs["second_tiny_run"]
     run.output()
     return run.path, run.env

@@ -1,4 +1,4 @@
-"""A plain reference of DESIGN §4's head-graph forward, written apart from ``lookahead.graph.runtime``
+"""A plain reference of docs/design.md head-graph forward, written apart from ``lookahead.graph.runtime``
 (it shares no code with it): explicit loops over heads, batch rows and positions, the stock
 Hugging Face RoPE and modules, nothing batched cleverly. Slow; for tiny models in tests only.
 """

@@ -1,4 +1,4 @@
-"""Claims that survive another machine (DESIGN §12): paired intervals, the scoring set, the
+"""Claims that survive another machine (docs/reproducibility.md): paired intervals, the scoring set, the
 base's one-ulp init perturbation and the replicate's helpers."""
 
 from __future__ import annotations

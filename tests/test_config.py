@@ -1,4 +1,4 @@
-"""Strict configuration: every bad value is an error naming its key (DESIGN §10, STYLE 2)."""
+"""Strict configuration: every bad value is an error naming its key (docs/troubleshooting.md, STYLE 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context encoders (DESIGN §3, §4.5) and the context cache, on tiny models the tests make."""
+"""Context encoders (docs/pipeline.md) and the context cache, on tiny models the tests make."""
 
 from __future__ import annotations
 

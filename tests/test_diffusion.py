@@ -1,4 +1,4 @@
-"""The diffusion head (DESIGN §7): the noise chain against closed forms, the sampler against a known
+"""The diffusion head (docs/pipeline.md): the noise chain against closed forms, the sampler against a known
 distribution, the denoiser at 16 × 16 heads, causality, evaluation helpers and the stage on tiny inputs."""
 
 from __future__ import annotations

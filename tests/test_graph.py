@@ -1,4 +1,4 @@
-"""Head-graph indexing, the allowed-edge mask and the storage formats (DESIGN §4)."""
+"""Head-graph indexing, the allowed-edge mask and the storage formats (docs/design.md)."""
 
 from __future__ import annotations
 

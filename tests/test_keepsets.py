@@ -223,7 +223,7 @@ def test_a_prior_stacks_the_decoder_on_another_routers_logits():
 
 def test_the_autoregressive_decoder_is_causal(phase_inputs):
     """Its inputs are the router's (the token embedding at t, the LM's state at t − 1): changing the
-    tokens after t changes no sample at or before t (DESIGN §4.5; evaluate checks the other decoders)."""
+    tokens after t changes no sample at or before t (docs/design.md; evaluate checks the other decoders)."""
     from transformers import AutoModelForCausalLM
 
     from lookahead.artifacts.contexts import ContextCache

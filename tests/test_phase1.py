@@ -1,4 +1,4 @@
-"""Phase 1: the estimator, the evaluation and its baselines, checkpoint/resume (DESIGN §4)."""
+"""Phase 1: the estimator, the evaluation and its baselines, checkpoint/resume (docs/design.md)."""
 
 from __future__ import annotations
 

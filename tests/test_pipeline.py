@@ -1,7 +1,7 @@
 """End to end: `dvc repro` of the tiny profile in a temporary copy of the repository.
 
 Checks what a researcher relies on: outputs and metrics appear, a second run from scratch in another
-repository writes the same bytes for every output of every stage (DESIGN §12), a changed `phase2`
+repository writes the same bytes for every output of every stage (docs/reproducibility.md), a changed `phase2`
 param reruns only `phase2` and the stage downstream of it, reverting it restores the old outputs
 from DVC's run-cache without training, plots render, MLflow groups the stages, and queued
 experiments (`dvc exp run --queue` + `dvc queue start`) land in the same MLflow store.
@@ -138,7 +138,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert {"pairs", "eps_good_per_position", "eps_good_multi_share", "greedy_kl", "best_kl"} <= set(pairs)
     assert "seeds" not in pairs and pairs["eps_good_per_position"] >= 1 and pairs["best_kl"] <= pairs["greedy_kl"]
     assert report["pairs"]["positions"] == (4 + 2) * 32 and timing["pairs"]["positions_per_s"] > 0
-    # research headlines: the mean over the stage's seeds and its sd (DESIGN §12); the outputs are the
+    # research headlines: the mean over the stage's seeds and its sd (docs/reproducibility.md); the outputs are the
     # first seed's, and what later stages read
     for stage in ("phase1", "diffusion", "phase2", "control", "static_control", "evaluate", "modulator"):
         assert headline[stage]["seeds"] == 2 and any(k.endswith("_sd") for k in headline[stage]), stage
@@ -227,7 +227,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
 
 
 def test_a_second_run_from_scratch_writes_the_same_bytes(repo, second_tiny_run, tiny_runs):
-    """Bitwise on one machine (DESIGN §12): the tiny pipeline run a second time from scratch, in
+    """Bitwise on one machine (docs/reproducibility.md): the tiny pipeline run a second time from scratch, in
     another repository and at the same time as the first (so under load), writes the same bytes —
     every output of every stage: models, caches, reports, metrics and figures alike (timings go to
     metrics/<stage>_timing.json, which DVC does not track)."""

@@ -1,4 +1,4 @@
-"""The structure predictor and its cascading gate (DESIGN §4, §4.5)."""
+"""The structure predictor and its cascading gate (docs/design.md)."""
 
 from __future__ import annotations
 

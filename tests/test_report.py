@@ -1,4 +1,4 @@
-"""Headline metrics and full reports (DESIGN §1)."""
+"""Headline metrics and full reports (docs/development.md#layout)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_spreads_and_intervals_go_to_sibling_files_and_read_back_as_one_headline
 
 def test_timings_leave_the_headline_and_the_report_for_their_own_file(tmp_path):
     """What measures the machine (throughputs, seconds) is kept out of the DVC outputs, so that a
-    rerun writes the same bytes (DESIGN §12); nested and per-row timings included."""
+    rerun writes the same bytes (docs/reproducibility.md); nested and per-row timings included."""
     report = {"val_nll": 3.25, "train_tokens_per_s": 900.0, "train_seconds": 12.0, "train_wall_s": 13.0,
               "table": {"dense": {"nll": 3.0, "tokens_per_s_over_dense": 1.0}, "hard": {"nll": 3.5}},
               "rows": [{"name": "a", "samples_per_s": 5.0}, {"name": "b", "samples_per_s": 6.0}],

@@ -1,5 +1,5 @@
 """Per-token head gates, budgets, router inputs and the label-free oracle (issue: phase 1 that
-routes per token), against closed forms, brute force and the plain reference of DESIGN §4."""
+routes per token), against closed forms, brute force and the plain reference of docs/design.md."""
 
 from __future__ import annotations
 

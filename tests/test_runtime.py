@@ -1,4 +1,4 @@
-"""The head-graph runtime against the stock Hugging Face OLMo2 forward (DESIGN §4)."""
+"""The head-graph runtime against the stock Hugging Face OLMo2 forward (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def sparse_topology(model, shape, binary: bool, seed: int):
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
 @pytest.mark.parametrize("binary", [True, False], ids=["hard-gates", "soft-gates"])
 def test_sparse_topologies_match_the_plain_reference(shared, binary, skip):
-    """DESIGN §4 written out head by head and position by position (tests/reference_head_graph.py,
+    """docs/design.md written out head by head and position by position (tests/reference_head_graph.py,
     no code shared with the runtime) against both executions of the runtime, in both skip modes."""
     model = tiny_olmo2(n_layers=3, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(21))

@@ -1,4 +1,4 @@
-"""Multi-process training (DESIGN §9): the launcher from params, 2 CPU processes over gloo.
+"""Multi-process training (docs/scaling.md): the launcher from params, 2 CPU processes over gloo.
 
 The base stage of the tiny profile, run as a DVC experiment with `launch.train` set to
 `accelerate launch --multi_gpu --num_processes 2`, ends at the val NLL of the 1-process run

@@ -1,4 +1,4 @@
-"""Research headlines over seeds (DESIGN §12, lookahead.core.seeds), checked against separate runs."""
+"""Research headlines over seeds (docs/reproducibility.md, lookahead.core.seeds), checked against separate runs."""
 
 from __future__ import annotations
 

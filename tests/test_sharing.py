@@ -1,4 +1,4 @@
-"""Sharing through DVC remotes (DESIGN §11), for real: a local-directory remote and an SSH remote
+"""Sharing through DVC remotes (docs/sharing.md), for real: a local-directory remote and an SSH remote
 served by OpenSSH's sshd on a free loopback port (temporary host key, an authorised key of the
 test's own; DVC's `dvc-ssh` plugin). Repository A (the tiny pipeline run, plus a params value it ran
 and reverted) pushes outputs and its whole run-cache (`python -m lookahead.tools.share`); a fresh

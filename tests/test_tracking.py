@@ -1,4 +1,4 @@
-"""MLflow tracking: parent run per pipeline, child run per stage, failures only warn (DESIGN §8)."""
+"""MLflow tracking: parent run per pipeline, child run per stage, failures only warn (docs/tracking.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`make verify` (lookahead.tools.verify): a run's headline figures against a git revision's (DESIGN §12)."""
+"""`make verify` (lookahead.tools.verify): a run's headline figures against a git revision's (docs/reproducibility.md)."""
 
 from __future__ import annotations
 

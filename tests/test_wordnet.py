@@ -1,4 +1,4 @@
-"""Finding WordNet 3.0 offline (DESIGN §5)."""
+"""Finding WordNet 3.0 offline (docs/install.md)."""
 
 from __future__ import annotations
 
