@@ -69,7 +69,7 @@ def encoders(tiny_tokenizer, base_dir, embedder_dir):
 
 @pytest.mark.parametrize("kind", ["minilm", "base", "hf"])
 def test_no_encoder_sees_tokens_after_t(kind, encoders, tiny_tokenizer):
-    """§4.5: change every token after t; every embedding at ≤ t is unchanged (up to float
+    """The lookahead contract: change every token after t; every embedding at ≤ t is unchanged (up to float
     reassociation between batch shapes, 1e-5), while the later ones do change."""
     encoder = encoders[kind]
     t = 5

@@ -133,7 +133,7 @@ def to_dense_bits(bits, mask):
 
 
 def test_samples_at_t_do_not_depend_on_later_tokens(phase_inputs, tiny_tokenizer):
-    """§4.5 for the diffusion head: contexts from the real `base` encoder of a prefix-changed
+    """The lookahead contract for the diffusion head: contexts from the real `base` encoder of a prefix-changed
     window; under a fixed seed the samples at positions <= t are unchanged."""
     from lookahead.lm.encoders import load_context_encoder
 

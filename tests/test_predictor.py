@@ -174,7 +174,7 @@ def test_config_is_validated():
 
 @pytest.mark.parametrize("hard", [False, True])
 def test_topology_and_logits_at_t_ignore_later_tokens(hard):
-    """§4.5: change the tokens after t; the predicted graph and the logits at s <= t are unchanged.
+    """The lookahead contract: change the tokens after t; the predicted graph and the logits at s <= t are unchanged.
 
     Context features come from a causal encoder (a tiny OLMo2's last hidden state, one causal pass
     like Qwen3-Embedding's last-token pooling) plus the per-token geometric features.

@@ -1,4 +1,4 @@
-"""The diffusion head (docs/pipeline.md, §7): a conditional discrete diffusion model over head graphs.
+"""The diffusion head (docs/pipeline.md): a conditional discrete diffusion model over head graphs.
 
 What it models: for one position's context, the distribution of the *good* topologies the pairs
 stage found (executed graphs that beat the dense NLL), so that several different good graphs can

@@ -24,7 +24,7 @@ def geo_features(input_ids: torch.Tensor, geo_table: torch.Tensor, geo_mask: tor
 
 @dataclasses.dataclass
 class GeoLookup:
-    """The init stage's geometric table: features of the token at each position (§4: f_t)."""
+    """The init stage's geometric table: features of the token at each position (docs/design.md: f_t)."""
 
     table: torch.Tensor  # (V, n_geo)
     mask: torch.Tensor  # (V,)

@@ -2,7 +2,7 @@
 
 - :func:`encode_texts`: mean-pooled last hidden state of whole texts (probe, init).
 - :class:`ContextEncoder` and its three kinds, each mapping token windows of the base tokenizer
-  (B, T) to one embedding per position (B, T, C), computed from tokens ≤ t only (§4.5):
+  (B, T) to one embedding per position (B, T, C), computed from tokens ≤ t only (the lookahead contract, docs/design.md):
 
   ``minilm``  the packaged all-MiniLM-L6-v2 (bidirectional): position t is encoded from the text
               of the last ``window`` base tokens ending at t, mean pooled, L2-normalised (the

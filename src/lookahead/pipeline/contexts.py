@@ -1,4 +1,4 @@
-"""The contexts stage (docs/pipeline.md, §3): per-position context embeddings of seeded token
+"""The contexts stage (docs/pipeline.md): per-position context embeddings of seeded token
 windows, computed once by the frozen context encoder and cached for phase 1 and the pairs stage.
 
 Cache layout (a few big files, memory-mapped by later stages)::

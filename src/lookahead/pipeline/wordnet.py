@@ -1,4 +1,4 @@
-"""WordNet similarity over the model's tokens (docs/pipeline.md, §6).
+"""WordNet similarity over the model's tokens (docs/pipeline.md).
 
 - :func:`match_tokens`: WordNet lemmas that the tokenizer encodes as one token (one entry per token).
 - :func:`wup_matrix`: nltk's ``Synset.wup_similarity`` for every ordered pair of a synset list, bit

@@ -1,4 +1,4 @@
-"""The diffusion stage (docs/pipeline.md, §7): train the diffusion head on the pairs through the
+"""The diffusion stage (docs/pipeline.md): train the diffusion head on the pairs through the
 shared loop, then judge it.
 
 Data: every pair is (the router's inputs at its position — ``predictor.input``, the lookahead

@@ -1,6 +1,6 @@
 """The evaluate stage (docs/pipeline.md): one table that answers the research question — at what
 fraction of heads switched off, per token, does the LM keep the NLL of the same LM trained densely on
-the same tokens — and the causality check (§4.5) of every decoder.
+the same tokens — and the causality check (docs/design.md) of every decoder.
 
 Rows, all on the context cache's val windows (the positions phase 1, diffusion and phase 2 report on):
 
@@ -81,7 +81,7 @@ class Evaluation:
 
 def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: GeoLookup, tokenizer, base_dir,
                     device) -> dict:
-    """The causality check (§4.5) of every decoder, with the real encoder on perturbed val text;
+    """The causality check (docs/design.md) of every decoder, with the real encoder on perturbed val text;
     raise :class:`EvaluateError` when it fails (before the long scoring)."""
     from lookahead.lm.encoders import load_context_encoder
 

@@ -16,7 +16,7 @@ from lookahead.pipeline.evaluate.rows import Topologies
 @torch.no_grad()
 def causality_check(decoders: dict[str, tuple[object, Topologies]], encoder, cache: ContextCache, geo: GeoLookup,
                     cfg: EvaluateConfig, vocab_size: int, device, skip: str = "full") -> dict:
-    """§4.5 on real val text with the real encoder: for each of ``causality_windows`` val windows and
+    """The lookahead contract (docs/design.md) on real val text with the real encoder: for each of ``causality_windows`` val windows and
     ``causality_cuts`` cut points t, the tokens after t are replaced by random ones, the contexts are
     encoded again, and every decoder's topology (A, g) and its LM's logits at positions <= t are
     compared with those of the original window. Each decoder is called once per window with its

@@ -1,9 +1,9 @@
-"""Phase 1 (docs/pipeline.md, §4): train the lookahead structure predictor with the LM and the
+"""Phase 1 (docs/pipeline.md): train the lookahead structure predictor with the LM and the
 context encoder frozen, on the cached contexts.
 
 Loss per batch: NLL(A) + lambda_head · mean gate + lambda_edge · mean active edge weight, τ annealed
 geometrically from ``tau_start`` to ``tau_end``. The estimator lets a head that is off come back
-(§4): training always *executes* the soft graph (every head's output is computed and weighted by
+(docs/design.md): training always *executes* the soft graph (every head's output is computed and weighted by
 its gate); edges and gates are soft with logistic noise, or — from ``hard_from_step`` on — hard in
 the forward pass with straight-through gradients evaluated at the soft values
 (:func:`lookahead.graph.predictor.cascade`). Evaluation runs the deterministic hard graph with the work of
