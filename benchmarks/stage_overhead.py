@@ -74,7 +74,6 @@ def dvc_cost(repeats: int) -> dict[str, float]:
             root = Path(tmp)
             subprocess.run(["git", "init", "-q"], cwd=root, check=True)
             subprocess.run([dvc, "init", "-q"], cwd=root, check=True)
-            shutil.copy(REPO / ".dvc" / "config", root / ".dvc" / "config")
             (root / ".dvc" / "config").write_text("\n".join(
                 line for line in (REPO / ".dvc" / "config").read_text().splitlines() if "html_template" not in line))
             write = "import sys; open(sys.argv[1], 'w').write(sys.argv[1])"

@@ -24,12 +24,23 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def listing(stages: dict) -> dict[str, tuple[str, ...]]:
+def resolved(dep: str, params: dict) -> str:
+    """A dep with its ``${section.key}`` params filled in (dvc.yaml templates phase 2's decoder inputs)."""
+    def value(match: re.Match) -> str:
+        node = params
+        for key in match.group(1).split("."):
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        return node if isinstance(node, str) else match.group(0)
+
+    return re.sub(r"\$\{([\w.]+)\}", value, dep)
+
+
+def listing(stages: dict, params: dict) -> dict[str, tuple[str, ...]]:
     """{module: the stages whose deps cover it (by file or by directory)}, for every .py module."""
     modules = sorted(str(p.relative_to(REPO)) for root in ("src/lookahead", "stages")
                      for p in (REPO / root).rglob("*.py") if "__pycache__" not in p.parts)
-    return {m: tuple(s for s, spec in stages.items()
-                     if any(m == d or m.startswith(d.rstrip("/") + "/") for d in spec.get("deps", [])))
+    deps = {s: [resolved(d, params) for d in spec.get("deps", [])] for s, spec in stages.items()}
+    return {m: tuple(s for s in stages if any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps[s]))
             for m in modules}
 
 
@@ -57,7 +68,8 @@ def measure() -> dict[str, list[str]]:
         raise SystemExit("the pipeline is not up to date (dvc status): run `dvc repro` first")
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
-    for module, listed in listing(stages).items():
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for module, listed in listing(stages, params).items():
         groups[listed].append(module)
     result = {}
     for listed, modules in groups.items():
