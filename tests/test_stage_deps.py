@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lookahead.core.errors import ConfigError
-from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, check_decoder_inputs
+from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, DecoderInputs, check_decoder_inputs
 from tests.conftest import REPO
 from tests.imports import closure, module_file
 
@@ -69,10 +69,10 @@ def test_phase2s_templated_deps_cover_each_decoder_and_only_it(decoder):
     default = expand(resolve(STAGES["phase2"]["deps"], PARAMS["decoder_inputs"]))
     assert "src/lookahead/graph/denoiser.py" not in default and "models/diffusion" not in resolve(
         STAGES["phase2"]["deps"], PARAMS["decoder_inputs"])
-    check_decoder_inputs(decoder, DECODER_INPUTS[decoder])
+    check_decoder_inputs(decoder, DecoderInputs(**DECODER_INPUTS[decoder]))
     if decoder in DECODER_MODULES:
         with pytest.raises(ConfigError, match="decoder_inputs.code=src/lookahead/graph"):
-            check_decoder_inputs(decoder, DECODER_INPUTS["mlp"])
+            check_decoder_inputs(decoder, DecoderInputs())
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):

@@ -102,7 +102,6 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     predictor, meta = load_predictor(predictor_file)
     sampler = decoder_sampler(cfg.decoder, diffusion_dir, predictor.cfg.gate)
-    denoiser = sampler.denoiser if sampler is not None else None
 
     torch.manual_seed(cfg.train.seed)
     lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
@@ -111,10 +110,10 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
         raise Phase2Error(f"phase2.windows: stream needs a router that computes its inputs online, but {predictor_file} "
                           "reads the context cache (predictor.input: cache): set phase2.windows: cache, or "
                           "predictor.input: lm and rerun `dvc repro phase1`")
-    if cfg.budget_warmup and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none"):
+    if cfg.budget_warmup and (sampler is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none"):
         raise Phase2Error(f"phase2.budget_warmup anneals a top-K budget: {predictor_file} has gate "
                           f"{predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder}): set budget_warmup: 0")
-    if cfg.refresh_every and (denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget != "topk"
+    if cfg.refresh_every and (sampler is not None or predictor.cfg.gate != "head" or predictor.cfg.budget != "topk"
                               or predictor.cfg.input not in ("lm", "embedding")):
         raise Phase2Error(f"phase2.refresh_every distils the greedy oracle's global top-K into a router that reads "
                           f"the LM's states: {predictor_file} has gate {predictor.cfg.gate}, budget "
@@ -122,16 +121,16 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     if cfg.shared_heads:
         share_heads(predictor, cfg.shared_heads, heads_file, predictor_file)
     if cfg.gate_weights != "binary":
-        if denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
+        if sampler is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
             raise Phase2Error(f"phase2.gate_weights: {cfg.gate_weights} weighs a top-K router's kept heads: {predictor_file} "
                               f"has gate {predictor.cfg.gate}, budget {predictor.cfg.budget} (decoder {cfg.decoder})")
         predictor.cfg = dataclasses.replace(predictor.cfg, weights=cfg.gate_weights)
     if cfg.keep is not None:
-        if denoiser is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
+        if sampler is not None or predictor.cfg.gate != "head" or predictor.cfg.budget == "none":
             raise Phase2Error(f"phase2.keep sets a top-K router's budget: {predictor_file} has gate {predictor.cfg.gate}, "
                               f"budget {predictor.cfg.budget} (decoder {cfg.decoder}): set keep: null")
         predictor.cfg = dataclasses.replace(predictor.cfg, keep=cfg.keep)
-    if denoiser is not None:
+    if sampler is not None:
         predictor = None
     if predictor is not None:
         predictor.train()

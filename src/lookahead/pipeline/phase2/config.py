@@ -39,16 +39,16 @@ class DecoderInputs:
         require(bool(self.code), "code", f"must name a path (the mlp decoder's: {DECODER_INPUTS['mlp']['code']})")
 
 
-def check_decoder_inputs(decoder: str, inputs: DecoderInputs | dict) -> None:
+def check_decoder_inputs(decoder: str, inputs: DecoderInputs) -> None:
     """``decoder_inputs`` (the paths dvc.yaml templates into phase 2's deps) must cover what ``decoder``
     reads: under `diffusion` the diffusion head's code directory (its weights' directory is checked
     when they load); under `mlp` they name inputs phase 2 reads anyway."""
     want = DECODER_INPUTS[decoder]
-    code = str(inputs["code"] if isinstance(inputs, dict) else inputs.code).rstrip("/")
+    code = inputs.code.rstrip("/")
     if decoder in DECODER_MODULES and not (want["code"] + "/").startswith(code + "/"):
         settings = " ".join(f"-S decoder_inputs.{k}={v}" for k, v in want.items())
         raise ConfigError("decoder_inputs.code", f"phase2.decoder {decoder} imports {DECODER_MODULES[decoder]}, which "
-                          f"{code or 'nothing'} does not cover, so its edits would not rerun phase 2: run with {settings}")
+                          f"{code} does not cover, so its edits would not rerun phase 2: run with {settings}")
 
 
 @dataclasses.dataclass

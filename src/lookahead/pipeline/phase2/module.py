@@ -37,7 +37,6 @@ class Phase2Module:
         self.teacher = teacher  # distill > 0: the frozen dense base
         self.cache, self.geo, self.cfg = cache, geo, cfg
         self.sampler = sampler  # decoder diffusion: the frozen head's TopologySampler (lookahead.graph.denoiser)
-        self.denoiser = sampler.denoiser if sampler is not None else None
         predictor = model.predictor
         self.geo_used = predictor is not None and predictor.geo_dim > 0
         self.device = torch.device("cpu")
@@ -53,7 +52,7 @@ class Phase2Module:
             self.model.predictor.to(self.device)
             self.refresher = Refresher(self.model.predictor, self.cfg.refresh_lr, self.cfg.refresh_steps,
                                        self.cfg.refresh_windows, self.cfg.refresh_oracle)
-        for frozen in (self.denoiser, self.teacher, self.model.reference[0]):
+        for frozen in (self.sampler and self.sampler.denoiser, self.teacher, self.model.reference[0]):
             if frozen is not None:
                 frozen.to(self.device)
 
@@ -76,7 +75,7 @@ class Phase2Module:
 
     def batch(self, step: int) -> dict:
         out, contexts = step_windows(self.cfg, self.cache, self.stream, step)
-        if self.denoiser is not None:
+        if self.sampler is not None:
             generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed * 1_000_003 + step)
             with torch.no_grad():
                 out["bits"] = self._sample(contexts, out["windows"][:, :-1], generator)
@@ -94,7 +93,7 @@ class Phase2Module:
         windows = batch["windows"]
         ids, targets = windows[:, :-1], windows[:, 1:]
         parts = {}
-        if self.denoiser is not None:
+        if self.sampler is not None:
             topology = self._executed(batch["bits"])
             logits, _ = model(ids, topology=topology)
             parts["head_gate"] = topology[1][..., 1:].mean().item()
@@ -113,7 +112,7 @@ class Phase2Module:
             parts.update({"head_gate": head.item(), "edge_weight": edge.item(), "tau": batch["tau"]})
         loss = routed_loss(logits, targets, self.teacher, ids, self.cfg.distill, parts, self.cfg.distill_top_k)
         loss = windows_loss(loss, batch, lambda x: model(x, dense=True)[0], parts)
-        if self.denoiser is not None:
+        if self.sampler is not None:
             return loss, parts
         return loss + self.cfg.lambda_head * head + self.cfg.lambda_edge * edge, parts
 
@@ -128,7 +127,7 @@ class Phase2Module:
             for windows, contexts in val_batches(self.cache, self.val_rows, self.cfg.eval_batch_size, self.device):
                 ids, targets = windows[:, :-1], windows[:, 1:]
                 totals.add(targets.numel(), dense=token_nll(model.dense_logits(ids), targets).sum().item())
-                if self.denoiser is not None:
+                if self.sampler is not None:
                     adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
                     hard = execute(model.lm, ids, adjacency, gates, model.skip)
                 else:
@@ -145,7 +144,7 @@ class Phase2Module:
                            heads=float(ids.numel()) if gates is None else heads.sum().item())
         metrics = {"dense_nll": totals.mean("dense"), "hard_nll": totals.mean("hard"),
                    "active_head_fraction": totals.mean("heads")}
-        if self.denoiser is None:
+        if self.sampler is None:
             metrics["soft_nll"] = totals.mean("soft")
         self.last_eval = metrics
         return metrics
@@ -155,7 +154,7 @@ class Phase2Module:
         """The router as generation runs it (its inputs from the routed model's own states), where it
         can run that way: a head-gate router of 0/1 gates reading the LM (``lm``, ``embedding``)."""
         p = model.predictor
-        if (self.denoiser is not None or p is None or p.cfg.gate != "head" or p.cfg.edges == "learned"
+        if (self.sampler is not None or p is None or p.cfg.gate != "head" or p.cfg.edges == "learned"
                 or p.cfg.input not in ("lm", "embedding") or p.cfg.weights != "binary" or model.connectivity is not None
                 or model.stock):
             return None
@@ -176,7 +175,7 @@ class Phase2Module:
             for windows, contexts in batches:
                 ids, targets = windows[:, :-1], windows[:, 1:]
                 dense.append(token_nll(model.dense_logits(ids), targets).flatten())
-                if self.denoiser is not None:
+                if self.sampler is not None:
                     adjacency, gates = self._executed(self._sample(contexts, ids, generator).to(self.device))
                     logits = execute(model.lm, ids, adjacency, gates, model.skip)
                 else:
