@@ -9,6 +9,11 @@ import os
 # numpy is first imported. Its threads spin against the others: a 1 536 x 384 SVD took 0.27-0.47 s
 # with 2 threads beside one busy process, 0.027 s with 1; the probe stage's took half a minute.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# torch's OpenMP threads (two per process here) wait for each other by spinning, which burns the
+# cores the other processes of the session need: three processes of the hub-profile run's phase 1
+# at once took 213 s of wall time (423 s of CPU) by default, 43 s (83 s) with waiting threads that
+# sleep, as against 21 s for one alone. Sleeping waits change no result (the thread count stays).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import json  # noqa: E402
 import random  # noqa: E402
