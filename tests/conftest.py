@@ -181,6 +181,10 @@ class BackgroundRepro:
             return
         self.path.mkdir()
         _, self.env = scratch_repo(REPO, self.path)
+        # one torch thread per stage process: the tiny runs' stages, the unit tests and each other
+        # already fill the cores, and two threads per process only wait for each other (the runs
+        # are compared with each other, never with a run on two threads)
+        self.env["OMP_NUM_THREADS"] = "1"
         if prepare is not None:
             self.env = prepare(self.path, self.env)
         with open(self.log, "w") as log:
