@@ -138,13 +138,15 @@ def test_oracle_gates_and_the_greedy_oracle_agree_on_the_first_removal():
     assert two[..., 1:].sum(-1).eq(2).all() and two[..., 0].eq(1).all()
 
 
-def reference_greedy(model, ids, n_layers, n_heads, k, skip):
+def reference_greedy(model, ids, n_layers, n_heads, k, skip, per_round=1):
     """The greedy oracle written out plainly: one forward per head and step, through the reference
-    forward (tests/reference_head_graph.py)."""
+    forward (tests/reference_head_graph.py); each step drops each position's ``per_round`` cheapest
+    heads still on (the lower head first on a tie)."""
     dense_logp = F.log_softmax(model(ids).logits, -1)
     total = n_layers * n_heads
     gates = torch.ones(*ids.shape, 1 + total)
-    for _ in range(total - k):
+    dropped = 0
+    while dropped < total - k:
         cost = torch.full((*ids.shape, total), float("inf"))
         for h in range(total):
             trial = gates.clone()
@@ -152,7 +154,12 @@ def reference_greedy(model, ids, n_layers, n_heads, k, skip):
             logq = F.log_softmax(reference_forward(model, ids, head_graph(trial, n_layers, n_heads), trial, skip), -1)
             kl = (dense_logp.exp() * (dense_logp - logq)).sum(-1)
             cost[..., h] = torch.where(gates[..., 1 + h] > 0, kl, cost[..., h])
-        gates.scatter_(-1, 1 + cost.argmin(-1)[..., None], 0.0)
+        n = min(per_round, total - k - dropped)
+        for b in range(ids.shape[0]):
+            for t in range(ids.shape[1]):
+                for h in sorted(range(total), key=lambda h: (cost[b, t, h].item(), h))[:n]:
+                    gates[b, t, 1 + h] = 0
+        dropped += n
     return gates
 
 
@@ -167,6 +174,25 @@ def test_the_batched_greedy_oracle_keeps_the_reference_heads(skip):
         assert want[..., 1:].sum(-1).eq(k).all()
         for max_rows in (128, 3, 1):  # all candidates at once; one per forward; fewer rows than windows
             assert torch.equal(greedy_gates(model, ids, 2, 3, k, skip, max_rows=max_rows), want), (k, max_rows)
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_the_greedy_oracle_that_drops_several_heads_a_step_keeps_the_reference_heads(skip):
+    """``per_round`` r: each step drops each position's r cheapest heads (the last step fewer); at
+    r = L·H − k one step: the k heads of largest leave-one-out KL. Its removal order ranks the heads
+    of each step by their cost, so the keep set at a larger budget is read from it as before."""
+    model = tiny_olmo2(n_layers=2, n_heads=3, hidden=36, ffn=32)
+    ids = torch.randint(0, 61, (3, 7), generator=torch.Generator().manual_seed(16))
+    for k, per_round in ((1, 2), (2, 3), (4, 4)):  # steps of 2, 2, 1 heads; 3 and 1; one step of 2
+        want = reference_greedy(model, ids, 2, 3, k, skip, per_round)
+        assert want[..., 1:].sum(-1).eq(k).all()
+        order = greedy_order(model, ids, 2, 3, k, skip, per_round=per_round)
+        assert torch.equal(greedy_keep(order, k), want), (k, per_round)
+        assert torch.equal(torch.sort(order, -1).values[..., : 6 - k], torch.arange(6 - k).expand(3, 7, -1))
+    one_step = greedy_gates(model, ids, 2, 3, 2, skip, per_round=4)
+    assert torch.equal(one_step, top_k_gates(leave_one_out_kl(model, ids, 2, 3, skip), 2))
+    with pytest.raises(ValueError, match="per_round"):
+        greedy_order(model, ids, 2, 3, 2, skip, per_round=0)
 
 
 def test_lm_router_inputs_are_the_stock_states_shifted_and_causal():

@@ -7,7 +7,9 @@ the head removed at every position at once (one forward per head); the oracle ke
 position's K heads of largest KL. The **greedy** oracle removes heads one at a time, each position
 dropping the head whose removal (on top of that position's earlier removals) moves its output the
 least; it costs (L·H − K) · L·H forwards of a window, which it stacks along the batch (every
-candidate removal of a step in one pass, :func:`greedy_gates`).
+candidate removal of a step in one pass, :func:`greedy_gates`). Dropping each position's r
+cheapest heads per step (``per_round``) cuts that to ⌈(L·H − K)/r⌉ · L·H: the oracle for graphs of
+hundreds of heads (benchmarks/greedy_rounds.py measures its gap to the exact one).
 
 Routing statistics of hard gates (positions, L·H): ``dynamic_fraction`` = (1/N) Σ_h min(p_h,
 1 − p_h), p_h the share of positions where head h runs (0 for any static mask, 0.5 at most), and
@@ -71,17 +73,18 @@ the default base, 177 positions/s with 8 rows, 141 with 32, 126 with 128)."""
 
 
 def greedy_order(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                 max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = ()) -> torch.Tensor:
+                 max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1) -> torch.Tensor:
     """The greedy label-free oracle's removal order (B, T, L·H) down to k heads per position: the
-    step at which each head was dropped, L·H for the k heads it keeps. Its keep set at any budget
+    rank in which each head was dropped, L·H for the k heads it keeps. Its keep set at any budget
     k' >= k is the heads of order >= L·H − k' (:func:`greedy_keep`). ``fixed``: heads never
-    dropped (shared heads), part of the k kept."""
-    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows, fixed)[0]
+    dropped (shared heads), part of the k kept. ``per_round``: see :func:`greedy_targets`."""
+    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows, fixed, per_round)[0]
 
 
 @torch.no_grad()
 def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                   max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+                   max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy oracle's removal order (:func:`greedy_order`) and the cost of its first step,
     which is every head's leave-one-out KL (B, T, L·H) (:func:`leave_one_out_kl`, from batched
     forwards: equal to float rounding).
@@ -91,7 +94,13 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
     pass made first, and each position drops the head still on whose removal moves its output the
     least (the first such head on a tie). ``fixed`` heads (e.g. shared heads that run at every
     token) are never candidates: they stay on, their first-step cost is +inf, and the k kept
-    count them."""
+    count them.
+
+    ``per_round`` r > 1: each step drops each position's r cheapest heads still on at once, ranked
+    in the order of their cost (the last step fewer, to end at k): ⌈(L·H − k)/r⌉ steps in place of
+    L·H − k, an approximation of the exact oracle (r = 1)."""
+    if per_round < 1:
+        raise ValueError(f"greedy oracle: per_round must be at least 1, got {per_round}")
     batch, length = ids.shape
     kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))  # against (B, T, V)
     total = n_layers * n_heads
@@ -115,12 +124,13 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
         return cost
 
     first = removal_cost()  # every head's leave-one-out KL, also when no head is to be dropped (k = L·H)
-    for step in range(total - k):
-        cost = first.clone() if step == 0 else removal_cost()
+    for rank in range(0, total - k, per_round):
+        cost = first.clone() if rank == 0 else removal_cost()
         cost[gates[..., 1:] == 0] = math.inf  # a head already off cannot be dropped again
-        drop = cost.argmin(-1)  # (B, T)
-        gates.scatter_(-1, 1 + drop[..., None], 0.0)
-        order.scatter_(-1, drop[..., None], step)
+        n = min(per_round, total - k - rank)
+        drop = torch.sort(cost, dim=-1, stable=True).indices[..., :n]  # (B, T, n), cheapest first: the first on a tie
+        gates.scatter_(-1, 1 + drop, 0.0)
+        order.scatter_(-1, drop, torch.arange(rank, rank + n, device=ids.device).expand_as(drop))
     return order, first
 
 
@@ -132,9 +142,9 @@ def greedy_keep(order: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                 max_rows: int = GREEDY_ROWS) -> torch.Tensor:
+                 max_rows: int = GREEDY_ROWS, per_round: int = 1) -> torch.Tensor:
     """The greedy label-free oracle's gates (B, T, N) keeping k heads per position (:func:`greedy_order`)."""
-    return greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows), k)
+    return greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows, per_round=per_round), k)
 
 
 @torch.no_grad()
