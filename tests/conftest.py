@@ -9,14 +9,11 @@ import os
 # numpy is first imported. Its threads spin against the others: a 1 536 x 384 SVD took 0.27-0.47 s
 # with 2 threads beside one busy process, 0.027 s with 1; the probe stage's took half a minute.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# torch, likewise, one thread per process, here and in every process the tests start (the tiny runs'
-# stages included): its OpenMP threads wait for each other by spinning, which burns the cores the
-# other processes of the session need. Three processes of the hub-profile run's phase 1 at once took
-# 213 s of wall time (423 s of CPU) with two threads each, 43 s (83 s) with two threads whose waits
-# sleep (OMP_WAIT_POLICY=PASSIVE), 37 s (74 s) with one thread, against 21 s for one alone. The
-# tiny runs are compared with each other, never with a run on two threads (some of their outputs
-# differ in the last bits between one thread and two).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch's OpenMP threads (two per process here) wait for each other by spinning, which burns the
+# cores the other processes of the session need: three processes of the hub-profile run's phase 1
+# at once took 213 s of wall time (423 s of CPU) by default, 43 s (83 s) with waiting threads that
+# sleep, as against 21 s for one alone. Sleeping waits change no result (the thread count stays).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import json  # noqa: E402
 import random  # noqa: E402
@@ -184,6 +181,11 @@ class BackgroundRepro:
             return
         self.path.mkdir()
         _, self.env = scratch_repo(REPO, self.path)
+        # one torch thread per stage process: the tiny runs and the unit tests already fill the
+        # cores, where a second thread only waits for the first (37 s against 43 s for the three
+        # phase-1 processes above). The runs are compared with each other, never with a run on two
+        # threads (some of their outputs differ in the last bits between one thread and two).
+        self.env["OMP_NUM_THREADS"] = "1"
         if prepare is not None:
             self.env = prepare(self.path, self.env)
         with open(self.log, "w") as log:
