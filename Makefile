@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate mlflow-ui push sweep-depth-width clean
+.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate mlflow-ui push sweep-depth-width head-scaling clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -99,3 +99,10 @@ push: $(STAMP)
 # and figure in metrics/depth_width.*; SWEEP_ARGS="--steps N" changes the budget.
 sweep-depth-width: setup
 	$(BIN)/python scripts/sweep_depth_width.py $(SWEEP_ARGS)
+
+# Head scaling (issue 62; docs/research/head-scaling.md): the research chain at 4 x 4 (the default run's
+# figures) up to 16 x 16 heads, each point a DVC experiment (--temp) whose figures are committed as it
+# finishes (metrics/head_scaling/<point>.json); rerun to resume: a committed point is read back, never
+# rerun. SCALING_ARGS="--points 4x8,4x16" picks points, "--collect-only" rebuilds the table and figure.
+head-scaling: setup
+	$(BIN)/python scripts/head_scaling.py --commit $(SCALING_ARGS)

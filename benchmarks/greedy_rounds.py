@@ -1,11 +1,12 @@
-"""A greedy oracle that drops several heads a step (``per_round`` r,
-:func:`lookahead.graph.oracle.greedy_targets`) against the exact one (r = 1), side by side on the
-same val windows of the trained base LM: what the cheaper oracle loses, and what it saves.
+"""Cheaper greedy oracles against the exact one, side by side on the same val windows of the trained
+base LM: what each loses, and what it saves. A variant ``r<R>`` drops R heads a step (``per_round``,
+:func:`lookahead.graph.oracle.greedy_targets`); ``c<C>`` is the lazy greedy that tries each
+position's C heads of lowest latest cost a step (``candidates``); ``r<R>c<C>`` both.
 
     python benchmarks/greedy_rounds.py [--base models/base] [--tokens data/tokens] [--heads data/probe/heads.safetensors]
-        [--set selection] [--windows 256] [--keep 0.5] [--rounds 2,4,8]
+        [--set selection] [--windows 256] [--keep 0.5] [--variants r2,r4,r8,c2,c4,r2c4]
 
-For each r: the mean NLL of its keep sets minus the exact oracle's, with the paired 95 % interval
+For each variant: the mean NLL of its keep sets minus the exact oracle's, with the paired 95 % interval
 over windows (docs/reproducibility.md); its recall of the exact oracle's heads (the share of the
 exact keep set it keeps, over positions); the share of the exact oracle's gain over static pruning
 it keeps (``capture``: (static − r) / (static − exact), with its interval); its trial forwards and
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from lookahead.core.config import load_section
     from lookahead.core.intervals import paired_interval, ratio_interval
     from lookahead.graph.nodes import keep_count
-    from lookahead.graph.oracle import gates_nll, greedy_gates
+    from lookahead.graph.oracle import gates_nll, greedy_gates, greedy_trials
     from lookahead.graph.scoring import static_token_nll
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=0, help="the first N windows of the set (0: all)")
     parser.add_argument("--keep", type=float, default=0.5, help="share of heads kept per position")
     parser.add_argument("--skip", default="query", choices=("full", "query"))
-    parser.add_argument("--rounds", default="2,4,8", help="heads dropped per step, comma-separated")
+    parser.add_argument("--variants", default="r2,r4,r8,c2,c4,r2c4",
+                        help="comma-separated: r<R> drops R heads a step, c<C> tries C candidates a step, r<R>c<C> both")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(2)
@@ -63,13 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         windows = windows[: args.windows]
     window = windows.shape[1] - 1
     parts = batches(windows, scoring.batch_size, "cpu")
-    rounds = [int(r) for r in args.rounds.split(",")]
+    variants = [parse_variant(v) for v in args.variants.split(",")]
     importance = head_importance(args.heads)
 
-    def run(per_round: int) -> tuple[np.ndarray, torch.Tensor, float]:
+    def run(per_round: int, candidates: int = 0) -> tuple[np.ndarray, torch.Tensor, float]:
         """Per-position NLL under the oracle's keep sets, the keep sets (P, L·H) bool, seconds."""
         tic = time.perf_counter()
-        gates = [greedy_gates(lm, w[:, :-1], n_layers, n_heads, k, args.skip, per_round=per_round) for w in parts]
+        gates = [greedy_gates(lm, w[:, :-1], n_layers, n_heads, k, args.skip, per_round=per_round, candidates=candidates)
+                 for w in parts]
         seconds = time.perf_counter() - tic
         with torch.no_grad():
             nll = torch.cat([gates_nll(lm, w, g, n_layers, n_heads, args.skip).flatten() for w, g in zip(parts, gates)])
@@ -81,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     out = {"windows": len(windows), "positions": len(exact_nll), "set": args.set, "heads": total, "heads_kept": k,
            "skip": args.skip, "exact_nll": round(float(exact_nll.mean()), 5), "static_nll": round(float(static.mean()), 5),
            "exact_s": round(exact_s, 1), "exact_trials_per_window": (total - k) * total}
-    for per_round in sorted(set(rounds) | {total - k}):
-        nll, on, seconds = run(per_round)
+    for per_round, candidates in sorted(set(variants) | {(total - k, 0)}, key=lambda v: (v[1], v[0])):
+        nll, on, seconds = run(per_round, candidates)
         gap = paired_interval(nll - exact_nll, window)
         capture = ratio_interval(static - nll, static - exact_nll, window)
         recall = float((on & exact_on).sum(-1).double().mean() / k)
-        name = f"r{per_round}"
-        out[name] = {
-            "steps": math.ceil((total - k) / per_round), "trials_per_window": math.ceil((total - k) / per_round) * total,
+        steps = math.ceil((total - k) / per_round)
+        out[variant_name(per_round, candidates)] = {
+            "steps": steps, "trials_per_window": greedy_trials(total, k, per_round, candidates),
             "seconds": round(seconds, 1), "speedup": round(exact_s / seconds, 2),
             "nll_minus_exact": round(gap["mean"], 5), "nll_minus_exact_ci": [round(gap["ci_low"], 5), round(gap["ci_high"], 5)],
             "capture": round(capture["mean"], 4), "capture_ci": [round(capture["ci_low"], 4), round(capture["ci_high"], 4)],
@@ -97,6 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         }
     print(json.dumps(out))
     return 0
+
+
+def parse_variant(text: str) -> tuple[int, int]:
+    """``r2`` → (2, 0), ``c4`` → (1, 4), ``r2c4`` → (2, 4): (per_round, candidates)."""
+    import re
+
+    match = re.fullmatch(r"(?:r(\d+))?(?:c(\d+))?", text.strip())
+    if not match or not any(match.groups()):
+        raise SystemExit(f"error: --variants: {text!r} is not r<R>, c<C> or r<R>c<C>")
+    return int(match[1] or 1), int(match[2] or 0)
+
+
+def variant_name(per_round: int, candidates: int) -> str:
+    return (f"r{per_round}" if per_round > 1 or not candidates else "") + (f"c{candidates}" if candidates else "")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.core.errors import ConfigError
-from lookahead.graph.cost import deployed_macs, macs_per_token, router_macs
+from lookahead.graph.cost import deployed_macs, macs_per_token, router_macs, window_at_macs_ratio
 from lookahead.graph.gating import (HC_BETA, HC_GAMMA, HC_ZETA, balance_loss, head_gates, l0_penalty, logistic_noise,
                                     static_layer_counts, topk_mask)
 from lookahead.graph.generate import layer_routed
@@ -195,6 +195,73 @@ def test_the_greedy_oracle_that_drops_several_heads_a_step_keeps_the_reference_h
         greedy_order(model, ids, 2, 3, 2, skip, per_round=0)
 
 
+
+def reference_lazy_greedy(model, ids, n_layers, n_heads, k, skip, per_round, candidates):
+    """The lazy greedy (``candidates`` c) written out plainly, one position at a time: step one
+    scores every head by leave-one-out KL; each later step tries, at every position, the c heads
+    still on of lowest latest cost, forward j dropping each position's j-th of them; each position
+    drops its r cheapest tried heads (the lower head first on a tie)."""
+    dense_logp = F.log_softmax(model(ids).logits, -1)
+    total = n_layers * n_heads
+    batch, length = ids.shape
+
+    def kl(trial):
+        logq = F.log_softmax(reference_forward(model, ids, head_graph(trial, n_layers, n_heads), trial, skip), -1)
+        return (dense_logp.exp() * (dense_logp - logq)).sum(-1)
+
+    gates = torch.ones(batch, length, 1 + total)
+    known = [[[0.0] * total for _ in range(length)] for _ in range(batch)]
+    for h in range(total):
+        trial = gates.clone()
+        trial[..., 1 + h] = 0
+        cost = kl(trial)
+        for b in range(batch):
+            for t in range(length):
+                known[b][t][h] = cost[b, t].item()
+    dropped, tried = 0, [[list(range(total)) for _ in range(length)] for _ in range(batch)]
+    while dropped < total - k:
+        if dropped:
+            on = [[sorted((h for h in range(total) if gates[b, t, 1 + h] > 0), key=lambda h: (known[b][t][h], h))
+                   for t in range(length)] for b in range(batch)]
+            tried = [[row[:candidates] for row in rows] for rows in on]
+            for j in range(min(candidates, total - dropped)):
+                trial = gates.clone()
+                for b in range(batch):
+                    for t in range(length):
+                        trial[b, t, 1 + tried[b][t][j]] = 0
+                cost = kl(trial)
+                for b in range(batch):
+                    for t in range(length):
+                        known[b][t][tried[b][t][j]] = cost[b, t].item()
+        n = min(per_round, total - k - dropped)
+        for b in range(batch):
+            for t in range(length):
+                for h in sorted(tried[b][t], key=lambda h: (known[b][t][h], h))[:n]:
+                    gates[b, t, 1 + h] = 0
+        dropped += n
+    return gates
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_the_lazy_greedy_oracle_keeps_the_reference_heads(skip):
+    """``candidates`` c: each step after the first tries each position's c heads of lowest latest
+    cost, one forward per slot (positions drop different heads in it), against a plain reference;
+    its removal order holds one rank per dropped head as the exact oracle's does."""
+    model = tiny_olmo2(n_layers=2, n_heads=3, hidden=36, ffn=32)
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(21))
+    for k, per_round, candidates in ((1, 1, 2), (2, 2, 3), (2, 1, 1), (3, 1, 6)):
+        want = reference_lazy_greedy(model, ids, 2, 3, k, skip, per_round, candidates)
+        assert want[..., 1:].sum(-1).eq(k).all()
+        for max_rows in (8, 1):
+            order = greedy_order(model, ids, 2, 3, k, skip, max_rows, per_round=per_round, candidates=candidates)
+            assert torch.equal(greedy_keep(order, k), want), (k, per_round, candidates, max_rows)
+        assert torch.equal(torch.sort(order, -1).values[..., : 6 - k], torch.arange(6 - k).expand(2, 7, -1))
+    # one removal: the first step alone, leave-one-out, whatever c
+    assert torch.equal(greedy_gates(model, ids, 2, 3, 5, skip, candidates=1), greedy_gates(model, ids, 2, 3, 5, skip))
+    for bad in (-1, 1):
+        with pytest.raises(ValueError, match="candidates"):
+            greedy_order(model, ids, 2, 3, 2, skip, per_round=2, candidates=bad)
+
 def test_lm_router_inputs_are_the_stock_states_shifted_and_causal():
     model = tiny_olmo2(n_layers=2, n_heads=2, hidden=32, ffn=32)
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(6))
@@ -270,6 +337,27 @@ def test_per_token_macs_of_a_router_and_its_inputs():
     cache = StructurePredictor(PredictorConfig(hidden=8, input="cache", geo_features=False), 4, 4, 16)
     assert deployed_macs(cfg, cache, 5, 0.5, "query", dense_states=False)["total_over_dense"] is None
 
+
+
+def test_the_window_at_which_routing_reaches_a_macs_ratio_is_where_the_closed_form_meets_it():
+    """:func:`window_at_macs_ratio`: at the T it returns, (routed + router) / dense MACs at the prefill
+    mean of (T + 1) / 2 keys is the target; shorter windows cost more, longer less; None where the
+    saving per key cannot reach the target (a key costs ``on`` of a dense one's, at best)."""
+    from transformers import Olmo2Config
+
+    cfg = Olmo2Config(hidden_size=8, intermediate_size=12, num_hidden_layers=4, num_attention_heads=4, vocab_size=61)
+
+    def ratio(t, on, mode, router):
+        keys = (t + 1) / 2
+        return (macs_per_token(cfg, keys, on, mode) + router) / macs_per_token(cfg, keys, 1.0, mode)
+
+    for mode, on, router in (("query", 0.5, 256), ("full", 0.5, 1500)):
+        t = window_at_macs_ratio(cfg, on, mode, router, 0.8)
+        assert t is not None and t > 1
+        assert ratio(t, on, mode, router) == pytest.approx(0.8)
+        assert ratio(t / 2, on, mode, router) > 0.8 > ratio(2 * t, on, mode, router)
+    assert window_at_macs_ratio(cfg, 0.25, "full", 0, 0.8) == 1 and ratio(1, 0.25, "full", 0) < 0.8  # below at any T
+    assert window_at_macs_ratio(cfg, 0.5, "query", 256, 0.45) is None  # per key, half the heads cost half: never 0.45
 
 def test_per_layer_counts_keep_each_layers_top_k_and_the_static_counts_are_static_pruning():
     gen = torch.Generator().manual_seed(4)

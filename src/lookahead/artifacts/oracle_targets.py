@@ -7,7 +7,8 @@ Layout (a few big files)::
 
     <dir>/targets.safetensors   windows (W, T+1) int64, greedy_order (W, T, L·H) int16 (the step a
                                 head was dropped, L·H for the heads kept), loo_kl (W, T, L·H) float32
-    <dir>/meta.json             skip mode, heads kept, shape, the stage's params
+    <dir>/meta.json             skip mode, heads kept, shape, the stage's params (its greedy search:
+                                ``per_round`` and ``candidates``, the exact oracle when absent)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class OracleTargets:
         self.greedy_order = loaded["greedy_order"].long()
         self.loo_kl = loaded["loo_kl"]
         self.skip, self.keep = self.meta["skip"], int(self.meta["keep"])
+        config = self.meta.get("config", {})  # the greedy search (lookahead.graph.oracle.greedy_targets); exact if absent
+        self.search = {"per_round": int(config.get("per_round", 1)), "candidates": int(config.get("candidates", 0))}
         n = len(self.windows)
         if self.greedy_order.shape[:2] != (n, self.windows.shape[1] - 1) or self.loo_kl.shape != self.greedy_order.shape:
             raise OracleTargetsError(f"oracle targets {self.dir}: arrays of different shapes "

@@ -40,3 +40,18 @@ def deployed_macs(cfg, predictor, context: float, on: float, mode: str, dense_st
     total = None if predictor.cfg.input == "cache" else (routed + router + inputs) / dense
     return {"routed_forward_over_dense": routed / dense, "router_over_dense": router / dense,
             "inputs_over_dense": None if predictor.cfg.input == "cache" else inputs / dense, "total_over_dense": total}
+
+
+def window_at_macs_ratio(cfg, on: float, mode: str, router: float, target: float = 0.8) -> float | None:
+    """The prefill window length T at which a routed forward with a share ``on`` of heads running,
+    plus a router of ``router`` MACs per token (its inputs not counted), costs ``target`` × a dense
+    forward's MACs per token (prefill: (T + 1) / 2 keys on average, :func:`macs_per_token`). Both
+    costs are linear in the keys, so T is closed form; None where no length reaches it (the routed
+    forward's attention saves too little per key)."""
+    dense0, dense1 = macs_per_token(cfg, 0.0, 1.0, mode), macs_per_token(cfg, 1.0, 1.0, mode)
+    routed0, routed1 = macs_per_token(cfg, 0.0, on, mode), macs_per_token(cfg, 1.0, on, mode)
+    per_key = target * (dense1 - dense0) - (routed1 - routed0)  # MACs saved per key, beyond the target's
+    if per_key <= 0:
+        return None
+    keys = max(0.0, (routed0 + router - target * dense0) / per_key)
+    return 2 * keys - 1 if keys >= 1 else 1.0

@@ -8,8 +8,10 @@ position's K heads of largest KL. The **greedy** oracle removes heads one at a t
 dropping the head whose removal (on top of that position's earlier removals) moves its output the
 least; it costs (L·H − K) · L·H forwards of a window, which it stacks along the batch (every
 candidate removal of a step in one pass, :func:`greedy_gates`). Dropping each position's r
-cheapest heads per step (``per_round``) cuts that to ⌈(L·H − K)/r⌉ · L·H: the oracle for graphs of
-hundreds of heads (benchmarks/greedy_rounds.py measures its gap to the exact one).
+cheapest heads per step (``per_round``) cuts that to ⌈(L·H − K)/r⌉ · L·H; trying at each step only
+each position's c heads of lowest latest cost (``candidates``, a lazy greedy) cuts it to about
+L·H + (L·H − K) · c / r: the oracles for graphs of hundreds of heads (benchmarks/greedy_rounds.py
+measures their gap to the exact one).
 
 Routing statistics of hard gates (positions, L·H): ``dynamic_fraction`` = (1/N) Σ_h min(p_h,
 1 − p_h), p_h the share of positions where head h runs (0 for any static mask, 0.5 at most), and
@@ -73,18 +75,20 @@ the default base, 177 positions/s with 8 rows, 141 with 32, 126 with 128)."""
 
 
 def greedy_order(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                 max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1) -> torch.Tensor:
+                 max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1,
+                 candidates: int = 0) -> torch.Tensor:
     """The greedy label-free oracle's removal order (B, T, L·H) down to k heads per position: the
     rank in which each head was dropped, L·H for the k heads it keeps. Its keep set at any budget
     k' >= k is the heads of order >= L·H − k' (:func:`greedy_keep`). ``fixed``: heads never
-    dropped (shared heads), part of the k kept. ``per_round``: see :func:`greedy_targets`."""
-    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows, fixed, per_round)[0]
+    dropped (shared heads), part of the k kept. ``per_round``, ``candidates``: see
+    :func:`greedy_targets`."""
+    return greedy_targets(lm, ids, n_layers, n_heads, k, skip, max_rows, fixed, per_round, candidates)[0]
 
 
 @torch.no_grad()
 def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                   max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   max_rows: int = GREEDY_ROWS, fixed: Sequence[int] = (), per_round: int = 1,
+                   candidates: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy oracle's removal order (:func:`greedy_order`) and the cost of its first step,
     which is every head's leave-one-out KL (B, T, L·H) (:func:`leave_one_out_kl`, from batched
     forwards: equal to float rounding).
@@ -98,24 +102,34 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
 
     ``per_round`` r > 1: each step drops each position's r cheapest heads still on at once, ranked
     in the order of their cost (the last step fewer, to end at k): ⌈(L·H − k)/r⌉ steps in place of
-    L·H − k, an approximation of the exact oracle (r = 1)."""
+    L·H − k, an approximation of the exact oracle (r = 1).
+
+    ``candidates`` c > 0: a lazy greedy. After the first step (every head's leave-one-out KL), a
+    step tries at each position only the c heads still on whose latest measured cost is lowest,
+    and drops the r cheapest of those; the others keep their earlier cost. A trial forward j drops
+    each position's j-th candidate, so positions drop different heads in one forward (the exact
+    oracle's trial drops one head at every position). L·H + (steps − 1) · c trial forwards in place
+    of steps · L·H; c = 0 tries every head still on (the exact oracle)."""
     if per_round < 1:
         raise ValueError(f"greedy oracle: per_round must be at least 1, got {per_round}")
+    if candidates < 0 or 0 < candidates < per_round:
+        raise ValueError(f"greedy oracle: candidates must be 0 (every head) or at least per_round ({per_round}), "
+                         f"got {candidates}")
     batch, length = ids.shape
     kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))  # against (B, T, V)
     total = n_layers * n_heads
     gates = torch.ones(batch, length, 1 + total, device=ids.device)
     order = torch.full((batch, length, total), total, dtype=torch.long, device=ids.device)
     per = max(1, max_rows // batch)  # candidate removals per forward
-    candidates = torch.tensor(sorted(set(range(total)) - set(fixed)), dtype=torch.long, device=ids.device)
-    if len(candidates) < total - k:
-        raise ValueError(f"greedy oracle: {len(fixed)} fixed heads leave {len(candidates)} to drop, "
+    droppable = torch.tensor(sorted(set(range(total)) - set(fixed)), dtype=torch.long, device=ids.device)
+    if len(droppable) < total - k:
+        raise ValueError(f"greedy oracle: {len(fixed)} fixed heads leave {len(droppable)} to drop, "
                          f"fewer than the {total - k} the budget of {k} needs")
 
     def removal_cost() -> torch.Tensor:  # KL to dense of dropping each head on top of ``gates`` (B, T, L·H)
         cost = torch.full((batch, length, total), math.inf, device=ids.device)
-        for start in range(0, len(candidates), per):
-            heads = candidates[start : start + per]
+        for start in range(0, len(droppable), per):
+            heads = droppable[start : start + per]
             trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
             trial[torch.arange(len(heads)), ..., 1 + heads] = 0
             trial = trial.reshape(-1, length, 1 + total)
@@ -123,9 +137,29 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
             cost[..., heads] = kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
         return cost
 
+    def candidate_cost(known: torch.Tensor, slots: int) -> torch.Tensor:  # the lazy greedy's step
+        pick = torch.sort(known, dim=-1, stable=True).indices[..., :slots]  # (B, T, c): lowest known cost first
+        cost = torch.full((batch, length, total), math.inf, device=ids.device)
+        for start in range(0, slots, per):
+            heads = pick[..., start : start + per].permute(2, 0, 1)  # (C, B, T): trial c drops its slot's head
+            trial = gates.expand(len(heads), -1, -1, -1).clone()
+            trial.scatter_(-1, 1 + heads[..., None], 0.0)
+            logits = execute(lm, ids.repeat(len(heads), 1), head_graph(trial.reshape(-1, length, 1 + total), n_layers,
+                             n_heads), trial.reshape(-1, length, 1 + total), skip)
+            cost.scatter_(-1, heads.permute(1, 2, 0), kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0))
+        known.scatter_(-1, pick, cost.gather(-1, pick))
+        return cost
+
     first = removal_cost()  # every head's leave-one-out KL, also when no head is to be dropped (k = L·H)
+    known = first.clone()  # the lazy greedy's latest cost of each head (+inf: fixed, or off)
     for rank in range(0, total - k, per_round):
-        cost = first.clone() if rank == 0 else removal_cost()
+        if rank == 0:
+            cost = first.clone()
+        elif candidates:
+            known[gates[..., 1:] == 0] = math.inf
+            cost = candidate_cost(known, min(candidates, len(droppable) - rank))  # the heads still on
+        else:
+            cost = removal_cost()
         cost[gates[..., 1:] == 0] = math.inf  # a head already off cannot be dropped again
         n = min(per_round, total - k - rank)
         drop = torch.sort(cost, dim=-1, stable=True).indices[..., :n]  # (B, T, n), cheapest first: the first on a tie
@@ -133,6 +167,14 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
         order.scatter_(-1, drop, torch.arange(rank, rank + n, device=ids.device).expand_as(drop))
     return order, first
 
+
+def greedy_trials(total: int, k: int, per_round: int = 1, candidates: int = 0) -> int:
+    """Trial forwards per window of :func:`greedy_targets` down to k of ``total`` heads (the dense
+    pass not counted): every head at each step, or after the first only ``candidates`` per step."""
+    steps = math.ceil((total - k) / per_round) if k < total else 0
+    if not candidates:
+        return max(steps, 1) * total
+    return total + sum(min(candidates, total - s * per_round) for s in range(1, steps))
 
 def greedy_keep(order: torch.Tensor, k: int) -> torch.Tensor:
     """Per-position gates (…, N) of the greedy oracle's keep set of k heads from its removal order
@@ -142,9 +184,10 @@ def greedy_keep(order: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, skip: str,
-                 max_rows: int = GREEDY_ROWS, per_round: int = 1) -> torch.Tensor:
+                 max_rows: int = GREEDY_ROWS, per_round: int = 1, candidates: int = 0) -> torch.Tensor:
     """The greedy label-free oracle's gates (B, T, N) keeping k heads per position (:func:`greedy_order`)."""
-    return greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows, per_round=per_round), k)
+    return greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows, per_round=per_round,
+                                    candidates=candidates), k)
 
 
 @torch.no_grad()

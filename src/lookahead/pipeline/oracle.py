@@ -39,6 +39,11 @@ class OracleConfig:
     """Seed of the draw."""
     rows: int = GREEDY_ROWS
     """Sequences per forward of the greedy oracle (one window × candidate removals)."""
+    per_round: int = 1
+    """Heads each position drops per greedy step (1: the exact greedy oracle; more: fewer steps)."""
+    candidates: int = 0
+    """Heads each position tries per greedy step after the first, those of lowest latest cost (a lazy
+    greedy; 0: every head still on, the exact oracle). Phase 1's report uses the same search."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` = CUDA when available."""
 
@@ -46,6 +51,9 @@ class OracleConfig:
         require(self.windows >= 1, "windows", f"must be >= 1; got {self.windows}")
         require(self.rows >= 1, "rows", f"must be >= 1; got {self.rows}")
         require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
+        require(self.per_round >= 1, "per_round", f"must be >= 1; got {self.per_round}")
+        require(self.candidates == 0 or self.candidates >= self.per_round, "candidates",
+                f"must be 0 (every head still on) or >= per_round ({self.per_round}); got {self.candidates}")
 
 
 def read_keep(params_path: str | Path) -> float:
@@ -81,7 +89,8 @@ def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_len
     order, loo = [], []
     tic = time.perf_counter()
     for window in tqdm(windows, desc="oracle (greedy; its first step: leave-one-out)", unit="window", mininterval=5):
-        steps, first = greedy_targets(lm, window[None, :-1].to(device), n_layers, n_heads, k, skip, cfg.rows)
+        steps, first = greedy_targets(lm, window[None, :-1].to(device), n_layers, n_heads, k, skip, cfg.rows,
+                                      per_round=cfg.per_round, candidates=cfg.candidates)
         order.append(steps[0].to(torch.int16).cpu())
         loo.append(first[0].float().cpu())
     seconds = time.perf_counter() - tic

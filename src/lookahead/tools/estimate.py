@@ -185,11 +185,15 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
 
     orc = configs["oracle"]
     keep = max(1, round(pred.keep * (nodes - 1)))
-    removals = sum(nodes - 1 - r for r in range(nodes - 1 - keep))  # greedy: every remaining head each round
-    o_tokens = orc.windows * (removals + nodes) * t
+    # trial forwards per window (lookahead.graph.oracle.greedy_trials, written out here to keep torch out)
+    heads, steps = nodes - 1, -(-(nodes - 1 - keep) // orc.per_round)
+    removals = (heads + sum(min(orc.candidates, heads - s * orc.per_round) for s in range(1, steps)) if orc.candidates
+                else max(steps, 1) * heads)
+    o_tokens = orc.windows * (removals + 1) * t
     out.append(Stage("oracle", frozen=arch.params, forward_tokens=o_tokens, flops=fwd * o_tokens, weights=lm_w,
                      activations=4.0 * orc.rows * t * arch.vocab,
-                     note=f"greedy to {keep} of {nodes - 1} heads: {removals} forwards per window"))
+                     note=f"greedy to {keep} of {heads} heads (per_round {orc.per_round}, candidates "
+                          f"{orc.candidates or 'all'}): {removals} forwards per window"))
 
     # the router: an MLP from the context features to rank-r node factors
     ctx_dim = {"cache": 384 if cx.encoder == "minilm" else 1024, "lm": 2 * arch.hidden, "embedding": arch.hidden,

@@ -52,6 +52,7 @@ from lookahead.tools.verdicts import (COMPARISON, Figures, claim_row, claim_verd
 PAGE = Path("docs/results.md")
 RUNTIME = Path("benchmarks/results/runtime.json")
 PARETO = Path("metrics/evaluate_pareto.csv")
+HEAD_SCALING = Path("metrics/head_scaling.json")
 
 
 def phase1_section(m: dict[str, Figures]) -> list[str]:
@@ -192,6 +193,37 @@ def speed_section(runtime: dict | None) -> list[str]:
     return out + table(("comparison", "figure", "mean ± sd (runs)", "judged against", "verdict"), rows)
 
 
+def head_scaling_section(path: Path) -> list[str]:
+    """The head-scaling study's points (``metrics/head_scaling.json``, scripts/head_scaling.py): each
+    claim with its 95 % interval at every shape, and the trend's value at 256 heads."""
+    if not path.is_file():
+        return []
+    study = json.loads(path.read_text(encoding="utf-8"))
+    keys = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
+            "phase2_minus_static_control", "phase2_minus_control")
+
+    def cell(row: dict, key: str) -> str:
+        if row.get(key) is None:
+            return "–"
+        low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+        return f"{row[key]:+.3f} [{low:+.3f}, {high:+.3f}]" if low is not None else f"{row[key]:+.3f}"
+
+    rows = [(f"{r['n_layers']} × {r['n_heads']}", str(r["heads"]), r["oracle"], *(cell(r, k) for k in keys))
+            for r in study["points"]]
+    trends = study.get("trend_at_256_heads", {})
+    if any(trends.get(k) for k in keys):
+        rows.append(("trend at 256 heads", "256", "fit over the points",
+                     *(cell({k: t["predicted"], f"{k}_ci_low": t["predicted_ci_low"], f"{k}_ci_high": t["predicted_ci_high"]}, k)
+                       if (t := trends.get(k)) else "–" for k in keys)))
+    out = ["## Head scaling: 16 heads toward 256", "",
+           f"The research chain at each model shape (`{path}`, written by `make head-scaling`; what each point "
+           "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
+           "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
+           "on the same test windows (the default's corpus and tokenizer); the trend is a weighted line in log₂(heads) evaluated at 256 heads.", ""]
+    return out + table(("shape", "heads", "oracle", "phase 1: deployed − static", "at equal MACs", "greedy capture",
+                        "phase 2 − static control", "phase 2 − dense control"), rows) + [""]
+
+
 BEGIN, END = "<!-- results: begin (make results) -->", "<!-- results: end -->"
 """The README's five-line summary sits between these markers; ``make results`` rewrites it."""
 
@@ -315,6 +347,7 @@ def render(root: Path) -> str:
     for section in (phase1_section(m), phase2_section(m), decoders_section(m), modulator_section(m),
                     speed_section(runtime)):
         lines += section + [""]
+    lines += head_scaling_section(root / HEAD_SCALING)
     lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)
 

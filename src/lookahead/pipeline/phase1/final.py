@@ -34,7 +34,7 @@ from lookahead.core.windows import set_label
 from lookahead.graph.cost import macs_per_token
 from lookahead.graph.generate import Router, layer_routed, self_consistent
 from lookahead.graph.nodes import static_gates, top_k_gates
-from lookahead.graph.oracle import gates_nll, greedy_gates, leave_one_out_kl, routing_stats
+from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
 from lookahead.graph.scoring import random_heads_scores, static_token_nll
 from lookahead.lm.nll import token_nll
@@ -123,8 +123,7 @@ def static_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
 def greedy_scores(module, scoring: ScoringSet, keep: int) -> tuple[np.ndarray, torch.Tensor]:
     """The greedy label-free oracle keeping ``keep`` heads: per-position NLL (P,) and its heads (P, L·H) bool."""
     if ("greedy", keep) not in scoring.shared:
-        gates = [greedy_gates(module.lm, w[:, :-1], module.n_layers, module.n_heads, keep, module.skip)
-                 for w, _ in scoring.batches]
+        gates = [module.greedy_gates(w[:, :-1], keep) for w, _ in scoring.batches]
         nll = _over(module, scoring, lambda i, w: gates[i])
         on = torch.cat([g[..., 1:].reshape(-1, module.n_layers * module.n_heads) > 0 for g in gates]).cpu()
         scoring.shared["greedy", keep] = (nll, on)

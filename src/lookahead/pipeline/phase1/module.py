@@ -52,6 +52,8 @@ class Phase1Module:
         self._oracle: dict[int, float] = {}  # heads kept per position -> the oracle's NLL
         # train window -> its oracle scores (T, L·H): leave-one-out KL, or the greedy oracle's 0/1 heads
         self._train_loo: dict[int, torch.Tensor] = {} if oracle_targets is None else oracle_targets
+        # the greedy search of the oracle stage's targets, also the report's greedy oracle (exact without targets)
+        self.search = oracle.search if oracle is not None else {}
         self.oracle = oracle if predictor.cfg.input != "cache" else None
         if self.oracle is not None:
             self.oracle.check(skip, self.keep_k(), self.n_layers * self.n_heads, cache.context_length)
@@ -142,7 +144,7 @@ class Phase1Module:
             if r not in self._train_loo:
                 ids = windows[i : i + 1, :-1].to(self.device)
                 if self.cfg.distill_target == "greedy":
-                    scores = greedy_gates(self.lm, ids, self.n_layers, self.n_heads, self.keep_k(), self.skip)[..., 1:]
+                    scores = self.greedy_gates(ids, self.keep_k())[..., 1:]
                 else:
                     scores = leave_one_out_kl(self.lm, ids, self.n_layers, self.n_heads, self.skip)
                 self._train_loo[r] = scores[0].cpu()
@@ -238,9 +240,13 @@ class Phase1Module:
         """The greedy label-free oracle's gates (B, T, N) keeping ``keep`` heads, per val batch
         (computed once per head count: the LM is frozen)."""
         if keep not in self._greedy:
-            self._greedy[keep] = [greedy_gates(self.lm, w[:, :-1], self.n_layers, self.n_heads, keep, self.skip)
-                                  for w, _, _ in self._val_batches()]
+            self._greedy[keep] = [self.greedy_gates(w[:, :-1], keep) for w, _, _ in self._val_batches()]
         return self._greedy[keep]
+
+    def greedy_gates(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """The greedy label-free oracle's gates (B, T, N) of ``ids`` keeping ``keep`` heads, with the
+        oracle stage's search (``oracle.per_round``, ``oracle.candidates``)."""
+        return greedy_gates(self.lm, ids, self.n_layers, self.n_heads, keep, self.skip, **self.search)
 
     @torch.no_grad()
     def greedy_oracle_nll(self, keep: int) -> float:
