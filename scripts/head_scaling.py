@@ -41,6 +41,8 @@ POINT_DIR = Path("metrics/head_scaling")
 TABLE = Path("metrics/head_scaling.json")
 CSV = Path("metrics/head_scaling.csv")
 FIGURE = Path("docs/figures/head_scaling.png")
+PAGE = Path("docs/research/head-scaling.md")
+BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
 TARGETS = ("phase2", "control", "static_control")
 STAGES = ("base", "probe", "init", "contexts", "oracle", "phase1", "phase2", "control", "static_control")
 
@@ -74,11 +76,12 @@ class Point:
 
 
 # One change at a time: heads per layer at the default's depth and width (hidden 128: the same
-# parameters and FLOPs, smaller heads), then depth at 16 heads per layer. The exact greedy oracle
-# where it is affordable; above that the lazy greedy validated against it (benchmarks/greedy_rounds.py).
+# parameters and FLOPs, smaller heads), then depth at 16 heads per layer. The default run's exact greedy
+# oracle at 16 heads; above that the lazy greedy with 4 candidates a step, which matches it within
+# 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs.
 POINTS = (
     Point(4, 4, changes="the default (4 layers, hidden 128, head dim 32)"),
-    Point(4, 8, changes="heads per layer x2 (head dim 16)"),
+    Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)"),
     Point(4, 16, candidates=4, changes="heads per layer x4 (head dim 8)"),
     Point(8, 16, candidates=4, changes="depth x2 at 16 heads per layer"),
     Point(16, 16, per_round=2, candidates=4, changes="depth x4 at 16 heads per layer: the 1B graph"),
@@ -258,6 +261,60 @@ def trend(rows: list[dict], key: str, at: float = 8.0) -> dict | None:
             "points": len(x), "overdispersion": scale}
 
 
+
+def _cell(value, low=None, high=None, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    return f"{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]" if low is not None else f"{value:+.{digits}f}"
+
+
+def markdown(study: dict) -> str:
+    """The page's tables, rendered from ``metrics/head_scaling.json`` (a test compares them)."""
+    rows = study["points"]
+    lines = ["| shape | heads | head dim | what changes | oracle | dense NLL | static pruning | router as deployed | "
+             "greedy oracle | MACs as deployed / dense | window at 0.8× dense MACs |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        window = r["window_at_0_8_dense_macs"]
+        lines.append(f"| {r['n_layers']} × {r['n_heads']} | {r['heads']} | {r['head_dim']} | {r['changes']} | {r['oracle']} | "
+                     f"{r['phase1_dense_nll']:.3f} | {r['phase1_static_pruning_nll']:.3f} | {r['phase1_deployed_nll']:.3f} | "
+                     f"{r['phase1_greedy_oracle_nll']:.3f} | {r['phase1_deployed_macs_over_dense']:.3f} | "
+                     f"{'never' if window is None else f'{window:,.0f}'} |")
+    lines += ["", "| shape | " + " | ".join(label for _, label in CLAIMS) + " |",
+              "|---|" + "---|" * len(CLAIMS)]
+    for r in rows:
+        lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
+            _cell(r.get(k), r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high")) for k, _ in CLAIMS) + " |")
+    trends = study["trend_at_256_heads"]
+    lines.append("| trend at 256 heads | " + " | ".join(
+        _cell(t["predicted"], t["predicted_ci_low"], t["predicted_ci_high"]) if (t := trends.get(k)) else "–"
+        for k, _ in CLAIMS) + " |")
+    lines.append("| slope per doubling of heads | " + " | ".join(
+        _cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
+              t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
+    times = [r for r in rows if r.get("stage_seconds")]
+    if times:
+        stages = [s for s in STAGES if any(s in r["stage_seconds"] for r in times)]
+        lines += ["", "| shape | " + " | ".join(stages) + " | total (min) |", "|---|" + "---:|" * (len(stages) + 1)]
+        for r in times:
+            t = r["stage_seconds"]
+            lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
+                f"{t[s]:.0f}" if s in t else "–" for s in stages) + f" | {sum(t.values()) / 60:.1f} |")
+    return "\n".join(lines)
+
+
+def update_page(study: dict) -> None:
+    """Rewrite the generated block of docs/research/head-scaling.md."""
+    from lookahead.core.atomic import atomic_file
+
+    text = PAGE.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        sys.exit(f"error: {PAGE} lacks the markers {BEGIN!r} … {END!r}")
+    head, rest = text.split(BEGIN, 1)
+    fresh = head + BEGIN + "\n" + markdown(study) + "\n" + END + rest.split(END, 1)[1]
+    with atomic_file(PAGE) as tmp:
+        tmp.write_text(fresh, encoding="utf-8")
+
 def collect() -> list[dict]:
     rows = []
     for point in POINTS:
@@ -278,8 +335,12 @@ def write(rows: list[dict]) -> None:
     from lookahead.core.atomic import atomic_file, write_csv, write_json
 
     trends = {key: trend(rows, key) for key, _ in CLAIMS}
-    write_json(TABLE, {"points": rows, "trend_at_256_heads": trends,
-                       "claims": {key: label for key, label in CLAIMS}})
+    sets = {r["window_set"] for r in rows}
+    if len(sets) > 1:
+        sys.exit(f"error: the points score different windows ({', '.join(sorted(sets))}): one window set per table")
+    study = {"points": rows, "trend_at_256_heads": trends, "claims": {key: label for key, label in CLAIMS}}
+    write_json(TABLE, study)
+    update_page(study)
     flat = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
     write_csv(CSV, flat)
     fig, axes = plt.subplots(2, 4, figsize=(18, 8), dpi=100)
@@ -311,7 +372,7 @@ def write(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['point']:>6} {r['heads']:>5}  " + "  ".join(
             f"{r[key]:+22.4f}" if r.get(key) is not None else f"{'-':>22}" for key, _ in CLAIMS[:4]))
-    print(f"written: {TABLE}, {CSV}, {FIGURE}")
+    print(f"written: {TABLE}, {CSV}, {FIGURE} and the tables of {PAGE}")
 
 
 def commit(point: Point, path: Path) -> None:

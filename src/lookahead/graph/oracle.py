@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.graph.nodes import head_graph
-from lookahead.graph.plan import execute
+from lookahead.graph.plan import execute, gated_forward
 from lookahead.lm.nll import token_nll
 
 
@@ -126,6 +126,8 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
         raise ValueError(f"greedy oracle: {len(fixed)} fixed heads leave {len(droppable)} to drop, "
                          f"fewer than the {total - k} the budget of {k} needs")
 
+    # trial forwards run the head-gate plan directly (what ``execute`` runs for such gates, without
+    # building and checking a (rows, T, N, N) adjacency: O(N²) per position, the cost at hundreds of heads)
     def removal_cost() -> torch.Tensor:  # KL to dense of dropping each head on top of ``gates`` (B, T, L·H)
         cost = torch.full((batch, length, total), math.inf, device=ids.device)
         for start in range(0, len(droppable), per):
@@ -133,7 +135,7 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
             trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
             trial[torch.arange(len(heads)), ..., 1 + heads] = 0
             trial = trial.reshape(-1, length, 1 + total)
-            logits = execute(lm, ids.repeat(len(heads), 1), head_graph(trial, n_layers, n_heads), trial, skip)
+            logits = gated_forward(lm, ids.repeat(len(heads), 1), trial, skip).logits
             cost[..., heads] = kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
         return cost
 
@@ -144,8 +146,7 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
             heads = pick[..., start : start + per].permute(2, 0, 1)  # (C, B, T): trial c drops its slot's head
             trial = gates.expand(len(heads), -1, -1, -1).clone()
             trial.scatter_(-1, 1 + heads[..., None], 0.0)
-            logits = execute(lm, ids.repeat(len(heads), 1), head_graph(trial.reshape(-1, length, 1 + total), n_layers,
-                             n_heads), trial.reshape(-1, length, 1 + total), skip)
+            logits = gated_forward(lm, ids.repeat(len(heads), 1), trial.reshape(-1, length, 1 + total), skip).logits
             cost.scatter_(-1, heads.permute(1, 2, 0), kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0))
         known.scatter_(-1, pick, cost.gather(-1, pick))
         return cost
@@ -193,8 +194,7 @@ def greedy_gates(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, ski
 @torch.no_grad()
 def gates_nll(lm, windows: torch.Tensor, gates: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
     """Per-position NLL (B, T) of windows (B, T+1) run over per-position head gates (B, T, N)."""
-    ids = windows[:, :-1]
-    logits = execute(lm, ids, head_graph(gates, n_layers, n_heads), gates, skip)
+    logits = gated_forward(lm, windows[:, :-1], gates, skip).logits  # execute's plan for 0/1 gates
     return token_nll(logits, windows[:, 1:])
 
 
