@@ -54,6 +54,8 @@ class Point:
     per_round: int = 1
     candidates: int = 0
     changes: str = ""
+    validate: int = 0
+    """Selection windows on which the point's lazy oracle is checked against the exact greedy (0: not)."""
 
     @property
     def name(self) -> str:
@@ -81,7 +83,7 @@ class Point:
 # 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs.
 POINTS = (
     Point(4, 4, changes="the default (4 layers, hidden 128, head dim 32)"),
-    Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)"),
+    Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)", validate=32),
     Point(4, 16, candidates=4, changes="heads per layer x4 (head dim 8)"),
     Point(8, 16, candidates=4, changes="depth x2 at 16 heads per layer"),
     Point(16, 16, per_round=2, candidates=4, changes="depth x4 at 16 heads per layer: the 1B graph"),
@@ -131,6 +133,22 @@ def run_point(point: Point, log_dir: Path) -> dict[str, float]:
         times[stage] = round(nxt[1] - start, 1) if how == "ran" else 0.0
     return times
 
+
+def validate_oracle(point: Point, rev: str, windows: int) -> dict:
+    """benchmarks/greedy_rounds.py on the point's own base LM and head importance (exported from the
+    experiment): the exact greedy against the point's lazy search and c = 8, on ``windows`` selection
+    windows; its JSON line."""
+    from dvc.api import DVCFileSystem
+
+    fs = DVCFileSystem(".", rev=rev)
+    with tempfile.TemporaryDirectory() as tmp:
+        fs.get("models/base", f"{tmp}/base", recursive=True)
+        fs.get("data/probe/heads.safetensors", f"{tmp}/heads.safetensors")
+        variant = (f"r{point.per_round}" if point.per_round > 1 else "") + f"c{point.candidates}"
+        print(f"[head-scaling] {point.name}: the lazy oracle against the exact greedy on {windows} windows", flush=True)
+        line = sh(sys.executable, "benchmarks/greedy_rounds.py", "--base", f"{tmp}/base", "--heads",
+                  f"{tmp}/heads.safetensors", "--windows", str(windows), "--variants", f"{variant},c8")
+    return json.loads(line.strip().splitlines()[-1])
 
 def read_json(rev: str | None, path: str) -> dict:
     if rev is None:
@@ -292,6 +310,19 @@ def markdown(study: dict) -> str:
     lines.append("| slope per doubling of heads | " + " | ".join(
         _cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
               t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
+    checked = [r for r in rows if r.get("oracle_validation")]
+    if checked:
+        lines += ["", "| shape | windows | exact greedy NLL | static pruning NLL | oracle | trial forwards (exact) | "
+                  "speed-up | NLL − exact [95 % CI] | capture of the exact gain [CI] | recall of the exact set |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---|---:|"]
+        for r in checked:
+            v = r["oracle_validation"]
+            for name in (k for k in v if isinstance(v[k], dict)):
+                x = v[name]
+                lines.append(f"| {r['n_layers']} × {r['n_heads']} | {v['windows']} | {v['exact_nll']:.3f} | "
+                             f"{v['static_nll']:.3f} | {name} | {x['trials_per_window']} ({v['exact_trials_per_window']}) | "
+                             f"{x['speedup']:.1f}× | {_cell(x['nll_minus_exact'], *x['nll_minus_exact_ci'], digits=4)} | "
+                             f"{_cell(x['capture'], *x['capture_ci'])} | {x['recall_of_exact']:.3f} |")
     times = [r for r in rows if r.get("stage_seconds")]
     if times:
         stages = [s for s in STAGES if any(s in r["stage_seconds"] for r in times)]
@@ -406,7 +437,12 @@ def main(argv: list[str] | None = None) -> None:
                 row = figures(point, None, None)
             else:
                 times = run_point(point, Path(args.logs))
-                row = figures(point, experiment_rev(f"hs-{point.name}"), times)
+                rev = experiment_rev(f"hs-{point.name}")
+                row = figures(point, rev, times)
+                if point.validate:
+                    tic = time.time()
+                    row["oracle_validation"] = validate_oracle(point, rev, point.validate)
+                    row["oracle_validation_seconds"] = round(time.time() - tic, 1)
             from lookahead.core.atomic import write_json
 
             write_json(path, row)
