@@ -13,8 +13,11 @@ out what the study does not read (modulator, pairs, diffusion, evaluate). The de
 the 4 x 4 point: its figures are read from the workspace, never rerun. Each point's figures go to
 ``metrics/head_scaling/<point>.json`` and are committed as soon as the point finishes (``--commit``,
 on in ``make head-scaling``): experiment refs live in one clone, and a study this long is
-interrupted. A point whose file exists is read back, never rerun; an interrupted point reruns, its
-finished stages restored from DVC's run cache.
+interrupted. A point whose file exists is read back, never rerun; a point whose experiment succeeded
+but whose figures were not collected is collected from it; an interrupted point reruns, its finished
+stages restored from DVC's run cache. Stage times come from the MLflow runs the stages log
+(lookahead.core.tracking), grouped by experiment name. ``--quarter`` adds phase 1 at 75 % off
+(an oracle + phase 1 experiment per point, ``predictor.keep=0.25``).
 
     metrics/head_scaling.json     one entry per point: shape, heads, every claim with _ci_low/_ci_high
     metrics/head_scaling.csv      the same, one row per point
@@ -30,7 +33,7 @@ import argparse
 import dataclasses
 import json
 import math
-import re
+import os
 import subprocess
 import sys
 import tempfile
@@ -44,7 +47,8 @@ FIGURE = Path("docs/figures/head_scaling.png")
 PAGE = Path("docs/research/head-scaling.md")
 BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
 TARGETS = ("phase2", "control", "static_control")
-STAGES = ("base", "probe", "init", "contexts", "oracle", "phase1", "phase2", "control", "static_control")
+STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "phase1", "phase2", "control",
+          "static_control")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,40 +102,55 @@ def sh(*argv: str, capture: bool = True) -> str:
     return proc.stdout if capture else ""
 
 
-def experiment_rev(name: str) -> str:
-    """The newest experiment commit named ``name`` in this clone."""
+def experiment_rev(name: str) -> str | None:
+    """The newest experiment commit named ``name`` in this clone (DVC writes it when the experiment
+    succeeds), or None."""
     refs = sh("git", "for-each-ref", "--sort=-committerdate", "--format=%(objectname) %(refname)", "refs/exps")
     for line in refs.splitlines():
         sha, ref = line.split(" ", 1)
         if ref.rsplit("/", 1)[-1] == name:
             return sha
-    sys.exit(f"error: no experiment {name} in this clone")
+    return None
 
 
-def run_point(point: Point, log_dir: Path) -> dict[str, float]:
-    """Run the point's chain as a DVC experiment; return each stage's wall seconds (from DVC's
-    'Running stage' lines: a stage restored from the run cache or unchanged takes ~0 s)."""
+def run_point(point: Point, log_dir: Path, name: str | None = None, extra: tuple[str, ...] = (),
+              targets: tuple[str, ...] = TARGETS, rerun: bool = False) -> tuple[str, dict[str, float]]:
+    """The point's chain as the DVC experiment ``hs-<name>``: its commit and each stage's seconds. An
+    experiment of that name already in this clone (one that succeeded: its figures not yet collected)
+    is used as it is, unless ``rerun``."""
+    name = name or point.name
+    rev = None if rerun else experiment_rev(f"hs-{name}")
+    if rev is not None:
+        print(f"[head-scaling] {name}: experiment hs-{name} found ({rev[:12]}): collecting it", flush=True)
+        return rev, stage_seconds(f"hs-{name}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["dvc", "exp", "run", "--temp", "-f", "-n", f"hs-{point.name}", *point.overrides(), *TARGETS]
-    print(f"[head-scaling] {point.name}: {' '.join(cmd)}  (log: {log_dir / point.name}.log)", flush=True)
-    starts: list[tuple[str, float, str]] = []
-    with open(log_dir / f"{point.name}.log", "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            now = time.time()
-            match = re.search(r"Running stage '([\w-]+)'", line)
-            restored = re.search(r"Stage '([\w-]+)' (?:is cached - skipping run|didn't change, skipping)", line)
-            if match or restored:
-                starts.append(((match or restored)[1], now, "ran" if match else "restored"))
-        end = time.time()
-        if proc.wait() != 0:
-            sys.exit(f"error: experiment hs-{point.name} failed: see {log_dir / point.name}.log")
-    times = {}
-    for (stage, start, how), nxt in zip(starts, [*starts[1:], (None, end, None)]):
-        times[stage] = round(nxt[1] - start, 1) if how == "ran" else 0.0
-    return times
+    cmd = ["dvc", "exp", "run", "--temp", "-f", "-n", f"hs-{name}", *point.overrides(), *extra, *targets]
+    print(f"[head-scaling] {name}: {' '.join(cmd)}  (log: {log_dir / name}.log)", flush=True)
+    with open(log_dir / f"{name}.log", "w", encoding="utf-8") as log:
+        if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            sys.exit(f"error: experiment hs-{name} failed: see {log_dir / name}.log")
+    rev = experiment_rev(f"hs-{name}")
+    if rev is None:
+        sys.exit(f"error: experiment hs-{name} ran but no experiment ref holds it: see {log_dir / name}.log")
+    return rev, stage_seconds(f"hs-{name}")
+
+
+def stage_seconds(experiment: str) -> dict[str, float]:
+    """Each stage's wall seconds in the experiment, from the MLflow runs its stages logged (the
+    project's store, lookahead.core.tracking: the stage's work, without interpreter start-up); a
+    stage restored from DVC's run cache logs none and is left out. The newest finished run per stage."""
+    from mlflow.tracking import MlflowClient
+
+    from lookahead.core.tracking import TAG_PIPELINE, TAG_ROLE, TAG_STAGE, tracking_uri
+
+    client = MlflowClient(tracking_uri=tracking_uri(Path.cwd()))
+    found = client.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME", "lookahead"))
+    if found is None:
+        return {}
+    runs = client.search_runs([found.experiment_id], max_results=1000, order_by=["attributes.start_time ASC"],
+                              filter_string=f"tags.`{TAG_PIPELINE}` = '{experiment}' and tags.`{TAG_ROLE}` = 'stage' "
+                                            "and attributes.status = 'FINISHED'")
+    return {run.data.tags[TAG_STAGE]: round((run.info.end_time - run.info.start_time) / 1000, 1) for run in runs}
 
 
 def validate_oracle(point: Point, rev: str, windows: int) -> dict:
@@ -150,10 +169,29 @@ def validate_oracle(point: Point, rev: str, windows: int) -> dict:
                   f"{tmp}/heads.safetensors", "--windows", str(windows), "--variants", f"{variant},c8")
     return json.loads(line.strip().splitlines()[-1])
 
+
+QUARTER = 0.25
+"""Phase 1 at 75 % of heads off (``--quarter``): ``predictor.keep`` of its phase-1-only experiment."""
+
+
+def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
+    """Phase 1 of the point at 75 % off: an experiment of the oracle and phase 1 alone (the base LM,
+    probe, init and contexts restored from the point's run), and its phase-1 figures."""
+    from lookahead.artifacts.val_scores import ScoringConfig
+
+    name = f"{point.name}-keep{round(QUARTER * 100)}"
+    rev, times = run_point(point, log_dir, name, ("-S", f"predictor.keep={QUARTER}"), ("phase1",), rerun)
+    params = read_params(rev)
+    out = phase1_figures(rev, ScoringConfig(**params["scoring"]), params["base"]["arch"]["context_length"])
+    return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
+
 def read_json(rev: str | None, path: str) -> dict:
+    """A JSON file of the workspace (rev None) or of an experiment commit, in git or DVC's cache."""
     if rev is None:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    return json.loads(sh("git", "show", f"{rev}:{path}"))
+    from dvc.api import DVCFileSystem
+
+    return json.loads(DVCFileSystem(".", rev=rev).read_text(path, encoding="utf-8"))
 
 
 def score_file(rev: str | None, path: str, tmp: Path) -> Path:
@@ -178,41 +216,34 @@ def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: 
     return mean - half, mean + half
 
 
-def figures(point: Point, rev: str | None, times: dict | None) -> dict:
-    """Every claim of one point, from its phase-1 report and the per-position NLLs of phase 1,
-    phase 2 and both controls on the same test windows (rev None: the workspace's default run)."""
-    from lookahead.artifacts.val_scores import ScoringConfig, load_scores
-    from lookahead.core.intervals import ratio_interval
-    from lookahead.graph.cost import macs_per_token, window_at_macs_ratio
-    from lookahead.pipeline.evaluate.claims import trained_claims
-
+def read_params(rev: str | None) -> dict:
     import yaml
 
+    return yaml.safe_load(Path("params.yaml").read_text() if rev is None else sh("git", "show", f"{rev}:params.yaml"))
+
+
+PHASE1_CLAIMS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "router_minus_static_pruning",
+                 "greedy_capture")
+
+
+def phase1_figures(rev: str | None, scoring, window: int) -> dict:
+    """Phase 1's figures of a run (the LM frozen): NLLs, its paired claims and greedy capture with
+    their intervals (phase 1's report), the ratio of NLL increases with its interval (from its
+    per-position NLLs), the static twin gap and context-shuffle ΔNLL (intervals over seeds alone)."""
+    from lookahead.artifacts.val_scores import load_scores
+    from lookahead.core.intervals import ratio_interval
+
     report = read_json(rev, "metrics/phase1_report.json")
-    params = yaml.safe_load(Path("params.yaml").read_text() if rev is None else sh("git", "show", f"{rev}:params.yaml"))
-    arch, skip = params["base"]["arch"], params["runtime"]["skip"]
-    if (arch["n_layers"], arch["n_heads"]) != (point.layers, point.heads):
-        sys.exit(f"error: {point.name}: the run holds {arch['n_layers']}x{arch['n_heads']} heads")
-    scoring = ScoringConfig(**params["scoring"])
-    window = arch["context_length"]
-    out = {"point": point.name, "n_layers": point.layers, "n_heads": point.heads, "heads": point.total,
-           "log2_heads": math.log2(point.total), "hidden_size": arch["hidden_size"],
-           "head_dim": arch["hidden_size"] // point.heads, "changes": point.changes, "oracle": point.oracle,
-           "heads_kept": report["oracle_heads_kept"], "skip": skip, "window_set": report["window_set"],
-           "seeds": report["seeds"]}
-    # phase 1, the LM frozen (its paired claims and greedy capture come with intervals)
+    out = {"heads_kept": report["oracle_heads_kept"], "window_set": report["window_set"], "seeds": report["seeds"],
+           "active_head_fraction": report["active_head_fraction"]}
     for key in ("dense_nll", "static_pruning_nll", "deployed_nll", "hard_nll", "greedy_oracle_nll", "oracle_recall_at_k",
                 "dynamic_fraction", "deployed_macs_over_dense", "router_macs_over_dense"):
         out[f"phase1_{key}"] = report.get(key)
-    for claim in ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "router_minus_static_pruning",
-                  "greedy_capture"):
+    for claim in PHASE1_CLAIMS:
         out[claim] = report.get(claim)
         out[f"{claim}_ci_low"], out[f"{claim}_ci_high"] = report.get(f"{claim}_ci_low"), report.get(f"{claim}_ci_high")
     with tempfile.TemporaryDirectory() as tmp:
-        files = {name: score_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
-                 for name in ("phase1", "phase2", "control", "static_control")}
-        phase1 = load_scores(files["phase1"])
-        trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
+        phase1 = load_scores(score_file(rev, "data/val_nll/phase1.safetensors", Path(tmp)))
     # ratio: the deployed router's NLL increase over static pruning's, both over dense (ratio of sums, CI)
     dense, static, deployed = (phase1[k] for k in ("dense", "static", "deployed"))
     ratio = ratio_interval(deployed - dense, static - dense, window, scoring.resamples, scoring.confidence, scoring.seed)
@@ -222,6 +253,31 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
         out[key] = report.get(key)
         out[f"{key}_ci_low"], out[f"{key}_ci_high"] = seed_interval(report.get(key), report.get(f"{key}_sd"),
                                                                      report["seeds"], scoring.confidence)
+    return out
+
+
+def figures(point: Point, rev: str | None, times: dict | None) -> dict:
+    """Every claim of one point, from its phase-1 report and the per-position NLLs of phase 1,
+    phase 2 and both controls on the same test windows (rev None: the workspace's default run)."""
+    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.graph.cost import macs_per_token, window_at_macs_ratio
+    from lookahead.pipeline.evaluate.claims import trained_claims
+
+    params = read_params(rev)
+    arch, skip = params["base"]["arch"], params["runtime"]["skip"]
+    if (arch["n_layers"], arch["n_heads"]) != (point.layers, point.heads):
+        sys.exit(f"error: {point.name}: the run holds {arch['n_layers']}x{arch['n_heads']} heads")
+    scoring = ScoringConfig(**params["scoring"])
+    window = arch["context_length"]
+    phase1 = phase1_figures(rev, scoring, window)
+    out = {"point": point.name, "n_layers": point.layers, "n_heads": point.heads, "heads": point.total,
+           "log2_heads": math.log2(point.total), "hidden_size": arch["hidden_size"],
+           "head_dim": arch["hidden_size"] // point.heads, "changes": point.changes, "oracle": point.oracle,
+           "skip": skip, **phase1}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {name: score_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
+                 for name in ("phase2", "control", "static_control")}
+        trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
     # phase 2 against both controls (evaluate's claims, from the same score files)
     for key in ("phase2_hard_nll", "dense_control_nll", "static_control_nll"):
         out[key] = trained[key]
@@ -233,9 +289,8 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Olmo2Config.from_dict(json.loads(score_file(rev, "models/base/config.json", Path(tmp)).read_text()))
-    on = report["active_head_fraction"]
-    router = (report["router_macs_over_dense"] or 0.0) * macs_per_token(cfg, (window + 1) / 2, 1.0, skip)
-    out["window_at_0_8_dense_macs"] = window_at_macs_ratio(cfg, on, skip, router, 0.8)
+    router = (out["phase1_router_macs_over_dense"] or 0.0) * macs_per_token(cfg, (window + 1) / 2, 1.0, skip)
+    out["window_at_0_8_dense_macs"] = window_at_macs_ratio(cfg, out["active_head_fraction"], skip, router, 0.8)
     out["stage_seconds"] = times
     out["rev"] = (rev or sh("git", "rev-parse", "HEAD").strip())[:12]
     return out
@@ -310,6 +365,20 @@ def markdown(study: dict) -> str:
     lines.append("| slope per doubling of heads | " + " | ".join(
         _cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
               t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
+    quarter = [r for r in rows if r.get("off_75")]
+    if quarter:
+        keys = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture", "deployed_ratio")
+        lines += ["", "Phase 1 at 75 % of heads off (its own oracle and phase-1 run, the point's base LM):", "",
+                  "| shape | heads kept | dense NLL | static pruning | router as deployed | greedy oracle | "
+                  + " | ".join(label for k, label in CLAIMS if k in keys) + " |",
+                  "|---|---:|---:|---:|---:|---:|" + "---|" * len(keys)]
+        for r in quarter:
+            q = r["off_75"]
+            lines.append(f"| {r['n_layers']} × {r['n_heads']} | {q['heads_kept']} | {q['phase1_dense_nll']:.3f} | "
+                         f"{q['phase1_static_pruning_nll']:.3f} | {q['phase1_deployed_nll']:.3f} | "
+                         f"{q['phase1_greedy_oracle_nll']:.3f} | "
+                         + " | ".join(_cell(q.get(k), q.get(f"{k}_ci_low"), q.get(f"{k}_ci_high"))
+                                      for k, _ in CLAIMS if k in keys) + " |")
     checked = [r for r in rows if r.get("oracle_validation")]
     if checked:
         lines += ["", "| shape | windows | exact greedy NLL | static pruning NLL | oracle | trial forwards (exact) | "
@@ -381,7 +450,14 @@ def write(rows: list[dict]) -> None:
         y = [r[key] for r in pts]
         lo = [r[key] - r[f"{key}_ci_low"] if r.get(f"{key}_ci_low") is not None else 0 for r in pts]
         hi = [r[f"{key}_ci_high"] - r[key] if r.get(f"{key}_ci_high") is not None else 0 for r in pts]
-        ax.errorbar(x, y, yerr=[lo, hi], fmt="o-", capsize=4, color="tab:blue")
+        ax.errorbar(x, y, yerr=[lo, hi], fmt="o-", capsize=4, color="tab:blue", label="50 % off")
+        quarter = [(r["log2_heads"], r["off_75"]) for r in rows if r.get("off_75", {}).get(f"{key}_ci_low") is not None]
+        if quarter:
+            ax.errorbar([q[0] + 0.05 for q in quarter], [q[1][key] for q in quarter],
+                        yerr=[[q[1][key] - q[1][f"{key}_ci_low"] for q in quarter],
+                              [q[1][f"{key}_ci_high"] - q[1][key] for q in quarter]],
+                        fmt="^--", capsize=4, color="tab:orange", label="75 % off (phase 1)")
+            ax.legend(fontsize=8)
         fit = trends[key]
         if fit is not None:
             ax.errorbar([fit["at_log2_heads"]], [fit["predicted"]],
@@ -406,10 +482,10 @@ def write(rows: list[dict]) -> None:
     print(f"written: {TABLE}, {CSV}, {FIGURE} and the tables of {PAGE}")
 
 
-def commit(point: Point, path: Path) -> None:
+def commit(point: Point, path: Path, what: str = "") -> None:
     sh("git", "add", str(path))
-    sh("git", "commit", "-q", "-m", f"head scaling: point {point.name} ({point.total} heads, {point.oracle})",
-       "--", str(path))
+    sh("git", "commit", "-q", "-m", f"head scaling: point {point.name} ({point.total} heads, {point.oracle})"
+       + (f": {what}" if what else ""), "--", str(path))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,6 +494,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated LxH points to run where missing (default: all)")
     parser.add_argument("--collect-only", action="store_true", help="tabulate the committed point files")
     parser.add_argument("--commit", action="store_true", help="git-commit each point's file as it finishes")
+    parser.add_argument("--rerun", action="store_true",
+                        help="rerun a point whose experiment exists in this clone but whose figures are not committed")
+    parser.add_argument("--quarter", action="store_true",
+                        help="also phase 1 at 75 %% of heads off (an oracle + phase 1 experiment per point)")
     parser.add_argument("--logs", default="logs/head_scaling", help="each experiment's DVC log (default logs/head_scaling)")
     args = parser.parse_args(argv)
     if not Path("dvc.yaml").is_file():
@@ -428,27 +508,33 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--points: unknown {', '.join(unknown)}; known: {', '.join(by_name)}")
     if not args.collect_only:
+        from lookahead.core.atomic import write_json
+
         for point in (by_name[name] for name in wanted):
             path = POINT_DIR / f"{point.name}.json"
             if path.is_file():
                 print(f"[head-scaling] {point.name}: read back from {path}", flush=True)
-                continue
-            if point == DEFAULT:  # the default run: the workspace's committed figures, never rerun
-                row = figures(point, None, None)
+                row = json.loads(path.read_text(encoding="utf-8"))
             else:
-                times = run_point(point, Path(args.logs))
-                rev = experiment_rev(f"hs-{point.name}")
-                row = figures(point, rev, times)
-                if point.validate:
-                    tic = time.time()
-                    row["oracle_validation"] = validate_oracle(point, rev, point.validate)
-                    row["oracle_validation_seconds"] = round(time.time() - tic, 1)
-            from lookahead.core.atomic import write_json
-
-            write_json(path, row)
-            if args.commit:
-                commit(point, path)
-            print(f"[head-scaling] {point.name}: done ({path})", flush=True)
+                if point == DEFAULT:  # the default run: the workspace's committed figures, never rerun
+                    row = figures(point, None, None)
+                else:
+                    rev, times = run_point(point, Path(args.logs), rerun=args.rerun)
+                    row = figures(point, rev, times)
+                    if point.validate:
+                        tic = time.time()
+                        row["oracle_validation"] = validate_oracle(point, rev, point.validate)
+                        row["oracle_validation_seconds"] = round(time.time() - tic, 1)
+                write_json(path, row)
+                if args.commit:
+                    commit(point, path)
+                print(f"[head-scaling] {point.name}: done ({path})", flush=True)
+            if args.quarter and "off_75" not in row:
+                row["off_75"] = run_quarter(point, Path(args.logs), args.rerun)
+                write_json(path, row)
+                if args.commit:
+                    commit(point, path, "phase 1 at 75 % off")
+                print(f"[head-scaling] {point.name}: phase 1 at 75 % off done ({path})", flush=True)
     write(collect())
 
 
