@@ -442,7 +442,7 @@ def write(rows: list[dict]) -> None:
     write_json(TABLE, study)
     update_page(study)
     flat = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
-    write_csv(CSV, flat)
+    write_csv(CSV, flat, list(dict.fromkeys(k for r in flat for k in r)))  # every point's columns
     fig, axes = plt.subplots(2, 4, figsize=(18, 8), dpi=100)
     for ax, (key, label) in zip(axes.flat, CLAIMS):
         pts = [r for r in rows if r.get(key) is not None]
