@@ -55,14 +55,16 @@ def test_the_trend_is_weighted_least_squares_with_its_standard_error(study):
 
 
 def test_the_default_point_holds_the_default_runs_committed_claims(study):
-    """metrics/head_scaling/4x4.json is the default run's figures: phase 1's claims as its report
-    has them, phase 2's as evaluate's (the same score files), the shape of params.yaml."""
+    """metrics/head_scaling/4x4.json is the default run's figures: phase 1's claims as its committed
+    metrics have them, phase 2's as evaluate's (the same score files), the shape of params.yaml."""
     point = json.loads((ROOT / "metrics" / "head_scaling" / "4x4.json").read_text())
-    phase1 = json.loads((ROOT / "metrics" / "phase1_report.json").read_text())
-    evaluate = json.loads((ROOT / "metrics" / "evaluate_report.json").read_text())
+    metrics = ROOT / "metrics"
+    phase1 = {**json.loads((metrics / "phase1.json").read_text()), **json.loads((metrics / "phase1_ci.json").read_text())}
+    evaluate = {**json.loads((metrics / "evaluate.json").read_text()),
+                **json.loads((metrics / "evaluate_ci.json").read_text())}
     for key in ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture"):
         for suffix in ("", "_ci_low", "_ci_high"):
-            assert point[key + suffix] == phase1[key + suffix], key + suffix
+            assert point[key + suffix] == pytest.approx(phase1[key + suffix], abs=1e-12), key + suffix
     for key in ("phase2_minus_control", "phase2_minus_static_control"):
         for suffix in ("", "_ci_low", "_ci_high"):
             assert point[key + suffix] == pytest.approx(evaluate[key + suffix], abs=1e-12), key + suffix

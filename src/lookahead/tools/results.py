@@ -216,7 +216,7 @@ def head_scaling_section(path: Path) -> list[str]:
                      *(cell({k: t["predicted"], f"{k}_ci_low": t["predicted_ci_low"], f"{k}_ci_high": t["predicted_ci_high"]}, k)
                        if (t := trends.get(k)) else "–" for k in keys)))
     out = ["## Head scaling: 16 heads toward 256", "",
-           f"The research chain at each model shape (`{path}`, written by `make head-scaling`; what each point "
+           f"The research chain at each model shape (`{HEAD_SCALING}`, written by `make head-scaling`; what each point "
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
            "on the same test windows (the default's corpus and tokenizer); the trend is a weighted line in log₂(heads) evaluated at 256 heads.", ""]
