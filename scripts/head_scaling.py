@@ -207,13 +207,14 @@ def score_file(rev: str | None, path: str, tmp: Path) -> Path:
 
 
 def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: float = 0.95) -> tuple:
-    """Student-t interval over seeds alone (figures without per-position scores)."""
-    from scipy import stats
+    """Student-t interval over seeds alone (figures without per-position scores):
+    :func:`lookahead.core.intervals.combined_interval` with no window component."""
+    from lookahead.core.intervals import combined_interval
 
     if mean is None or sd is None or seeds < 2:
         return None, None
-    half = stats.t.ppf(0.5 + confidence / 2, seeds - 1) * sd / math.sqrt(seeds)
-    return mean - half, mean + half
+    interval = combined_interval(mean, 0.0, sd, seeds, confidence)
+    return interval["ci_low"], interval["ci_high"]
 
 
 def read_params(rev: str | None) -> dict:
