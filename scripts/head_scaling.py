@@ -19,8 +19,10 @@ stages restored from DVC's run cache. Stage times come from the MLflow runs the 
 (lookahead.core.tracking), grouped by experiment name. ``--quarter`` adds phase 1 at 75 % off
 (an oracle + phase 1 experiment per point, ``predictor.keep=0.25``).
 
-    metrics/head_scaling.json     one entry per point: shape, heads, every claim with _ci_low/_ci_high
-    metrics/head_scaling.csv      the same, one row per point
+    metrics/head_scaling.json         the headline: one entry per point (shape, heads, every claim with
+                                      _ci_low/_ci_high) and each claim's trend at 256 heads
+    metrics/head_scaling_report.json  the full battery: every NLL, the oracle check, stage times, the fits
+    metrics/head_scaling.csv          the battery, one row per point
     docs/figures/head_scaling.png each claim with its interval against log2(heads)
 
 Usage: make head-scaling [SCALING_ARGS="--points 4x8,4x16"]   (python scripts/head_scaling.py --help)
@@ -42,6 +44,7 @@ from pathlib import Path
 
 POINT_DIR = Path("metrics/head_scaling")
 TABLE = Path("metrics/head_scaling.json")
+REPORT = Path("metrics/head_scaling_report.json")
 CSV = Path("metrics/head_scaling.csv")
 FIGURE = Path("docs/figures/head_scaling.png")
 PAGE = Path("docs/research/head-scaling.md")
@@ -336,6 +339,32 @@ def trend(rows: list[dict], key: str, at: float = 8.0) -> dict | None:
 
 
 
+# what metrics/head_scaling.json keeps of a point (DESIGN §1: headline figures only; the rest goes to
+# the report): its shape and window set, the dense NLL, the compute case and every claim with its interval
+SHAPE_KEYS = ("point", "n_layers", "n_heads", "heads", "log2_heads", "head_dim", "oracle", "window_set", "seeds",
+              "phase1_dense_nll", "phase1_deployed_macs_over_dense", "window_at_0_8_dense_macs")
+QUARTER_KEYS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
+                "deployed_ratio")
+TREND_KEYS = ("predicted", "predicted_ci_low", "predicted_ci_high", "slope_per_doubling", "slope_se", "points")
+
+
+def _with_intervals(row: dict, keys) -> dict:
+    return {k + suffix: row.get(k + suffix) for k in keys for suffix in ("", "_ci_low", "_ci_high")}
+
+
+def headline(study: dict) -> dict:
+    """metrics/head_scaling.json: the study's headline, read from its full report."""
+    points = []
+    for r in study["points"]:
+        point = {**{k: r.get(k) for k in SHAPE_KEYS}, **_with_intervals(r, [k for k, _ in CLAIMS])}
+        if r.get("off_75"):
+            point["off_75"] = {"heads_kept": r["off_75"]["heads_kept"], **_with_intervals(r["off_75"], QUARTER_KEYS)}
+        points.append(point)
+    trends = {k: {f: t[f] for f in TREND_KEYS} if (t := study["trend_at_256_heads"].get(k)) else None
+              for k, _ in CLAIMS}
+    return {"points": points, "trend_at_256_heads": trends, "claims": study["claims"], "report": str(REPORT)}
+
+
 def _cell(value, low=None, high=None, digits: int = 3) -> str:
     if value is None:
         return "–"
@@ -343,7 +372,7 @@ def _cell(value, low=None, high=None, digits: int = 3) -> str:
 
 
 def markdown(study: dict) -> str:
-    """The page's tables, rendered from ``metrics/head_scaling.json`` (a test compares them)."""
+    """The page's tables, rendered from ``metrics/head_scaling_report.json`` (a test compares them)."""
     rows = study["points"]
     lines = ["| shape | heads | head dim | what changes | oracle | dense NLL | static pruning | router as deployed | "
              "greedy oracle | MACs as deployed / dense | window at 0.8× dense MACs |",
@@ -368,7 +397,7 @@ def markdown(study: dict) -> str:
               t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
     quarter = [r for r in rows if r.get("off_75")]
     if quarter:
-        keys = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture", "deployed_ratio")
+        keys = QUARTER_KEYS
         lines += ["", "Phase 1 at 75 % of heads off (its own oracle and phase-1 run, the point's base LM):", "",
                   "| shape | heads kept | dense NLL | static pruning | router as deployed | greedy oracle | "
                   + " | ".join(label for k, label in CLAIMS if k in keys) + " |",
@@ -440,7 +469,8 @@ def write(rows: list[dict]) -> None:
     if len(sets) > 1:
         sys.exit(f"error: the points score different windows ({', '.join(sorted(sets))}): one window set per table")
     study = {"points": rows, "trend_at_256_heads": trends, "claims": {key: label for key, label in CLAIMS}}
-    write_json(TABLE, study)
+    write_json(REPORT, study)
+    write_json(TABLE, headline(study))
     update_page(study)
     flat = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
     write_csv(CSV, flat, list(dict.fromkeys(k for r in flat for k in r)))  # every point's columns
@@ -480,7 +510,7 @@ def write(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['point']:>6} {r['heads']:>5}  " + "  ".join(
             f"{r[key]:+22.4f}" if r.get(key) is not None else f"{'-':>22}" for key, _ in CLAIMS[:4]))
-    print(f"written: {TABLE}, {CSV}, {FIGURE} and the tables of {PAGE}")
+    print(f"written: {TABLE}, {REPORT}, {CSV}, {FIGURE} and the tables of {PAGE}")
 
 
 def commit(point: Point, path: Path, what: str = "") -> None:

@@ -69,16 +69,23 @@ def test_the_default_point_holds_the_default_runs_committed_claims(study):
         for suffix in ("", "_ci_low", "_ci_high"):
             assert point[key + suffix] == pytest.approx(evaluate[key + suffix], abs=1e-12), key + suffix
     assert (point["n_layers"], point["n_heads"], point["heads"]) == (4, 4, 16)
-    table = json.loads((ROOT / "metrics" / "head_scaling.json").read_text())
-    assert [p["point"] for p in table["points"]][0] == "4x4" and table["points"][0] == point
+    report = json.loads((ROOT / study.REPORT).read_text())
+    assert report["points"][0]["point"] == "4x4" and report["points"][0] == point
 
 
 def test_the_pages_tables_are_a_fresh_render_of_the_committed_study(study):
     """docs/research/head-scaling.md's generated block is what the script renders from
-    metrics/head_scaling.json, and that file's trend is refitted from its points."""
-    table = json.loads((ROOT / study.TABLE).read_text())
+    metrics/head_scaling_report.json, that file's trend is refitted from its points, and the headline
+    metrics/head_scaling.json is drawn from it: every point's claims with their intervals."""
+    report = json.loads((ROOT / study.REPORT).read_text())
     page = (ROOT / study.PAGE).read_text()
     block = page.split(study.BEGIN, 1)[1].split(study.END, 1)[0]
-    assert block.strip() == study.markdown(table).strip()
+    assert block.strip() == study.markdown(report).strip()
     for key, _ in study.CLAIMS:
-        assert table["trend_at_256_heads"][key] == study.trend(table["points"], key)
+        assert report["trend_at_256_heads"][key] == study.trend(report["points"], key)
+    table = json.loads((ROOT / study.TABLE).read_text())
+    assert table == study.headline(report)
+    for full, point in zip(report["points"], table["points"], strict=True):
+        for key, _ in study.CLAIMS:
+            for suffix in ("", "_ci_low", "_ci_high"):
+                assert point[key + suffix] == full[key + suffix], (point["point"], key + suffix)
