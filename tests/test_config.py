@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -214,3 +215,18 @@ def test_the_estimate_of_the_real_target_prints_every_stage(capsys, repo_root):
     assert main([str(repo_root / "profiles/olmo2-1b.yaml"), "--estimate"]) == 0
     table = capsys.readouterr().out
     assert "phase2" in table and "GPU-hours" in table
+
+
+@pytest.mark.parametrize("per_round,candidates", [(1, 0), (2, 0), (1, 4), (2, 4), (3, 300)])
+def test_the_estimate_counts_the_oracles_trials_as_the_oracle_runs_them(repo_root, per_round, candidates):
+    """The estimate writes greedy_trials out to keep torch out of `make estimate`: its count of trial
+    forwards is the oracle's own (lookahead.graph.oracle.greedy_trials), for exact and lazy searches."""
+    from lookahead.graph.oracle import greedy_trials
+    from lookahead.tools.estimate import estimate
+    from lookahead.tools.params import validate_all
+
+    configs = validate_all(repo_root / "profiles/olmo2-1b.yaml")
+    configs["oracle"] = dataclasses.replace(configs["oracle"], per_round=per_round, candidates=candidates)
+    oracle = next(r for r in estimate(configs)["stages"] if r["stage"] == "oracle")
+    keep = round(configs["predictor"].keep * 256)
+    assert f": {greedy_trials(256, keep, per_round, candidates)} forwards per window" in oracle["note"]
