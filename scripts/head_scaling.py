@@ -127,7 +127,10 @@ def run_point(point: Point, log_dir: Path, name: str | None = None, extra: tuple
         print(f"[head-scaling] {name}: experiment hs-{name} found ({rev[:12]}): collecting it", flush=True)
         return rev, stage_seconds(f"hs-{name}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["dvc", "exp", "run", "--temp", "-f", "-n", f"hs-{name}", *point.overrides(), *extra, *targets]
+    # no -f unless rerun: -f (--force) reruns every stage, where a resumed or partial run (the quarter's
+    # base LM, an interrupted point's finished stages) should come back from DVC's run cache
+    cmd = ["dvc", "exp", "run", "--temp", *(["-f"] if rerun else []), "-n", f"hs-{name}", *point.overrides(),
+           *extra, *targets]
     print(f"[head-scaling] {name}: {' '.join(cmd)}  (log: {log_dir / name}.log)", flush=True)
     with open(log_dir / f"{name}.log", "w", encoding="utf-8") as log:
         if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
