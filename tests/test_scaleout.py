@@ -125,11 +125,57 @@ def test_every_seed_of_a_seeded_stage_in_two_processes_ends_where_one_process_do
         assert all(close(a[k], b[k]) for k in a), (stage, seed, {k: (a[k], b[k]) for k in a if not close(a[k], b[k])})
 
 
+LINE = textwrap.dedent('''
+    class Line:
+        def __init__(self):
+            torch.manual_seed(0)
+            self.model = torch.nn.Linear(4, 1)
+        def batch(self, step):
+            g = torch.Generator().manual_seed(100 + step)
+            return torch.randn(8, 5, generator=g)
+        def loss(self, model, xy):
+            return (model(xy[:, :4])[:, 0] - xy[:, 4]).pow(2).mean()
+        def evaluate(self, model):
+            return {}
+        def tokens(self, xy):
+            return len(xy)
+''')
+
 NAN_SCRIPT = textwrap.dedent('''
-    """Rank 1's loss is NaN at step 3; each process records whether the guard stopped it."""
-    import os, sys
+    """First, micro-batches: a toy trained with train.accumulate 1 and 2, each process counting the
+    gradient all-reduces DDP makes (a comm hook); rank 0 saves the accumulated run's weights. Then
+    rank 1's loss is NaN at step 3; each process records whether the guard stopped it."""
+    import json, os, sys
+    import accelerate
     import torch
+    from lookahead.core import seeds
     from lookahead.train.loop import NonFiniteLoss, TrainConfig, train
+
+''') + LINE + textwrap.dedent('''
+    all_reduces = [0]
+    prepare = accelerate.Accelerator.prepare
+
+    def counted(self, *args):
+        out = prepare(self, *args)
+        def hook(state, bucket):
+            all_reduces[0] += 1
+            return torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook(None, bucket)
+        out[0].register_comm_hook(None, hook)
+        return out
+
+    accelerate.Accelerator.prepare = counted
+    seeds._FOLLOWING = True  # rank 1's trainings return, as in a stage's seed runs
+    counts = {}
+    for k in (1, 2):
+        all_reduces[0] = 0
+        line = Line()
+        train(line, TrainConfig(steps=4, batch_size=8, accumulate=k, warmup_steps=1, eval_every=100, lr=0.1,
+                                device="cpu"), stage="line")
+        counts[k] = all_reduces[0]
+    accelerate.Accelerator.prepare = prepare
+    seeds._FOLLOWING = False
+    with open(os.path.join(sys.argv[1], f"counts{os.environ['RANK']}.json"), "w") as f:
+        json.dump({"counts": counts, "weight": line.model.weight.tolist(), "bias": line.model.bias.tolist()}, f)
 
     class Toy:
         def __init__(self):
@@ -170,3 +216,17 @@ def test_a_nan_on_one_process_stops_every_process(tmp_path):
     for rank in (0, 1):  # both stopped by the guard at the same step, neither left waiting
         message = (tmp_path / f"rank{rank}.txt").read_text()
         assert message.startswith("toy: training loss is nan at step 3 on process 1 of 2 (lr "), message
+    # micro-batches: one all-reduce per optimizer step whatever their count (none on a non-final
+    # micro-batch), and the 2-process run with 2 micro-batches each ends where one process does in one pass
+    import torch
+
+    from lookahead.train.loop import TrainConfig, train
+
+    runs = [json.loads((tmp_path / f"counts{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(run["counts"] == {"1": 4, "2": 4} for run in runs), runs
+    namespace = {"torch": torch}
+    exec(LINE, namespace)  # the script's toy
+    line = namespace["Line"]()
+    train(line, TrainConfig(steps=4, batch_size=8, warmup_steps=1, eval_every=100, lr=0.1, device="cpu"), stage="line")
+    assert torch.allclose(line.model.weight, torch.tensor(runs[0]["weight"]), atol=1e-6)
+    assert torch.allclose(line.model.bias, torch.tensor(runs[0]["bias"]), atol=1e-6)

@@ -12,6 +12,7 @@ rerun every stage that imports it).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -162,16 +163,26 @@ def load_section(path: str | Path, section: str, cls: type[T], partial: bool = F
         raise err.under(section) from None
 
 
+OMIT_DEFAULT = {"omit_default": True}
+"""Field metadata of a key added after outputs embedding its config were made: :func:`to_dict`
+leaves it out at its default, so the saved configs (and the files and checkpoints keyed on them) of
+a run that does not use it stay byte-identical."""
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A dataclass config as plain YAML/JSON-able data (tuples become lists)."""
+    """A dataclass config as plain YAML/JSON-able data (tuples become lists; a field marked
+    :data:`OMIT_DEFAULT` is left out at its default)."""
     def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)
+                    if not (f.metadata.get("omit_default") and getattr(v, f.name) == f.default)}
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
-        return v
+        return copy.deepcopy(v)
 
-    return plain(dataclasses.asdict(cfg))
+    return plain(cfg)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -35,6 +35,7 @@ reach the topology, or when the topology is not a standard-stream head-gate grap
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 
 import torch
@@ -43,6 +44,7 @@ import torch.nn.functional as F
 from lookahead.graph import attention, flex, staircase
 from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_model,
                                       forward_with_topology)
+from lookahead.train.checkpointing import layer_call
 
 
 def _binary(gates: torch.Tensor) -> bool:
@@ -219,9 +221,7 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
     positions = torch.arange(start, start + t, device=input_ids.device)[None]
     cos, sin = core.rotary_emb(stream, positions)  # (1, T, D)
     inputs = []
-    for idx, layer in enumerate(core.layers[:n_layers]):
-        if layer_inputs:
-            inputs.append(stream)
+    def run_layer(idx: int, layer, stream: torch.Tensor) -> torch.Tensor:
         heads_on = on[idx]
         if cache is not None and start:
             total = _decode_attention(layer, stream, heads_on, cos, sin, skip, cache, idx)
@@ -232,7 +232,13 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
         else:
             total = _query_attention(layer, stream, on_f[idx], inv_count[idx], shares[idx], cos, sin, cache, idx)
         stream = stream + total
-        stream = stream + layer.post_feedforward_layernorm(layer.mlp(stream))
+        return stream + layer.post_feedforward_layernorm(layer.mlp(stream))
+
+    for idx, layer in enumerate(core.layers[:n_layers]):
+        if layer_inputs:
+            inputs.append(stream)
+        # checkpointed only where autograd records, so never with a cache (no_grad)
+        stream = layer_call(functools.partial(run_layer, idx, layer), stream)
     if cache is not None:
         cache.length = start + t
     hidden = core.norm(stream)

@@ -53,6 +53,7 @@ import torch
 from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.train.checkpointing import layer_call
 
 
 class TopologyError(LookaheadError, ValueError):
@@ -193,30 +194,39 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     # that ran, layer by layer
     blocks = [(slice(0, 1), e[None] if shared else e.reshape(1, -1, d))]
 
-    for layer_idx, layer in enumerate(core.layers[:n_layers]):
+    def run_layer(layer_idx: int, layer, stream: torch.Tensor, msum: torch.Tensor, *outputs: torch.Tensor):
+        """One layer: (its heads' contributions or None, the stream and Σ m after it); ``outputs``
+        are the earlier blocks' contributions (a function of tensors: checkpointing re-runs it)."""
         first = 1 + layer_idx * n_heads
         cols, heads, ones = layers[layer_idx] if shared else (slice(first, first + n_heads), None, all_on)
+        sources = [(ids, o) for (ids, _), o in zip(blocks, outputs)]
         out = None
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if ones else g_all[cols]  # (h,) | (h, B, T)
         if shared and (heads is None or len(heads)):
-            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, blocks), g, cos, sin_signed, not last,
-                                         query)
+            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, sources), g, cos, sin_signed,
+                                         not last, query)
         elif not shared:
-            x_tok = _mix_tokens(a, cols, msum, blocks)  # (B·T, h, d)
+            x_tok = _mix_tokens(a, cols, msum, sources)  # (B·T, h, d)
             if packing is not None:
                 out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
                 o, total = attention.head_outputs(layer, heads, x, g, cos, sin_signed, not last, query)
                 out = None if o is None else o.view(-1, bsz * t, d), total
+        contribution = None
         if out is not None:
-            if out[0] is not None:
-                blocks.append((cols, out[0]))
+            contribution = out[0]
             stream = stream + out[1]
         mlp = layer.post_feedforward_layernorm(layer.mlp(stream))
-        stream = stream + mlp
-        msum = msum + mlp
+        return contribution, stream + mlp, msum + mlp
+
+    for layer_idx, layer in enumerate(core.layers[:n_layers]):
+        contribution, stream, msum = layer_call(functools.partial(run_layer, layer_idx, layer), stream, msum,
+                                                *(o for _, o in blocks))
+        if contribution is not None:
+            first = 1 + layer_idx * n_heads
+            blocks.append((layers[layer_idx][0] if shared else slice(first, first + n_heads), contribution))
     return model.lm_head(core.norm(stream))
 
 

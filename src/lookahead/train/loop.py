@@ -21,17 +21,18 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from lookahead.core.config import to_dict
+from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.errors import ConfigError, LookaheadError, require
 from lookahead.core.seeds import following
 from lookahead.train.checkpoints import (CHECKPOINT_FILE, CheckpointError, rng_state, save_checkpoint,
                                          set_rng_state)
+from lookahead.train.checkpointing import activation_checkpointing
 
 
 
@@ -73,9 +74,18 @@ class TrainConfig:
     """`auto` = CUDA when available."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """`bf16` = autocast to bfloat16 (weights and optimizer stay fp32)."""
+    accumulate: int = dataclasses.field(default=1, metadata=OMIT_DEFAULT)
+    """Micro-batches per optimizer step: each process's share of a step's batch runs as this many
+    equal slices, forward and backward one after another, their gradients summed (Accelerate's
+    gradient accumulation) before one clip and one AdamW step: the same step as one pass over the
+    batch for a loss that is a mean over windows, at 1/accumulate of the activation memory."""
+    checkpoint_activations: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
+    """Keep only each decoder layer's inputs in the forward pass and recompute the layer in the
+    backward pass (torch.utils.checkpoint), in every forward a stage trains through: the head-graph
+    runtime, the execution plan and the stock forward (lookahead.train.checkpointing)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "log_every"):
+        for name in ("steps", "batch_size", "eval_every", "log_every", "accumulate"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
         for name in ("warmup_steps", "checkpoint_every", "seed"):
             require(getattr(self, name) >= 0, name, f"must be >= 0; got {getattr(self, name)}")
@@ -85,6 +95,8 @@ class TrainConfig:
         require(0.0 <= self.beta1 < 1.0, "beta1", f"must be in [0, 1); got {self.beta1}")
         require(0.0 <= self.beta2 < 1.0, "beta2", f"must be in [0, 1); got {self.beta2}")
         require(self.grad_clip >= 0, "grad_clip", f"must be >= 0 (0 = off); got {self.grad_clip}")
+        require(self.batch_size % self.accumulate == 0, "accumulate",
+                f"must divide batch_size ({self.batch_size}) into equal micro-batches; got {self.accumulate}")
 
 
 class TrainModule(Protocol):
@@ -199,6 +211,47 @@ def rank_rows(batch: Any, rank: int, world: int, rows: int) -> Any:
     return batch
 
 
+def step_gradients(accelerator, model, module: TrainModule, batch: Any, cfg: TrainConfig, stage: str, step: int,
+                   lr: Callable[[], float]) -> tuple[float, dict[str, float]]:
+    """The gradients of one optimizer step over this process's ``batch``, left in ``.grad`` (not
+    clipped): ``cfg.accumulate`` micro-batches of equal rows, each forward and backward inside
+    ``accelerator.accumulate`` (no gradient all-reduce before the last; each loss divided by their
+    count), with layers checkpointed when ``cfg.checkpoint_activations``. Returns the step's loss
+    (the mean over micro-batches and processes) and its named parts (means over micro-batches).
+
+    Raises:
+        NonFiniteLoss: a micro-batch's loss is NaN or infinite on some process.
+    """
+    world, k = accelerator.num_processes, cfg.accumulate
+    rows = cfg.batch_size // world
+    values: list[float] = []
+    parts_sum: dict[str, float] = {}
+    with activation_checkpointing(cfg.checkpoint_activations, module.model, getattr(module, "lm", None)):
+        for i in range(k):
+            micro = rank_rows(batch, i, k, rows)
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    loss = module.loss(model, micro)
+                loss, parts = loss if isinstance(loss, tuple) else (loss, {})
+                # every process sees every process's loss, so a NaN on one stops all of them at this
+                # step (one process raising alone would leave the others waiting in the all-reduce)
+                losses = accelerator.gather(loss.detach().float().reshape(1)).tolist() if world > 1 else [loss.item()]
+                value = sum(losses) / len(losses)
+                if not math.isfinite(value):
+                    where = next(r for r, v in enumerate(losses) if not math.isfinite(v))
+                    on = f" on process {where} of {world}" if world > 1 else ""
+                    micro_at = f" (micro-batch {i + 1} of {k})" if k > 1 else ""
+                    raise NonFiniteLoss(f"{stage}: training loss is {losses[where]} at step {step}{micro_at}{on} "
+                                        f"(lr {lr():.3g}); stopping")
+                accelerator.backward(loss)  # divided by k: the micro-batches' mean
+            values.append(value)
+            for name, part in parts.items():
+                parts_sum[name] = parts_sum.get(name, 0.0) + part
+    if k == 1:
+        return values[0], parts
+    return sum(values) / k, {name: total / k for name, total in parts_sum.items()}
+
+
 def train(
     module: TrainModule,
     cfg: TrainConfig,
@@ -237,11 +290,16 @@ def train(
     # a router trains only some of its parameters on a given step (e.g. phase 1 before its hard
     # gates start): DDP must not wait for gradients that do not come
     accelerator = Accelerator(cpu=use_cpu, mixed_precision="bf16" if cfg.precision == "bf16" else "no",
+                              gradient_accumulation_steps=cfg.accumulate,
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     world, rank = accelerator.num_processes, accelerator.process_index
     if cfg.batch_size % world:
         raise ConfigError("train.batch_size", f"must be divisible by the number of processes ({world}); "
                           f"got {cfg.batch_size} (stage {stage})")
+    if cfg.batch_size % (world * cfg.accumulate):
+        raise ConfigError("train.accumulate", f"must divide each process's {cfg.batch_size // world} windows "
+                          f"({cfg.batch_size} over {world} processes) into equal micro-batches; got "
+                          f"{cfg.accumulate} (stage {stage})")
     torch.manual_seed(cfg.seed)
     if hasattr(module, "place"):
         module.place(accelerator.device)
@@ -310,19 +368,8 @@ def train(
     tic = time.perf_counter()
     for step in bar:
         batch = _to_device(rank_rows(module.batch(step), rank, world, cfg.batch_size), accelerator.device)
-        with accelerator.autocast():
-            loss = module.loss(model, batch)
-        loss, parts = loss if isinstance(loss, tuple) else (loss, {})
-        # every process sees every process's loss, so a NaN on one stops all of them at this step
-        # (one process raising alone would leave the others waiting in the gradient all-reduce)
-        losses = accelerator.gather(loss.detach().float().reshape(1)).tolist() if world > 1 else [loss.item()]
-        loss_value = sum(losses) / len(losses)
-        if not math.isfinite(loss_value):
-            where = next(r for r, v in enumerate(losses) if not math.isfinite(v))
-            on = f" on process {where} of {world}" if world > 1 else ""
-            raise NonFiniteLoss(f"{stage}: training loss is {losses[where]} at step {step}{on} "
-                                f"(lr {scheduler.get_last_lr()[0]:.3g}); stopping")
-        accelerator.backward(loss)
+        loss_value, parts = step_gradients(accelerator, model, module, batch, cfg, stage, step,
+                                           lambda: scheduler.get_last_lr()[0])
         grad_norm = (
             accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         )

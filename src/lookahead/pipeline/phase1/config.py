@@ -83,6 +83,12 @@ class Phase1Config:
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", f"must be >= 1; got {self.seeds}")
         check_budget_schedule(self)
+        # the balance term is a variance of head shares over the whole batch, not a mean over its
+        # windows: a micro-batch's would be another loss (lookahead.train.loop.step_gradients)
+        require(self.balance == 0 or self.train.accumulate == 1, "balance",
+                f"is a function of the whole step's batch (each head's share of its tokens), so it cannot be "
+                f"accumulated over micro-batches: set it to 0 or train.accumulate to 1; got balance {self.balance} "
+                f"with train.accumulate {self.train.accumulate}")
         require(self.eval_sequences >= 0, "eval_sequences", f"must be >= 0 (0 = all); got {self.eval_sequences}")
         require(self.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1; got {self.eval_batch_size}")
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")

@@ -146,6 +146,11 @@ class Phase2Config:
         require(math.isfinite(self.predictor_lr_scale) and self.predictor_lr_scale >= 0, "predictor_lr_scale",
                 f"must be a finite number >= 0 (0 = frozen); got {self.predictor_lr_scale}")
         require(self.refresh_every >= 0, "refresh_every", f"must be >= 0 (0 = never); got {self.refresh_every}")
+        # a refresh reads the first refresh_windows of the step's batch and steps the router's own
+        # optimiser: under micro-batches it would run once per micro-batch, on other windows
+        require(self.refresh_every == 0 or self.train.accumulate == 1, "refresh_every",
+                f"a refresh reads the step's whole batch once, so it cannot run under train.accumulate "
+                f"{self.train.accumulate}: set train.accumulate to 1 or refresh_every to 0")
         require(self.refresh_every == 0 or (self.decoder == "mlp" and self.predictor_lr_scale == 0), "refresh_every",
                 "the refreshed router learns from the oracle alone: needs decoder mlp and predictor_lr_scale 0")
         require(self.refresh_windows >= 1 and (self.refresh_every == 0 or self.refresh_windows <= self.train.batch_size),
