@@ -12,7 +12,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate mlflow-ui push sweep-depth-width head-scaling clean
+.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -45,6 +45,11 @@ check-params: $(STAMP)
 PROFILE ?= $(PARAMS)
 estimate: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PROFILE) --estimate $(if $(TFLOPS),--tflops $(TFLOPS)) $(if $(MFU),--mfu $(MFU))
+
+# On a lent GPU: exactness, the runtime benchmark and a 1B-shape training step in one run (<= 5 min on
+# an H100), written to benchmarks/results/gpu.json; torch and transformers alone (docs/scaling.md)
+gpu-check:
+	PYTHONPATH=src $(PYTHON) benchmarks/gpu_check.py
 
 repro: setup check-params
 	$(BIN)/dvc repro

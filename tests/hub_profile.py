@@ -47,6 +47,10 @@ def runnable_profile(repo_root: Path) -> dict[str, Any]:
     out["oracle"].update(windows=1, rows=real["oracle"]["rows"])
     out["predictor"]["keep"] = 0.992  # round(0.992 x 256) = 254
     out["modulator"]["seq_len"] = out["base"]["arch"]["context_length"]  # the 1B profile's 1024 > the stand-in's context
+    # the 1B profile's micro-batches and checkpointing run here too, as many micro-batches as the tiny batch holds
+    for name in ("phase1", "phase2"):
+        train = out[name]["train"]
+        train["accumulate"] = min(train["accumulate"], train["batch_size"])
     for section in out.values():
         if isinstance(section, dict) and isinstance(section.get("seeds"), int):
             section["seeds"] = 1

@@ -29,9 +29,15 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from lookahead.core.tracking import is_main_process
-
 C = TypeVar("C")
+
+
+def _main_process() -> bool:
+    """:func:`lookahead.core.tracking.is_main_process`, imported when asked: the training loop imports
+    this module, and a GPU machine without MLflow imports the loop (benchmarks/gpu_check.py)."""
+    from lookahead.core.tracking import is_main_process
+
+    return is_main_process()
 
 
 def reseeded(cfg: C, offset: int) -> C:
@@ -62,7 +68,7 @@ def other_seeds(cfg: C, seeds: int, run: Callable[[C, Path], dict[str, Any]], st
     for i = 1 … seeds − 1 (evaluated after the last step only), each given an empty scratch
     directory for outputs nobody keeps."""
     out = []
-    quiet = seeds <= 1 or not is_main_process()  # a worker's runs follow the main process's bar
+    quiet = seeds <= 1 or not _main_process()  # a worker's runs follow the main process's bar
     for offset in tqdm(range(1, seeds), desc=f"{stage} seeds", unit="seed", disable=quiet):
         with tempfile.TemporaryDirectory(prefix=f"{stage}-seed{offset}-") as scratch:
             out.append(run(final_evaluation_only(reseeded(cfg, offset)), Path(scratch)))
@@ -104,7 +110,7 @@ def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path |
     first sees every run's report, primary first (e.g. to pop per-position NLLs and save them).
     In a worker process of a multi-process launch it makes the same runs in scratch directories
     and ends the process (:func:`_follow`)."""
-    if not is_main_process():
+    if not _main_process():
         _follow(cfg, stage, run)
     primary = run(cfg, None)
     report, rest = (primary[0], primary[1:]) if isinstance(primary, tuple) else (primary, None)

@@ -144,9 +144,10 @@ def _fused(layer) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotate-half RoPE; cos/sin broadcastable to x (…, D)."""
+    """HF's rotate-half RoPE; cos/sin broadcastable to x (…, D); in x's dtype, as OLMo2's own (its
+    cos/sin are fp32: bf16 q and k come back bf16, like v)."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    return (x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin).to(x.dtype)
 
 
 def _norm(x: torch.Tensor, ms: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:

@@ -13,12 +13,16 @@ The model of cost, stated so it can be checked:
   gradients alone);
 - weights are fp32 (4 bytes; ``precision: bf16`` autocasts activations); AdamW keeps 8 bytes per
   trained parameter and its gradient 4;
-- a training step stores, per layer and token, 34·d bytes of bf16 activations (Korthikanti et al.
-  2022, with fused attention: no T² term; ×2 in fp32) and the logits of its batch (fp32, with their
-  softmax gradient: ×2);
+- a training step keeps, for its backward pass, the activations of one micro-batch
+  (``train.batch_size / train.accumulate`` windows): per token, per layer a·d + b·ffn (+ g·H·d in
+  the head-graph runtime), v·V of logits and n·N² of a router's per-token adjacency, plus the bf16
+  copies of the weights autocast makes (2 bytes a weight). The constants are per stage and were
+  fitted to what autograd saves (:data:`ACTIVATION_FIT`, ``benchmarks/activation_memory.py``;
+  a test holds them to ±25 % on another shape). Under ``train.checkpoint_activations`` a layer keeps
+  its input alone, and the backward pass holds one layer's recomputation on top;
 - the head-graph runtime (soft topologies: phase 1's cascade, the pairs samples) mixes every head's
   input from the N = 1 + L·H node outputs at every position: N² · d_head more multiply-adds per
-  layer and token, and N · d of activations;
+  layer and token;
 - time = FLOPs / (peak × MFU); ``--tflops`` and ``--mfu`` state them (default: an H100's 989 dense
   bf16 TFLOP/s at 40 %). Stages that run on the CPU (corpus, WordNet, tokenizer, init) are listed
   with their own figure, not this model's.
@@ -69,10 +73,6 @@ class Arch:
         n = 1 + self.layers * self.heads
         return 2 * self.layers * n * n * (self.hidden // self.heads)
 
-    def activations(self, tokens: int, dtype_bytes: int, graph: bool = False) -> float:
-        """Bytes a training step stores for ``tokens`` tokens (blocks + logits and their gradient)."""
-        per_layer = 17 * dtype_bytes * self.hidden + (1 + self.layers * self.heads) * self.hidden * dtype_bytes * graph
-        return tokens * (self.layers * per_layer + 2 * 4 * self.vocab)
 
 
 def _published(model: str) -> Arch | None:
@@ -122,6 +122,9 @@ class Stage:
     optimiser: float = 0.0
     activations: float = 0.0
     note: str = ""
+    micro_batch: int = 0
+    """Windows a forward and backward pass holds at once (``train.batch_size / train.accumulate``; 0: no training)."""
+    checkpointed: bool = False
 
     def row(self, peak: float) -> dict[str, Any]:
         return {"stage": self.name, "params_trained": self.trained, "params_frozen": self.frozen,
@@ -129,7 +132,7 @@ class Stage:
                 "memory_gib": (self.weights + self.optimiser + self.activations) / GIB,
                 "weights_gib": self.weights / GIB, "optimiser_gib": self.optimiser / GIB,
                 "activations_gib": self.activations / GIB, "hours": self.flops / peak / 3600 if self.flops else 0.0,
-                "note": self.note}
+                "micro_batch": self.micro_batch, "checkpoint_activations": self.checkpointed, "note": self.note}
 
 
 def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -> dict[str, Any]:
@@ -147,12 +150,22 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     def bytes_of(train_cfg) -> int:
         return 2 if getattr(train_cfg, "precision", "fp32") == "bf16" else 4
 
+    def trained(stage: str, train_cfg, windows: int, seq: int, replay: bool = True) -> dict[str, Any]:
+        """Activation bytes of one micro-batch of a training stage (``activation_bytes``; checkpointed:
+        plus one layer's recomputation), and the micro-batch and checkpointing it assumes."""
+        micro = windows // train_cfg.accumulate
+        ckpt = train_cfg.checkpoint_activations
+        act = activation_bytes(stage, arch, micro * seq, bytes_of(train_cfg), ckpt, replay)
+        if ckpt:
+            act += recompute_bytes(stage, arch, micro * seq, bytes_of(train_cfg), replay)
+        return {"activations": act, "micro_batch": micro, "checkpointed": ckpt}
+
     out += [Stage("corpus", note="CPU"), Stage("tokenizer", note="CPU")]
     b = Stage("base", frozen=arch.params, weights=lm_w)
     if base.source == "scratch":
         tr = base.train
         b = Stage("base", trained=arch.params, train_tokens=tr.steps * tr.batch_size * t, weights=lm_w,
-                  optimiser=12.0 * arch.params, activations=arch.activations(tr.batch_size * t, bytes_of(tr)))
+                  optimiser=12.0 * arch.params, **trained("base", tr, tr.batch_size, t))
         b.flops = 3 * fwd * b.train_tokens
     else:
         b.note = f"downloads {lm_w / 1e9:.1f} GB of fp32 weights"
@@ -174,7 +187,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     out.append(Stage("modulator", trained=arch.layers * arch.hidden * 2.0, frozen=arch.params, train_tokens=m_tokens,
                      forward_tokens=m_tokens + 2 * mod.seeds * mod.eval_tokens,
                      flops=2 * fwd * m_tokens + 2 * mod.seeds * mod.eval_tokens * fwd, weights=lm_w,
-                     activations=arch.activations(mt.batch_size * seq, bytes_of(mt)),
+                     **trained("modulator", mt, mt.batch_size, seq),
                      note=f"{mod.seeds} seeds; the LM frozen, gradients through it"))
 
     cx = configs["contexts"]
@@ -205,7 +218,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     p1_tokens = p1.seeds * pt.steps * pt.batch_size * t
     out.append(Stage("phase1", trained=router, frozen=arch.params, train_tokens=p1_tokens, forward_tokens=p1_tokens,
                      flops=2 * p1_fwd * p1_tokens, weights=lm_w + 4.0 * router, optimiser=12.0 * router,
-                     activations=arch.activations(pt.batch_size * t, bytes_of(pt), graph),
+                     **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
                      note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
 
     pa = configs["pairs"]
@@ -225,20 +238,22 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     dt = dif.train
     out.append(Stage("diffusion", trained=den, train_tokens=dif.seeds * dt.steps * dt.batch_size,
                      flops=dif.seeds * dt.steps * dt.batch_size * 6 * den * nodes, weights=4.0 * den, optimiser=12.0 * den,
-                     activations=4.0 * dt.batch_size * nodes * dn.hidden * dn.layers * 4,
+                     activations=4.0 * dt.batch_size // dt.accumulate * nodes * dn.hidden * dn.layers * 4,
+                     micro_batch=dt.batch_size // dt.accumulate,
                      note=f"{dif.seeds} seeds; pairs, not tokens: the LM only in evaluation"))
 
     qt = p2.train
     rows = qt.batch_size * (2 if p2.replay else 1)
     q_tokens = p2.seeds * qt.steps * rows * t
-    p2_act = arch.activations(rows * t, bytes_of(qt), p2.connectivity != "none")
+    p2_graph = pred.gate == "cascade" or pred.edges == "learned" or p2.connectivity != "none"
     out.append(Stage("phase2", trained=arch.params + router, train_tokens=q_tokens, forward_tokens=q_tokens,
                      flops=3 * fwd * q_tokens, weights=lm_w + 4.0 * router, optimiser=12.0 * (arch.params + router),
-                     activations=p2_act, note=f"{p2.seeds} seeds; the LM and the router train"
+                     **trained("phase2" if p2_graph else "static_control", qt, qt.batch_size, t, p2.replay),
+                     note=f"{p2.seeds} seeds; the LM and the router train"
                      + ("; replay doubles each step's windows" if p2.replay else "")))
     for name in ("control", "static_control"):
         out.append(Stage(name, trained=arch.params, train_tokens=q_tokens, forward_tokens=q_tokens, flops=3 * fwd * q_tokens,
-                         weights=lm_w, optimiser=12.0 * arch.params, activations=p2_act,
+                         weights=lm_w, optimiser=12.0 * arch.params, **trained(name, qt, qt.batch_size, t, p2.replay),
                          note=f"{p2.seeds} seeds; phase 2's settings"))
 
     ev, sc = configs["evaluate"], configs["scoring"]
@@ -249,6 +264,9 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      note=f"{ev.seeds} seeds x ~{rows_ev} rows over {sc.windows + cx.val_sequences} windows; "
                           "three LMs loaded (base, phase 2, control)"))
 
+    for st in out:  # a checkpointed step runs each trained token's forward once more
+        if st.checkpointed:
+            st.flops += (p1_fwd if st.name == "phase1" else fwd) * st.train_tokens
     table = [s.row(peak) for s in out]
     return {"arch": dataclasses.asdict(arch), "arch_from": arch_from, "params": arch.params, "context": t,
             "tflops": tflops, "mfu": mfu, "stages": table,
@@ -269,17 +287,67 @@ def render(est: dict[str, Any]) -> str:
              f"{a['vocab']} ({_num(est['params'])} parameters; {est['arch_from']}); context {est['context']}; "
              f"{est['tflops']:g} TFLOP/s at {est['mfu']:.0%} MFU",
              f"{'stage':<15}{'trained':>9}{'frozen':>9}{'fwd tok':>9}{'train tok':>10}{'FLOPs':>9}"
-             f"{'weights':>9}{'optim':>8}{'activ':>8}{'GiB':>7}{'hours':>8}  note"]
+             f"{'weights':>9}{'optim':>8}{'activ':>8}{'GiB':>7}{'hours':>8}{'micro':>7}{'ckpt':>6}  note"]
     for r in est["stages"]:
         lines.append(f"{r['stage']:<15}{_num(r['params_trained']):>9}{_num(r['params_frozen']):>9}"
                      f"{_num(r['forward_tokens']):>9}{_num(r['train_tokens']):>10}{_num(r['flops']):>9}"
                      f"{r['weights_gib']:>9.1f}{r['optimiser_gib']:>8.1f}{r['activations_gib']:>8.1f}"
-                     f"{r['memory_gib']:>7.1f}{r['hours']:>8.2f}  {r['note']}")
+                     f"{r['memory_gib']:>7.1f}{r['hours']:>8.2f}{r['micro_batch'] or '-':>7}"
+                     f"{('yes' if r['checkpoint_activations'] else 'no') if r['micro_batch'] else '-':>6}  {r['note']}")
     lines.append(f"total {est['total_hours']:.1f} GPU-hours at the stated throughput; the largest stage needs "
-                 f"{est['peak_memory_gib']:.0f} GiB on one GPU (more: lower its batch size, or accelerate launch)")
+                 f"{est['peak_memory_gib']:.0f} GiB on one GPU (more: raise its train.accumulate or set train.checkpoint_activations, which keep the step as it is)")
     return "\n".join(lines)
 
 
 def main_estimate(configs: dict[str, Any], tflops: float, mfu: float, as_json: bool) -> str:
     est = estimate(configs, tflops, mfu)
     return json.dumps(est) if as_json else render(est)
+
+
+
+# Bytes autograd keeps per token of a micro-batch, fitted on the shapes of
+# benchmarks/activation_memory.py (bf16 autocast, CPU; not its CHECK shape, which a test holds the fit
+# to ±25 %): per layer a·d + b·ffn (+ g·H·d for the head graph), plus v·V (the logits and their
+# softmax), e·d and n·N² (a router's per-token adjacency, N = 1 + L·H). Under checkpointing a layer
+# keeps its input alone: the per-layer figures are the checkpointed ones. Control, static control
+# and phase 2 include the replay windows' dense forward (one more forward per window).
+ACTIVATION_FIT: dict[str, dict[bool, dict[str, float]]] = {
+    "control": {False: {"a": 100.3, "b": 16.0, "v": 8.1, "e": 20.4}, True: {"a": 8.0, "v": 8.0, "e": 21.0}},
+    "static_control": {False: {"a": 96.7, "b": 15.4, "v": 6.8, "e": 32.5}, True: {"a": 8.0, "v": 8.0, "e": 20.5}},
+    "modulator": {False: {"a": 28.2, "b": 6.0, "v": 4.0, "e": 8.1}, True: {"a": 8.0, "v": 4.0, "e": 8.5}},
+    "phase1": {False: {"a": 66.1, "b": 6.8, "v": 7.5, "n": 21.5, "g": 6.2},
+               True: {"a": 16.5, "v": 3.6, "n": 11.6, "g": 2.0}},
+    "phase2": {False: {"a": 155.7, "b": 16.0, "v": 9.3, "n": 16.4, "g": 10.2},
+               True: {"a": 20.8, "v": 7.9, "n": 10.2, "g": 2.5}},
+}
+REPLAYED = ("control", "static_control", "phase2")
+
+
+def activation_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, checkpointed: bool = False,
+                     replay: bool = True) -> float:
+    """Bytes a training step of ``stage`` keeps for its backward pass over ``tokens`` tokens of its
+    windows (one micro-batch; :data:`ACTIVATION_FIT`): per-token activations, and the bf16 copies
+    autocast makes of the weights a matmul saves (2 bytes a weight; under checkpointing the LM
+    head's alone). ``base`` is one stock forward (half the control's two); fp32 (``dtype_bytes`` 4)
+    doubles the per-token figure and makes no copies; ``replay`` False halves the replayed stages'."""
+    fit = ACTIVATION_FIT["control" if stage == "base" else stage][checkpointed]
+    n = 1 + arch.layers * arch.heads
+    per_token = (arch.layers * (fit["a"] * arch.hidden + fit.get("b", 0.0) * arch.ffn
+                                + fit.get("g", 0.0) * arch.heads * arch.hidden)
+                 + fit["v"] * arch.vocab + fit.get("e", 0.0) * arch.hidden + fit.get("n", 0.0) * n * n)
+    if stage == "base" or (stage in REPLAYED and not replay):
+        per_token /= 2
+    copies = 0.0
+    if dtype_bytes == 2:
+        copies = 2.0 * (arch.vocab * arch.hidden if checkpointed else arch.body + arch.vocab * arch.hidden)
+    else:
+        per_token *= 2
+    return tokens * per_token + copies
+
+
+def recompute_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, replay: bool = True) -> float:
+    """What the backward pass of a checkpointed step holds besides the kept inputs: one layer's
+    activations and weight copies, recomputed (the activations one layer adds without checkpointing)."""
+    full = activation_bytes(stage, arch, tokens, dtype_bytes, False, replay)
+    logits = activation_bytes(stage, dataclasses.replace(arch, layers=0, heads=0), tokens, dtype_bytes, False, replay)
+    return (full - logits) / max(arch.layers, 1)

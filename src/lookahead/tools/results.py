@@ -51,6 +51,7 @@ from lookahead.tools.verdicts import (COMPARISON, Figures, claim_row, claim_verd
 
 PAGE = Path("docs/results.md")
 RUNTIME = Path("benchmarks/results/runtime.json")
+GPU = Path("benchmarks/results/gpu.json")
 PARETO = Path("metrics/evaluate_pareto.csv")
 HEAD_SCALING = Path("metrics/head_scaling.json")
 
@@ -224,6 +225,29 @@ def head_scaling_section(path: Path) -> list[str]:
                         "phase 2 − static control", "phase 2 − dense control"), rows) + [""]
 
 
+def gpu_section(path: Path) -> list[str]:
+    """``make gpu-check``'s record (benchmarks/gpu_check.py), where one was committed: exactness on
+    CUDA, per-token routing at 50 % off against dense at T = 2048 and 8192, and a 1B-shape training
+    step's peak memory against the estimate."""
+    if not path.is_file():
+        return []
+    gpu = json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1])
+    out = ["## On a GPU", "", f"`make gpu-check` on {gpu['device']} (torch {gpu['torch']}; `{GPU}`).", ""]
+    out += table(("exactness", "max abs logit difference", "tolerance", "holds"),
+                 [(f"`{name}`", ", ".join(f"{k} {v:.2g}" for k, v in row.items() if k.endswith(("reference", "sdpa"))
+                                          and v is not None), f"{row['tolerance']:g}", "yes" if row["ok"] else "no")
+                  for name, row in gpu["exactness"].items()]) + [""]
+    rows = []
+    for label, run in gpu["runtime"].items():
+        for key in sorted(k for k in run if k.endswith("_50off_over_dense") and "_T" in k and "shared" not in k):
+            rows.append((f"{label} ({run.get('arch')})", f"`{key}`", f"{run[key]:.2f}", f"{run.get(f'{key}_ideal', float('nan')):.2f}"))
+    out += table(("model", "figure", "over dense", "FLOP ideal"), rows) + [""]
+    out += table(("1B-shape step", "micro-batch × accumulate", "checkpointing", "peak GiB", "estimate GiB"),
+                 [(stage, f"{r['micro_batch']} × {r['accumulate']}", "yes" if r["checkpoint_activations"] else "no",
+                   f"{r.get('peak_gib', float('nan')):.1f}", f"{r['estimated_gib']:.1f}") for stage, r in gpu["training"].items()])
+    return out + [""]
+
+
 BEGIN, END = "<!-- results: begin (make results) -->", "<!-- results: end -->"
 """The README's five-line summary sits between these markers; ``make results`` rewrites it."""
 
@@ -348,6 +372,7 @@ def render(root: Path) -> str:
                     speed_section(runtime)):
         lines += section + [""]
     lines += head_scaling_section(root / HEAD_SCALING)
+    lines += gpu_section(root / GPU)
     lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)
 
