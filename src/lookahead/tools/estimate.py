@@ -218,6 +218,8 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     p1_tokens = p1.seeds * pt.steps * pt.batch_size * t
     out.append(Stage("phase1", trained=router, frozen=arch.params, train_tokens=p1_tokens, forward_tokens=p1_tokens,
                      flops=2 * p1_fwd * p1_tokens, weights=lm_w + 4.0 * router, optimiser=12.0 * router,
+                     # head gates (no head graph) were not measured: a frozen LM's forward with gradients
+                     # through it, the modulator's, stands in
                      **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
                      note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
 
@@ -248,6 +250,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     p2_graph = pred.gate == "cascade" or pred.edges == "learned" or p2.connectivity != "none"
     out.append(Stage("phase2", trained=arch.params + router, train_tokens=q_tokens, forward_tokens=q_tokens,
                      flops=3 * fwd * q_tokens, weights=lm_w + 4.0 * router, optimiser=12.0 * (arch.params + router),
+                     # head gates through the plan: the static control's measured path stands in
                      **trained("phase2" if p2_graph else "static_control", qt, qt.batch_size, t, p2.replay),
                      note=f"{p2.seeds} seeds; the LM and the router train"
                      + ("; replay doubles each step's windows" if p2.replay else "")))
