@@ -4,7 +4,7 @@ For one micro-batch of each training stage, in the 1B profile's training setting
 phase 1 trains the soft cascade with the LM's NLL through the head-graph runtime; phase 2 routes
 hard straight-through topologies of the cascade and replays as many dense windows; the static
 control runs its mask through the execution plan), this measures the bytes autograd keeps for the
-backward pass (``lookahead.train.checkpointing.saved_tensor_bytes``: each storage once, parameters
+backward pass (``lookahead.core.checkpointing.saved_tensor_bytes``: each storage once, parameters
 left out; under checkpointing the layer inputs each checkpoint holds) with and without
 ``train.checkpoint_activations``, on random OLMo2 models on the CPU, and prints them beside the
 estimate's figure (``lookahead.tools.estimate.activation_bytes``) as one JSON line.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from lookahead.tools.estimate import Arch, activation_bytes  # noqa: E402
-from lookahead.train.checkpointing import activation_checkpointing, saved_tensor_bytes  # noqa: E402
+from lookahead.core.checkpointing import activation_checkpointing, saved_tensor_bytes  # noqa: E402
 
 FIT = {"arch": Arch(layers=4, heads=8, hidden=256, ffn=1024, vocab=2048), "context": 128, "batch": 2}
 FIT_SHAPES = [FIT] + [{**FIT, "arch": dataclasses.replace(FIT["arch"], **change)}

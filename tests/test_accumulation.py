@@ -31,7 +31,7 @@ from lookahead.pipeline.phase2.control import ControlModule, StaticMask
 from lookahead.pipeline.phase2.model import Phase2Model
 from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.train import data
-from lookahead.train.checkpointing import activation_checkpointing, saved_tensor_bytes
+from lookahead.core.checkpointing import activation_checkpointing, saved_tensor_bytes
 from lookahead.train.loop import TrainConfig, lr_lambda, step_gradients
 
 STEPS = 3

@@ -41,10 +41,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from lookahead.core.checkpointing import layer_call
 from lookahead.graph import attention, flex, staircase
 from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_model,
                                       forward_with_topology)
-from lookahead.train.checkpointing import layer_call
 
 
 def _binary(gates: torch.Tensor) -> bool:

@@ -50,10 +50,10 @@ import functools
 
 import torch
 
+from lookahead.core.checkpointing import layer_call
 from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
-from lookahead.train.checkpointing import layer_call
 
 
 class TopologyError(LookaheadError, ValueError):

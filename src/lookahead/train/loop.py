@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from lookahead.core.checkpointing import activation_checkpointing
 from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.errors import ConfigError, LookaheadError, require
 from lookahead.core.seeds import following
 from lookahead.train.checkpoints import (CHECKPOINT_FILE, CheckpointError, rng_state, save_checkpoint,
                                          set_rng_state)
-from lookahead.train.checkpointing import activation_checkpointing
 
 
 
@@ -82,7 +82,7 @@ class TrainConfig:
     checkpoint_activations: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
     """Keep only each decoder layer's inputs in the forward pass and recompute the layer in the
     backward pass (torch.utils.checkpoint), in every forward a stage trains through: the head-graph
-    runtime, the execution plan and the stock forward (lookahead.train.checkpointing)."""
+    runtime, the execution plan and the stock forward (lookahead.core.checkpointing)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "log_every", "accumulate"):
