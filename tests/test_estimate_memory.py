@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from benchmarks.activation_memory import CHECK, DOCS, FIT_SHAPES, STAGES, compare, lm_of, table
@@ -47,6 +48,7 @@ def test_the_activation_estimate_is_within_a_quarter_of_what_autograd_saves():
     assert table(figures) in DOCS.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # a subprocess and the runtime benchmark's own: kept out of `make test-fast`
 def test_the_gpu_check_runs_its_plan_without_dvc_mlflow_or_nltk(repo_root, tmp_path):
     """``--dry-run`` at toy sizes on the CPU, with DVC, MLflow, nltk and the tracking module unimportable."""
     runner = tmp_path / "run.py"
