@@ -19,8 +19,8 @@ stages restored from DVC's run cache. Stage times come from the MLflow runs the 
 (lookahead.core.tracking), grouped by experiment name. ``--quarter`` adds phase 1 at 75 % off
 (an oracle + phase 1 experiment per point, ``predictor.keep=0.25``).
 
-    metrics/head_scaling.json         the headline: one entry per point (shape, heads, every claim with
-                                      _ci_low/_ci_high) and each claim's trend at 256 heads
+    metrics/head_scaling.json         the headline: the study's three main claims at its largest point and
+                                      as their trend at 256 heads, with _ci_low/_ci_high (23 keys)
     metrics/head_scaling_report.json  the full battery: every NLL, the oracle check, stage times, the fits
     metrics/head_scaling.csv          the battery, one row per point
     docs/figures/head_scaling.png each claim with its interval against log2(heads)
@@ -342,30 +342,30 @@ def trend(rows: list[dict], key: str, at: float = 8.0) -> dict | None:
 
 
 
-# what metrics/head_scaling.json keeps of a point (DESIGN §1: headline figures only; the rest goes to
-# the report): its shape and window set, the dense NLL, the compute case and every claim with its interval
-SHAPE_KEYS = ("point", "n_layers", "n_heads", "heads", "log2_heads", "head_dim", "oracle", "window_set", "seeds",
-              "phase1_dense_nll", "phase1_deployed_macs_over_dense", "window_at_0_8_dense_macs")
+# what metrics/head_scaling.json keeps (DESIGN §1: a couple of dozen keys, what a researcher compares
+# across experiments): the three claims the study is about, at its largest point and as its trend at
+# 256 heads, each with its 95 % interval; every point, claim and fit is in the report
+HEADLINE_CLAIMS = ("deployed_minus_static_pruning", "phase2_minus_static_control", "phase2_minus_control")
+# the claims phase 1 at 75 % off has (no phase 2 there)
 QUARTER_KEYS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
                 "deployed_ratio")
-TREND_KEYS = ("predicted", "predicted_ci_low", "predicted_ci_high", "slope_per_doubling", "slope_se", "points")
-
-
-def _with_intervals(row: dict, keys) -> dict:
-    return {k + suffix: row.get(k + suffix) for k in keys for suffix in ("", "_ci_low", "_ci_high")}
 
 
 def headline(study: dict) -> dict:
     """metrics/head_scaling.json: the study's headline, read from its full report."""
-    points = []
-    for r in study["points"]:
-        point = {**{k: r.get(k) for k in SHAPE_KEYS}, **_with_intervals(r, [k for k, _ in CLAIMS])}
-        if r.get("off_75"):
-            point["off_75"] = {"heads_kept": r["off_75"]["heads_kept"], **_with_intervals(r["off_75"], QUARTER_KEYS)}
-        points.append(point)
-    trends = {k: {f: t[f] for f in TREND_KEYS} if (t := study["trend_at_256_heads"].get(k)) else None
-              for k, _ in CLAIMS}
-    return {"points": points, "trend_at_256_heads": trends, "claims": study["claims"], "report": str(REPORT)}
+    rows = study["points"]
+    largest = max(rows, key=lambda r: r["heads"])
+    window_sets = {r["window_set"] for r in rows}
+    trends = study["trend_at_256_heads"]
+    return {
+        "points": [r["point"] for r in rows], "window_set": window_sets.pop() if len(window_sets) == 1 else None,
+        "seeds": min(r["seeds"] for r in rows), "largest_point": largest["point"],
+        "at_largest_point": {k + suffix: largest.get(k + suffix) for k in HEADLINE_CLAIMS
+                             for suffix in ("", "_ci_low", "_ci_high")},
+        "trend_at_256_heads": {k + suffix: (trends.get(k) or {}).get("predicted" + suffix) for k in HEADLINE_CLAIMS
+                               for suffix in ("", "_ci_low", "_ci_high")},
+        "report": str(REPORT),
+    }
 
 
 def _cell(value, low=None, high=None, digits: int = 3) -> str:

@@ -53,7 +53,7 @@ PAGE = Path("docs/results.md")
 RUNTIME = Path("benchmarks/results/runtime.json")
 GPU = Path("benchmarks/results/gpu.json")
 PARETO = Path("metrics/evaluate_pareto.csv")
-HEAD_SCALING = Path("metrics/head_scaling.json")
+HEAD_SCALING = Path("metrics/head_scaling_report.json")
 
 
 def phase1_section(m: dict[str, Figures]) -> list[str]:
@@ -195,7 +195,7 @@ def speed_section(runtime: dict | None) -> list[str]:
 
 
 def head_scaling_section(path: Path) -> list[str]:
-    """The head-scaling study's points (``metrics/head_scaling.json``, scripts/head_scaling.py): each
+    """The head-scaling study's points (``metrics/head_scaling_report.json``, scripts/head_scaling.py): each
     claim with its 95 % interval at every shape, and the trend's value at 256 heads."""
     if not path.is_file():
         return []
