@@ -74,7 +74,6 @@ class Arch:
         return 2 * self.layers * n * n * (self.hidden // self.heads)
 
 
-
 def _published(model: str) -> Arch | None:
     """The published shape of a hub model the profiles name (:data:`PUBLISHED`), or None."""
     p = PUBLISHED.get(model)
@@ -108,6 +107,54 @@ def _encoder_params(name: str, base: Arch) -> float:
         return base.params
     published = _published(name)
     return published.params if published is not None else 0.6e9
+
+
+# Bytes autograd keeps per token of a micro-batch, fitted on the shapes of
+# benchmarks/activation_memory.py (bf16 autocast, CPU; not its CHECK shape, which a test holds the fit
+# to ±25 %): per layer a·d + b·ffn (+ g·H·d for the head graph), plus v·V (the logits and their
+# softmax), e·d and n·N² (a router's per-token adjacency, N = 1 + L·H). Under checkpointing a layer
+# keeps its input alone: the per-layer figures are the checkpointed ones. Control, static control
+# and phase 2 include the replay windows' dense forward (one more forward per window).
+ACTIVATION_FIT: dict[str, dict[bool, dict[str, float]]] = {
+    "control": {False: {"a": 100.3, "b": 16.0, "v": 8.1, "e": 20.4}, True: {"a": 8.0, "v": 8.0, "e": 21.0}},
+    "static_control": {False: {"a": 96.7, "b": 15.4, "v": 6.8, "e": 32.5}, True: {"a": 8.0, "v": 8.0, "e": 20.5}},
+    "modulator": {False: {"a": 28.2, "b": 6.0, "v": 4.0, "e": 8.1}, True: {"a": 8.0, "v": 4.0, "e": 8.5}},
+    "phase1": {False: {"a": 66.1, "b": 6.8, "v": 7.5, "n": 21.5, "g": 6.2},
+               True: {"a": 16.5, "v": 3.6, "n": 11.6, "g": 2.0}},
+    "phase2": {False: {"a": 155.7, "b": 16.0, "v": 9.3, "n": 16.4, "g": 10.2},
+               True: {"a": 20.8, "v": 7.9, "n": 10.2, "g": 2.5}},
+}
+REPLAYED = ("control", "static_control", "phase2")
+
+def _stage_bytes(stage: str, arch: Arch, dtype_bytes: int, checkpointed: bool, replay: bool) -> tuple[float, float]:
+    """(bytes a token keeps in each layer, bytes it keeps besides) for ``stage`` (:data:`ACTIVATION_FIT`):
+    ``base`` is one stock forward (half the control's two); ``replay`` False halves the replayed
+    stages'; fp32 (``dtype_bytes`` 4) doubles both."""
+    fit = ACTIVATION_FIT["control" if stage == "base" else stage][checkpointed]
+    n = 1 + arch.layers * arch.heads
+    layer = fit["a"] * arch.hidden + fit.get("b", 0.0) * arch.ffn + fit.get("g", 0.0) * arch.heads * arch.hidden
+    rest = fit["v"] * arch.vocab + fit.get("e", 0.0) * arch.hidden + fit.get("n", 0.0) * n * n
+    scale = (0.5 if stage == "base" or (stage in REPLAYED and not replay) else 1.0) * (2 if dtype_bytes == 4 else 1)
+    return scale * layer, scale * rest
+
+
+def activation_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, checkpointed: bool = False,
+                     replay: bool = True) -> float:
+    """Bytes a training step of ``stage`` keeps for its backward pass over ``tokens`` tokens of its
+    windows (one micro-batch; :func:`_stage_bytes`), plus the bf16 copies autocast makes of the
+    weights a matmul saves (2 bytes a weight; under checkpointing the LM head's alone; none in fp32)."""
+    layer, rest = _stage_bytes(stage, arch, dtype_bytes, checkpointed, replay)
+    copies = 0.0
+    if dtype_bytes == 2:
+        copies = 2.0 * ((0 if checkpointed else arch.body) + arch.vocab * arch.hidden)
+    return tokens * (arch.layers * layer + rest) + copies
+
+
+def recompute_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, replay: bool = True) -> float:
+    """What the backward pass of a checkpointed step holds besides the kept inputs: one layer
+    recomputed, its activations and (bf16) its weight copies."""
+    layer, _ = _stage_bytes(stage, arch, dtype_bytes, False, replay)
+    return tokens * layer + (2.0 * arch.body / max(arch.layers, 1) if dtype_bytes == 2 else 0.0)
 
 
 @dataclasses.dataclass
@@ -305,52 +352,3 @@ def render(est: dict[str, Any]) -> str:
 def main_estimate(configs: dict[str, Any], tflops: float, mfu: float, as_json: bool) -> str:
     est = estimate(configs, tflops, mfu)
     return json.dumps(est) if as_json else render(est)
-
-
-
-# Bytes autograd keeps per token of a micro-batch, fitted on the shapes of
-# benchmarks/activation_memory.py (bf16 autocast, CPU; not its CHECK shape, which a test holds the fit
-# to ±25 %): per layer a·d + b·ffn (+ g·H·d for the head graph), plus v·V (the logits and their
-# softmax), e·d and n·N² (a router's per-token adjacency, N = 1 + L·H). Under checkpointing a layer
-# keeps its input alone: the per-layer figures are the checkpointed ones. Control, static control
-# and phase 2 include the replay windows' dense forward (one more forward per window).
-ACTIVATION_FIT: dict[str, dict[bool, dict[str, float]]] = {
-    "control": {False: {"a": 100.3, "b": 16.0, "v": 8.1, "e": 20.4}, True: {"a": 8.0, "v": 8.0, "e": 21.0}},
-    "static_control": {False: {"a": 96.7, "b": 15.4, "v": 6.8, "e": 32.5}, True: {"a": 8.0, "v": 8.0, "e": 20.5}},
-    "modulator": {False: {"a": 28.2, "b": 6.0, "v": 4.0, "e": 8.1}, True: {"a": 8.0, "v": 4.0, "e": 8.5}},
-    "phase1": {False: {"a": 66.1, "b": 6.8, "v": 7.5, "n": 21.5, "g": 6.2},
-               True: {"a": 16.5, "v": 3.6, "n": 11.6, "g": 2.0}},
-    "phase2": {False: {"a": 155.7, "b": 16.0, "v": 9.3, "n": 16.4, "g": 10.2},
-               True: {"a": 20.8, "v": 7.9, "n": 10.2, "g": 2.5}},
-}
-REPLAYED = ("control", "static_control", "phase2")
-
-
-def activation_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, checkpointed: bool = False,
-                     replay: bool = True) -> float:
-    """Bytes a training step of ``stage`` keeps for its backward pass over ``tokens`` tokens of its
-    windows (one micro-batch; :data:`ACTIVATION_FIT`): per-token activations, and the bf16 copies
-    autocast makes of the weights a matmul saves (2 bytes a weight; under checkpointing the LM
-    head's alone). ``base`` is one stock forward (half the control's two); fp32 (``dtype_bytes`` 4)
-    doubles the per-token figure and makes no copies; ``replay`` False halves the replayed stages'."""
-    fit = ACTIVATION_FIT["control" if stage == "base" else stage][checkpointed]
-    n = 1 + arch.layers * arch.heads
-    per_token = (arch.layers * (fit["a"] * arch.hidden + fit.get("b", 0.0) * arch.ffn
-                                + fit.get("g", 0.0) * arch.heads * arch.hidden)
-                 + fit["v"] * arch.vocab + fit.get("e", 0.0) * arch.hidden + fit.get("n", 0.0) * n * n)
-    if stage == "base" or (stage in REPLAYED and not replay):
-        per_token /= 2
-    copies = 0.0
-    if dtype_bytes == 2:
-        copies = 2.0 * (arch.vocab * arch.hidden if checkpointed else arch.body + arch.vocab * arch.hidden)
-    else:
-        per_token *= 2
-    return tokens * per_token + copies
-
-
-def recompute_bytes(stage: str, arch: Arch, tokens: int, dtype_bytes: int, replay: bool = True) -> float:
-    """What the backward pass of a checkpointed step holds besides the kept inputs: one layer's
-    activations and weight copies, recomputed (the activations one layer adds without checkpointing)."""
-    full = activation_bytes(stage, arch, tokens, dtype_bytes, False, replay)
-    logits = activation_bytes(stage, dataclasses.replace(arch, layers=0, heads=0), tokens, dtype_bytes, False, replay)
-    return (full - logits) / max(arch.layers, 1)
