@@ -48,37 +48,41 @@ DOCS = ROOT / "docs" / "scaling.md"
 BEGIN, END = "<!-- activation-memory:begin -->", "<!-- activation-memory:end -->"
 
 
-def lm_of(arch: Arch, seed: int = 0):
+def lm_of(arch: Arch, seed: int = 0, device="cpu", dtype=torch.float32):
+    """A random OLMo2 causal LM of shape ``arch`` (``from_config``: nothing downloaded)."""
     from transformers import Olmo2Config, Olmo2ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Olmo2Config(vocab_size=arch.vocab, hidden_size=arch.hidden, intermediate_size=arch.ffn,
                       num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.heads,
-                      max_position_embeddings=4096, use_cache=False)
-    return Olmo2ForCausalLM(cfg)
+                      max_position_embeddings=8192, use_cache=False)
+    return Olmo2ForCausalLM(cfg).to(device=device, dtype=dtype)
 
 
-def cascade(arch: Arch):
+def cascade(arch: Arch, context_dim: int, geo_dim: int, rank: int, hidden: int):
     from lookahead.graph.predictor import PredictorConfig, StructurePredictor
 
     torch.manual_seed(1)
-    return StructurePredictor(PredictorConfig.cascade(rank=4, hidden=32, init_bias=3.0), arch.layers, arch.heads,
-                              CONTEXT_DIM, GEO_DIM)
+    return StructurePredictor(PredictorConfig.cascade(rank=rank, hidden=hidden, init_bias=3.0), arch.layers, arch.heads,
+                              context_dim, geo_dim)
 
 
-def stage_loss(stage: str, arch: Arch, batch: int, context: int):
+def stage_loss(stage: str, arch: Arch, batch: int, context: int, device="cpu", context_dim: int = CONTEXT_DIM,
+               geo_dim: int = GEO_DIM, router: tuple[int, int] = (4, 32)):
     """(the loss of one micro-batch of ``batch`` windows as the stage computes it, the modules whose
-    parameters are not activations)."""
+    parameters are not activations), on ``device``; ``router``: the cascade router's rank and width
+    (benchmarks/gpu_check.py builds the 1B profile's steps with it too)."""
     from lookahead.graph.gating import budget_terms
     from lookahead.lm.nll import token_nll
 
-    lm = lm_of(arch)
+    lm = lm_of(arch, device=device)
     gen = torch.Generator().manual_seed(2)
-    windows = torch.randint(0, arch.vocab, (batch, context + 1), generator=gen)
-    replay = torch.randint(0, arch.vocab, (batch, context + 1), generator=gen)
+    windows = torch.randint(0, arch.vocab, (batch, context + 1), generator=gen).to(device)
+    replay = torch.randint(0, arch.vocab, (batch, context + 1), generator=gen).to(device)
     ids, targets = windows[:, :-1], windows[:, 1:]
-    contexts = torch.randn(batch, context, CONTEXT_DIM, generator=gen)
-    geo = torch.randn(batch, context, GEO_DIM, generator=gen)
+    contexts = torch.randn(batch, context, context_dim, generator=gen).to(device)
+    geo = torch.randn(batch, context, geo_dim, generator=gen).to(device) if geo_dim else None
+    route = lambda: cascade(arch, context_dim, geo_dim, *router).to(device)  # noqa: E731
 
     def dense_nll(model, w):
         return token_nll(model(input_ids=w[:, :-1]).logits, w[:, 1:]).mean()
@@ -87,7 +91,7 @@ def stage_loss(stage: str, arch: Arch, batch: int, context: int):
         from lookahead.graph.runtime import forward_with_topology
 
         lm.eval().requires_grad_(False)
-        predictor = cascade(arch).train()
+        predictor = route().train()
 
         def loss():
             adjacency, gates, _ = predictor(contexts, geo, tau=1.0, hard=False, with_logits=True)
@@ -98,7 +102,7 @@ def stage_loss(stage: str, arch: Arch, batch: int, context: int):
     if stage == "phase2":  # Phase2Module.loss: hard straight-through topologies, LM and router train, replay
         from lookahead.pipeline.phase2.model import Phase2Model
 
-        model = Phase2Model(lm, cascade(arch), "full").train()
+        model = Phase2Model(lm, route(), "full").train()
 
         def loss():
             logits, topology = model(ids, contexts, geo, tau=1.0, hard=True)
@@ -112,7 +116,7 @@ def stage_loss(stage: str, arch: Arch, batch: int, context: int):
     if stage == "static_control":  # the static mask through the execution plan, and replay
         from lookahead.pipeline.phase2.control import StaticMask, StaticPruned
 
-        importance = torch.rand(arch.layers, arch.heads, generator=gen)
+        importance = torch.rand(arch.layers, arch.heads, generator=gen).to(device)
         model = StaticPruned(lm.train(), StaticMask(importance, 0.5, "full"))
 
         def loss():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,21 +36,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from benchmarks.activation_memory import lm_of, stage_loss  # noqa: E402
+from lookahead.tools.estimate import Arch  # noqa: E402
+
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1}
 """Max abs logit difference allowed against the reference: fp32 summation order; bf16's 8-bit
 mantissa over a few layers (logits of order 1–10)."""
 PROFILE = ROOT / "profiles" / "olmo2-1b.yaml"
 SHAPE_1B = "16,16,2048,8192"
-
-
-def random_lm(layers: int, heads: int, hidden: int, ffn: int, vocab: int, device, dtype=torch.float32, seed: int = 0):
-    from transformers import Olmo2Config, Olmo2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Olmo2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=8192,
-                      use_cache=False)
-    return Olmo2ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
 def exactness(device, positions: int = 24) -> dict:
@@ -64,7 +58,7 @@ def exactness(device, positions: int = 24) -> dict:
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        lm = random_lm(2, 4, 64, 128, 256, device, dtype)
+        lm = lm_of(Arch(layers=2, heads=4, hidden=64, ffn=128, vocab=256), device=device, dtype=dtype).eval()
         ids = torch.randint(0, 256, (2, positions), generator=gen).to(device)
         n = n_nodes(2, 4)
         gates = (torch.rand(2, positions, n, generator=gen) > 0.5).float().to(device)
@@ -105,8 +99,8 @@ def runtime(device: str, dry: bool) -> dict:
         dtype = "float32" if dry and device == "cpu" else "bfloat16"
         cmd = [sys.executable, str(ROOT / "benchmarks" / "runtime.py"), *args, "--device", device, "--dtype", dtype]
         tic = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"),
-                                                                                   **_env()})
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         if proc.returncode != 0:
             out[label] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
             continue
@@ -115,75 +109,42 @@ def runtime(device: str, dry: bool) -> dict:
     return out
 
 
-def _env() -> dict:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
 def training(device, dry: bool) -> dict:
     """One optimiser step of phase 1 and of phase 2 at the 1B shape (random weights), with the 1B
-    profile's micro-batches and checkpointing: peak memory beside the estimate's."""
-    from lookahead.graph.gating import budget_terms
-    from lookahead.graph.predictor import PredictorConfig, StructurePredictor
-    from lookahead.graph.runtime import forward_with_topology
-    from lookahead.lm.nll import token_nll
-    from lookahead.pipeline.phase2.model import Phase2Model
-    from lookahead.tools.estimate import GIB, PUBLISHED
+    profile's micro-batches and checkpointing: peak memory beside the estimate's. Each stage's loss
+    is the one ``benchmarks/activation_memory.py`` measures (``stage_loss``), at the profile's router."""
     from lookahead.core.checkpointing import activation_checkpointing
+    from lookahead.tools.estimate import GIB, PUBLISHED
 
     profile = yaml.safe_load(PROFILE.read_text())
-    arch = PUBLISHED[profile["base"]["model"]]
+    arch = Arch(**PUBLISHED[profile["base"]["model"]])
     context = profile["base"]["arch"]["context_length"]
     # (the training loop's config, lookahead.train.loop.TrainConfig, would bring the tracking modules)
     p1, p2 = (SimpleNamespace(**{"accumulate": 1, "checkpoint_activations": False, **profile[name]["train"]})
               for name in ("phase1", "phase2"))
     if dry:  # toy sizes, the same code
-        arch, context = {"vocab": 256, "layers": 2, "heads": 2, "hidden": 32, "ffn": 64}, 16
+        arch, context = Arch(layers=2, heads=2, hidden=32, ffn=64, vocab=256), 16
         p1 = SimpleNamespace(batch_size=2, accumulate=2, checkpoint_activations=False, precision="bf16")
         p2 = SimpleNamespace(batch_size=4, accumulate=2, checkpoint_activations=True, precision="bf16")
-    estimate = _estimate(dry)
-    ctx_dim = 1024  # the Qwen3 embedding cache the 1B profile reads
-    pcfg = profile["predictor"]
+    estimate = _estimate()
+    router = (profile["predictor"]["rank"], profile["predictor"]["hidden"])
     out = {}
     for stage, cfg in (("phase1", p1), ("phase2", p2)):
-        lm = random_lm(arch["layers"], arch["heads"], arch["hidden"], arch["ffn"], arch["vocab"], device)
-        torch.manual_seed(1)
-        predictor = StructurePredictor(PredictorConfig.cascade(rank=pcfg["rank"], hidden=pcfg["hidden"]),
-                                       arch["layers"], arch["heads"], ctx_dim, 0).to(device)
-        if stage == "phase1":
-            lm.requires_grad_(False)
-            model, trained = predictor.train(), list(predictor.parameters())
-        else:
-            model = Phase2Model(lm, predictor, "full").train()
-            trained = list(model.parameters())
+        micro = cfg.batch_size // cfg.accumulate
+        # the context cache's features: the Qwen3 embedding's 1024
+        loss, modules = stage_loss(stage, arch, micro, context, device, context_dim=1024, router=router)
+        trained = [p for m in modules for p in m.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trained, lr=1e-5)
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         tic = time.perf_counter()
-        micro = cfg.batch_size // cfg.accumulate
-        gen = torch.Generator().manual_seed(2)
-        with activation_checkpointing(cfg.checkpoint_activations, lm):
-            for _ in range(cfg.accumulate):
-                windows = torch.randint(0, arch["vocab"], (micro, context + 1), generator=gen).to(device)
-                contexts = torch.randn(micro, context, ctx_dim, generator=gen).to(device)
-                ids, targets = windows[:, :-1], windows[:, 1:]
+        with activation_checkpointing(cfg.checkpoint_activations, *modules):
+            for _ in range(cfg.accumulate):  # the same windows each time: memory, not learning, is measured
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-                    if stage == "phase1":
-                        adjacency, gates = predictor(contexts, None, tau=1.0, hard=False)
-                        logits = forward_with_topology(lm, ids, adjacency, gates, skip="full")
-                        loss = token_nll(logits, targets).mean()
-                    else:
-                        logits, topology = model(ids, contexts, None, tau=1.0, hard=True)
-                        replay = model(torch.randint(0, arch["vocab"], (micro, context), generator=gen).to(device),
-                                       dense=True)[0]
-                        loss = (token_nll(logits, targets).mean() + token_nll(replay[:, :-1], ids[:, 1:]).mean()) / 2
-                    head, edge = budget_terms(adjacency, gates, arch["layers"], arch["heads"]) if stage == "phase1" \
-                        else budget_terms(*topology, arch["layers"], arch["heads"])
-                    loss = loss + 0.5 * head + edge
-                (loss / cfg.accumulate).backward()
-                del logits, loss
+                    value = loss()
+                (value / cfg.accumulate).backward()
+                del value
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         if device.type == "cuda":
@@ -194,13 +155,13 @@ def training(device, dry: bool) -> dict:
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
             row["peak_over_estimate"] = round(row["peak_gib"] / estimate[stage], 3)
         out[stage] = row
-        del lm, predictor, model, optimizer, trained
+        del loss, modules, optimizer, trained
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
 
 
-def _estimate(dry: bool) -> dict[str, float]:
+def _estimate() -> dict[str, float]:
     """``make estimate``'s memory per stage for the 1B profile (its published shape)."""
     from lookahead.tools.estimate import estimate
     from lookahead.tools.params import validate_all
