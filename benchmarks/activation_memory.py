@@ -9,12 +9,14 @@ left out; under checkpointing the layer inputs each checkpoint holds) with and w
 ``train.checkpoint_activations``, on random OLMo2 models on the CPU, and prints them beside the
 estimate's figure (``lookahead.tools.estimate.activation_bytes``) as one JSON line.
 
-    python benchmarks/activation_memory.py                      # the shape the constants were fitted on, and another
+    python benchmarks/activation_memory.py                      # the shape the fit started from, and another
     python benchmarks/activation_memory.py --write-docs         # also the table in docs/scaling.md
+    python benchmarks/activation_memory.py --fit                # refit ACTIVATION_FIT (about 2 min)
 
-The estimate's constants were fitted on :data:`FIT_SHAPES` (FIT and one change of each dimension);
-:data:`CHECK` (another width, depth, head count, MLP ratio, vocabulary and context) is the shape the
-±25 % test holds them to
+The estimate's constants (``lookahead.tools.estimate.ACTIVATION_FIT``) are what ``--fit`` prints:
+non-negative least squares per stage over :data:`FIT_SHAPES` (FIT and one change of each
+dimension), the weight copies held at their 2 bytes a weight. :data:`CHECK` (another width, depth,
+head count, MLP ratio, vocabulary and context) is the shape the ±25 % test holds them to
 (tests/test_estimate_memory.py).
 """
 
@@ -158,6 +160,34 @@ def compare(shape: dict, stages=STAGES) -> dict:
     return out
 
 
+def fit() -> dict[str, dict[bool, dict[str, float]]]:
+    """ACTIVATION_FIT refitted: per stage and checkpointing, the non-negative coefficients of the
+    per-token terms of ``lookahead.tools.estimate._stage_bytes`` (a: L·d, b: L·ffn, g: L·H·d, v: V,
+    e: d, n: N²) that best explain the bytes measured on :data:`FIT_SHAPES`, the bf16 weight copies
+    (2 bytes a weight; the LM head's alone when checkpointed) taken off first."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    out: dict[str, dict[bool, dict[str, float]]] = {}
+    for stage in STAGES:
+        graph = stage in ("phase1", "phase2")
+        for ckpt in (False, True):
+            names = ["a", *([] if ckpt else ["b"]), *(["g", "n"] if graph else []), "v",
+                     *(["e"] if ckpt or not graph else [])]
+            rows, ys = [], []
+            for shape in FIT_SHAPES:
+                a, tokens = shape["arch"], shape["batch"] * shape["context"]
+                n = 1 + a.layers * a.heads
+                term = {"a": a.layers * a.hidden, "b": a.layers * a.ffn, "g": a.layers * a.heads * a.hidden,
+                        "n": n * n, "v": a.vocab, "e": a.hidden}
+                rows.append([tokens * term[k] for k in names])
+                copies = 2.0 * ((0 if ckpt else a.body) + a.vocab * a.hidden)
+                ys.append(measure(stage, a, shape["batch"], shape["context"], ckpt) - copies)
+            coef, _ = nnls(np.array(rows, float), np.array(ys, float))
+            out.setdefault(stage, {})[ckpt] = {k: round(float(c), 1) for k, c in zip(names, coef) if round(c, 1)}
+    return out
+
+
 def table(figures: dict) -> str:
     rows = ["| stage | measured MiB | estimated MiB | estimate / measured | measured, checkpointed | "
             "estimated, checkpointed | estimate / measured |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -177,7 +207,11 @@ def shape_text(shape: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-docs", action="store_true", help="rewrite the table in docs/scaling.md")
+    parser.add_argument("--fit", action="store_true", help="print ACTIVATION_FIT refitted on FIT_SHAPES instead")
     args = parser.parse_args()
+    if args.fit:
+        print(json.dumps({stage: {str(k).lower(): v for k, v in rows.items()} for stage, rows in fit().items()}))
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     result = {"fit": {"shape": shape_text(FIT), **compare(FIT)}, "check": {"shape": shape_text(CHECK), **compare(CHECK)}}
     print(json.dumps(result))
