@@ -32,7 +32,7 @@ from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
 from lookahead.core.windows import set_label
 from lookahead.graph.cost import macs_per_token
-from lookahead.graph.generate import Router, layer_routed, self_consistent
+from lookahead.graph.deployed import Router, layer_routed, self_consistent
 from lookahead.graph.nodes import static_gates, top_k_gates
 from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
@@ -174,8 +174,8 @@ DEPLOYED_WINDOWS = 64
 @torch.no_grad()
 def deployed_nll(module, model, scoring: ScoringSet) -> np.ndarray | None:
     """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
-    routed model's own states (:func:`lookahead.graph.generate.self_consistent`, position by
-    position; ``layer``: :func:`lookahead.graph.generate.layer_routed`, layer by layer), not from
+    routed model's own states (:func:`lookahead.graph.deployed.self_consistent`, position by
+    position; ``layer``: :func:`lookahead.graph.deployed.layer_routed`, layer by layer), not from
     a dense pass. None for routers that read no LM state (the dense-state figure is already theirs:
     ``embedding``) or cannot run that way (``cache``, the cascade)."""
     cfg = model.cfg

@@ -9,7 +9,7 @@ import torch
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.devices import eval_mode
 from lookahead.graph.gating import budget_terms
-from lookahead.graph.generate import Router, self_consistent
+from lookahead.graph.deployed import Router, self_consistent
 from lookahead.graph.nodes import running_heads
 from lookahead.graph.plan import execute
 from lookahead.graph.runtime import forward_with_topology
@@ -166,7 +166,7 @@ class Phase2Module:
         (:func:`lookahead.pipeline.phase2.common.final_batches`): dense, and under its decoder's hard
         topologies through the execution plan (the router reading a dense pass's states); where the
         router can run as deployed (:meth:`deployed_router`), ``deployed``: its inputs from the routed
-        model's own states, position by position (:func:`lookahead.graph.generate.self_consistent`);
+        model's own states, position by position (:func:`lookahead.graph.deployed.self_consistent`);
         and the mean active-head fraction."""
         dense, hard, heads, deployed = [], [], [], []
         router = self.deployed_router(model)
