@@ -9,7 +9,9 @@ with ``PYTHONPATH=src``: ``core.tracking`` is never imported). Prints one JSON l
   with its max abs logit difference and the tolerance it is held to (:data:`TOLERANCE`);
 - ``runtime``: ``benchmarks/runtime.py`` on CUDA in bf16 at T = 2048 and 8192, both skip modes and
   both attention backends, against the FLOP ideal, on random models at the default architecture
-  and at the 1B shape (trained weights are DVC outputs that do not travel);
+  and at the 1B shape (trained weights are DVC outputs that do not travel); at the 1B shape also
+  the compiled decode step (``lookahead.graph.decode``, CUDA graphs: ``mode="reduce-overhead"``)
+  at 50 % off, batch 4, against stock decoding compiled the same way (``decode_T<T>_B4_...``);
 - ``training``: one optimiser step of phase 1 and of phase 2 at the 1B shape with random weights
   (``from_config``, no download), with the 1B profile's micro-batches and checkpointing, bf16
   autocast: peak memory (``torch.cuda.max_memory_allocated``) beside ``make estimate``'s figure.
@@ -90,12 +92,12 @@ def runtime(device: str, dry: bool) -> dict:
     default = f"{params['n_layers']},{params['n_heads']},{params['hidden_size']},{params['intermediate_size']}"
     out = {}
     for label, arch in (("default", default),) if dry else (("default", default), ("1b", SHAPE_1B)):
-        if dry:
+        if dry:  # the compiled decode step is left to tests/test_decode.py on the CPU: its compilation is the cost
             args = ["--arch", "2,2,32,64", "--seqs", "32", "--tokens", "64", "--gen-batch", "1", "--new", "2", "--rounds", "1",
-                    "--system-malloc"]  # no re-execution: the toy run's timings mean nothing
-        else:
+                    "--system-malloc", "--decode-batches", ""]  # no re-execution: the toy run's timings mean nothing
+        else:  # the compiled decode step (CUDA graphs) against compiled stock decoding at the 1B shape only
             args = ["--arch", arch, "--seqs", "2048,8192", "--tokens", "8192", "--gen-batch", "4", "--new", "8",
-                    "--rounds", "3"]
+                    "--rounds", "3", "--decode-batches", "4" if label == "1b" else "", "--decode-fractions", "50"]
         dtype = "float32" if dry and device == "cpu" else "bfloat16"
         cmd = [sys.executable, str(ROOT / "benchmarks" / "runtime.py"), *args, "--device", device, "--dtype", dtype]
         tic = time.perf_counter()

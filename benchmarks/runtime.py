@@ -39,6 +39,7 @@ params' base architecture is timed — the cost is the same as with trained weig
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -124,7 +125,9 @@ def main() -> None:
     parser.add_argument("--arch", help="time a random model instead: 'layers,heads,hidden,ffn'")
     parser.add_argument("--seqs", default="128,512,2048", help="context lengths T")
     parser.add_argument("--tokens", type=int, default=2048, help="prefill tokens per batch (B = tokens / T)")
-    parser.add_argument("--gen-batch", type=int, default=8, help="rows decoded side by side")
+    parser.add_argument("--gen-batch", type=int, default=8, help="rows decoded side by side (the eager variants)")
+    parser.add_argument("--decode-batches", default="1,8", help="batches of the compiled decoding section ('': none)")
+    parser.add_argument("--decode-fractions", default="25,50,75", help="shares of heads off (%%) it times")
     parser.add_argument("--new", type=int, default=16, help="decoding steps timed after the prompt")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
@@ -192,7 +195,11 @@ def main() -> None:
                 out[key] = round(sec["stock"] / sec[f"{mode}_{kind}{pct}off"], 3)
                 out[f"{key}_ideal"] = round(dense_macs / macs_per_token(cfg, (t + 1) / 2, 1 - pct / 100, mode), 3)
             out.update(generation(model, t, args, kinds, gen, sync))
+            for b in [int(x) for x in args.decode_batches.split(",") if x]:
+                out.update(compiled_decoding(model, t, b, args, gen, sync))
     out["max_abs_diff_plan_dense_vs_stock"] = max_diff
+    if args.decode_batches:
+        out.update(compile_figures(model))
     out.update({f"flex_{k}": round(v, 3) if isinstance(v, float) else v for k, v in flex.stats().items()})
     print(json.dumps(out))
 
@@ -299,6 +306,151 @@ def generation(model, t: int, args, kinds, gen, sync) -> dict:
         res[key] = round(sec["stock"] / sec[f"{mode}_{kind}{pct}off"], 3)
         res[f"{key}_ideal"] = round(dense_macs / macs_per_token(cfg, t, 1 - pct / 100, mode), 3)
     return res
+
+
+
+SHARED: dict[int, torch.Tensor] = {}
+"""The compiled section's shared topology per share off, one per process: its layers' head counts
+(0 and 1 are specialised) then compile once for every T and batch."""
+
+
+def random_router(model, keep: float, params: str):
+    """A head-gate router of the params' predictor shape (input ``lm``, exact top-K of all heads at
+    ``keep``; no geometric features), random weights: it costs what a trained one costs."""
+    from lookahead.core.config import load_section
+    from lookahead.graph.generate import Router
+    from lookahead.graph.predictor import PredictorConfig, StructurePredictor
+
+    cfg = load_section(params, "predictor", PredictorConfig)
+    cfg = dataclasses.replace(cfg, gate="head", budget="topk", keep=keep, input="lm", geo_features=False,
+                              edges="all", always_on=[])
+    torch.manual_seed(0)
+    n_layers, n_heads, hidden = model.config.num_hidden_layers, model.config.num_attention_heads, model.config.hidden_size
+    predictor = StructurePredictor(cfg, n_layers, n_heads, 2 * hidden).to(next(model.parameters()).device).eval()
+    with torch.no_grad():  # keep logits that vary with the token, so the topology changes every step
+        predictor.to_gate.weight.normal_(0, 1)
+    return Router(predictor, model)
+
+
+def compiled_decoding(model, t: int, b: int, args, gen, sync) -> dict:
+    """Decoding with compiled steps after a T-token prompt, batch b, against the fastest stock decoding
+    (HF's ``StaticCache`` with ``torch.compile``): the routed step (:class:`lookahead.graph.decode.DecodeStep`)
+    with every head on, and per skip mode and share off, a shared topology and a per-token router (its
+    graph in the step, its MACs in the ideal); the eager stock and eager routed steps beside. Caches are
+    restored from the prompt's between rounds (untimed)."""
+    from transformers import StaticCache
+
+    from lookahead.graph.cost import router_macs
+    from lookahead.graph.decode import DecodeStep, compiled_stock
+    from lookahead.graph.generate import Router
+
+    cfg = model.config
+    n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    n, new, dev = n_nodes(n_layers, n_heads), args.new, args.device
+    prompt = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(dev)
+    steps = torch.randint(0, cfg.vocab_size, (b, new), generator=gen).to(dev)
+    stock_forward = compiled_stock(model).forward
+
+    def stock_variant(forward):
+        cache = StaticCache(config=cfg, max_cache_len=t + new)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(t, device=dev))
+        saved = [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone()) for layer in cache.layers]
+
+        def restore(_):
+            for layer, kept in zip(cache.layers, saved):
+                for live, old in zip((layer.keys, layer.values, layer.cumulative_length), kept):
+                    live.copy_(old)
+
+        def run(_):
+            for i in range(new):
+                forward(input_ids=steps[:, i : i + 1], past_key_values=cache, use_cache=True,
+                        cache_position=torch.tensor([t + i], device=dev))
+        return restore, run
+
+    def routed_variant(mode, gates=None, router: Router | None = None):
+        step = DecodeStep(model, b, t + new, mode, router)
+        first = step.prefill(prompt, gates if router is None else router.gates(prompt)).hidden[:, -1:]
+        live = [x for x in step.keys + step.values if x is not None]  # a shared topology: None where no head runs
+        saved = ([x.clone() for x in live], step.cache.stored.clone())
+
+        def restore(_):
+            for x, kept in zip(live, saved[0]):
+                x.copy_(kept)
+            step.cache.stored.copy_(saved[1])
+            step.cache.length = t
+
+        def run(_):
+            previous = first
+            for i in range(new):
+                out = step.step(steps[:, i : i + 1], gates, previous)[0]
+                previous = out.hidden
+        return restore, run
+
+    def eager_routed(router: Router, mode: str):
+        """The eager plan's steps with the same router (``generate(compile=False)``'s loop)."""
+        cache = KVCache(model, b, t + new, mode)
+        first = gated_forward(model, prompt, router.gates(prompt), mode, cache).hidden[:, -1:]
+        saved = (cache.kv.clone(), cache.stored.clone())
+
+        def restore(_):
+            cache.kv.copy_(saved[0])
+            cache.stored.copy_(saved[1])
+            cache.length = t
+
+        def run(_):
+            previous = first
+            for i in range(new):
+                ids = steps[:, i : i + 1]
+                previous = gated_forward(model, ids, router.gates(ids, previous), mode, cache).hidden
+        return restore, run
+
+    variants = {"stock": stock_variant(model), "stock_compiled": stock_variant(stock_forward),
+                "plan_dense": routed_variant("query", torch.ones(n, device=dev))}
+    fractions = [int(x) for x in args.decode_fractions.split(",")]
+    routers = {pct: random_router(model, 1 - pct / 100, args.params) for pct in fractions}
+    for mode in MODES:
+        for pct in fractions:
+            variants[f"{mode}_shared_{pct}off"] = routed_variant(mode, SHARED.setdefault(pct, shared_gates(
+                n_layers, n_heads, pct, torch.Generator().manual_seed(pct))).to(dev))
+            variants[f"{mode}_{pct}off"] = routed_variant(mode, router=routers[pct])
+    if 50 in routers:
+        variants["eager_query_50off"] = eager_routed(routers[50], "query")
+    sec = timed({name: run for name, (_, run) in variants.items()}, args.rounds, sync,
+                setup=lambda name: variants[name][0](None))
+    key = f"decode_T{t}_B{b}"
+    res = {f"{key}_stock_compiled_tokens_per_s": round(b * new / sec["stock_compiled"], 1),
+           f"{key}_stock_eager_over_compiled_stock": round(sec["stock_compiled"] / sec["stock"], 3),
+           f"{key}_plan_dense_over_compiled_stock": round(sec["stock_compiled"] / sec["plan_dense"], 3)}
+    dense_macs = macs_per_token(cfg, t, 1.0, "query")
+    for mode in MODES:
+        for pct in fractions:
+            for kind in ("shared_", ""):
+                name = f"{mode}_{kind}{pct}off"
+                ratio = sec["stock_compiled"] / sec[name]
+                routed_macs = macs_per_token(cfg, t, 1 - pct / 100, mode) + (router_macs(routers[pct].predictor) if not kind else 0)
+                ideal = dense_macs / routed_macs
+                res[f"{key}_{name}_over_compiled_stock"] = round(ratio, 3)
+                res[f"{key}_{name}_over_compiled_stock_ideal"] = round(ideal, 3)
+                res[f"{key}_{name}_of_ideal"] = round(ratio / ideal, 3)
+    if "eager_query_50off" in sec:
+        res[f"{key}_eager_query_50off_over_compiled_stock"] = round(sec["stock_compiled"] / sec["eager_query_50off"], 3)
+        saved_per_token = (sec["eager_query_50off"] - sec["query_50off"]) / (b * new)  # seconds a compiled token saves
+        res[f"{key}_query_50off_saves_ms_per_token"] = round(saved_per_token * 1e3, 4)
+    return res
+
+
+def compile_figures(model) -> dict:
+    """This process's compilations of the decoding section and the seconds of the steps that compiled
+    them (apart from every timing): the routed graphs (per skip mode the layers' per-token and shared
+    steps; per router its step) and the stock forward."""
+    from lookahead.graph import decode
+
+    routed = [decode._compiled(model, mode) for mode in MODES] + [decode._routes(model)]
+    stock = decode.compiled_stock(model)
+    graphs, seconds = sum(c.compilations for c in routed), sum(c.compile_s for c in routed)
+    return {"decode_compilations_routed": graphs, "decode_compile_s_routed": round(seconds, 2),
+            "decode_compile_s_per_graph": round(seconds / max(graphs, 1), 2),
+            "decode_compilations_stock": stock.compilations, "decode_compile_s_stock": round(stock.compile_s, 2)}
 
 
 if __name__ == "__main__":

@@ -41,11 +41,32 @@ class Generation:
     """(B, P + n − 1, N) the head gates every position ran with (None: dense)"""
     prefill_s: float
     decode_s: float
+    """seconds of the decode steps that compiled nothing"""
+    compile_s: float = 0.0
+    """seconds of the decode steps that compiled (tracing, compiling and that step's run), apart"""
+    compiled_steps: int = 0
+    """decode steps that compiled (their tokens are not in :meth:`tokens_per_s`)"""
 
     def tokens_per_s(self, prompt_len: int) -> float:
-        """Generated tokens per second of decoding (after the prefill), over the batch."""
-        new = self.ids.shape[1] - prompt_len - 1  # the first new token comes from the prefill
+        """Generated tokens per second of decoding (after the prefill, steps that compiled left out),
+        over the batch."""
+        new = self.ids.shape[1] - prompt_len - 1 - self.compiled_steps  # the first new token comes from the prefill
         return self.ids.shape[0] * new / self.decode_s if new > 0 else float("nan")
+
+
+COMPILE_PAYS_FROM = 4096
+"""``compile=None`` (auto) on CPU: the compiled decode step is taken from this many generated tokens
+(batch × new tokens) on. Below it the first steps' compilation (seconds, even with inductor's on-disk
+cache warm) costs more than the compiled steps save; ``benchmarks/runtime.py`` measures both
+(``decode_compile_s``, ``decode_pays_back_after_tokens``). On CUDA the compiled step is always taken."""
+
+
+def compile_wanted(compile: bool | None, device: torch.device, tokens: int) -> bool:
+    """Whether generation takes the compiled decode step: ``compile`` when set, else (auto) on CUDA
+    always and on CPU from :data:`COMPILE_PAYS_FROM` generated tokens."""
+    if compile is not None:
+        return compile
+    return device.type == "cuda" or tokens >= COMPILE_PAYS_FROM
 
 
 def pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -72,12 +93,16 @@ def _check(prompt: torch.Tensor, max_new_tokens: int, temperature: float, top_k:
 @torch.no_grad()
 def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip: str = "query",
              temperature: float = 0.0, top_k: int = 0, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> Generation:
+             use_cache: bool = True, compile: bool | None = False) -> Generation:
     """Routed generation: ``max_new_tokens`` tokens after ``prompt`` (B, P), each position run under
     the gates the router predicts for it. ``use_cache=False`` recomputes the whole prefix at every
-    step (the same topologies; the reference the cached loop is tested against)."""
+    step (the same topologies; the reference the cached loop is tested against). ``compile``: decode
+    with the compiled step (:class:`lookahead.graph.decode.DecodeStep`: the router and every layer
+    as compiled graphs); None: where it pays (:func:`compile_wanted`); the eager plan is the reference."""
     _check(prompt, max_new_tokens, temperature, top_k)
     check_model(lm)
+    if compile_wanted(compile, prompt.device, prompt.shape[0] * max_new_tokens) and use_cache:
+        return _generate_compiled(lm, router, prompt, max_new_tokens, skip, temperature, top_k, generator)
     tic = time.perf_counter()
     gates = router.gates(prompt)  # (B, P, N): the prompt's, from a dense pass over it
     cache = KVCache(lm, prompt.shape[0], prompt.shape[1] + max_new_tokens, skip) if use_cache else None
@@ -93,26 +118,63 @@ def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip
     return Generation(ids, gates, prefill_s, time.perf_counter() - tic)
 
 
+def _generate_compiled(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip: str,
+                       temperature: float, top_k: int, generator: torch.Generator | None) -> Generation:
+    """:func:`generate` with the compiled decode step; the prefill is the plan's, as eager."""
+    from lookahead.graph.decode import DecodeStep
+
+    tic = time.perf_counter()
+    decoder = DecodeStep(lm, prompt.shape[0], prompt.shape[1] + max_new_tokens, skip, router)
+    gates = [router.gates(prompt)]
+    out = decoder.prefill(prompt, gates[0])
+    ids = [prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]]
+    prefill_s = time.perf_counter() - tic
+    timed = {False: 0.0, True: 0.0}  # seconds of steps that compiled nothing / that compiled
+    compiled_steps = 0
+    for _ in range(max_new_tokens - 1):
+        before, tic = decoder.compilations, time.perf_counter()
+        out, step = decoder.step(ids[-1], previous=out.hidden[:, -1:])
+        ids.append(pick(out.logits[:, -1], temperature, top_k, generator)[:, None])
+        compiled = decoder.compilations > before
+        timed[compiled] += time.perf_counter() - tic
+        compiled_steps += compiled
+        gates.append(step)
+    return Generation(torch.cat(ids, 1), torch.cat(gates, 1), prefill_s, timed[False], timed[True], compiled_steps)
+
+
 @torch.no_grad()
 def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                   generator: torch.Generator | None = None) -> Generation:
+                   generator: torch.Generator | None = None, compile: bool | None = False) -> Generation:
     """Dense generation with the stock forward and its preallocated KV cache (``StaticCache``: the
-    fastest stock decoding, and like the routed cache it copies nothing as it grows)."""
+    fastest stock decoding, and like the routed cache it copies nothing as it grows); ``compile``:
+    its decode steps through ``torch.compile`` (Hugging Face's recommended fast path; None: where it
+    pays, :func:`compile_wanted`)."""
     from transformers import StaticCache
 
     _check(prompt, max_new_tokens, temperature, top_k)
     p = prompt.shape[1]
+    forward, stock = lm, None
+    if compile_wanted(compile, prompt.device, prompt.shape[0] * max_new_tokens):
+        from lookahead.graph.decode import compiled_stock
+
+        stock = compiled_stock(lm)
+        forward = stock.forward
     tic = time.perf_counter()
     cache = StaticCache(config=lm.config, max_cache_len=p + max_new_tokens)
     out = lm(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(p, device=prompt.device))
     ids = torch.cat([prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
     prefill_s = time.perf_counter() - tic
-    tic = time.perf_counter()
+    timed = {False: 0.0, True: 0.0}
+    compiled_steps = 0
     for i in range(max_new_tokens - 1):
-        out = lm(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
-                 cache_position=torch.tensor([p + i], device=prompt.device))
+        before, tic = stock.compilations if stock else 0, time.perf_counter()
+        out = forward(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
+                      cache_position=torch.tensor([p + i], device=prompt.device))
         ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
-    return Generation(ids, None, prefill_s, time.perf_counter() - tic)
+        compiled = bool(stock) and stock.compilations > before
+        timed[compiled] += time.perf_counter() - tic
+        compiled_steps += compiled
+    return Generation(ids, None, prefill_s, timed[False], timed[True], compiled_steps)
 
 
 def load(model_dir: str | Path, predictor_file: str | Path, init_file: str | Path | None):
@@ -149,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
     parser.add_argument("--skip", choices=["full", "query"], help="default: the one the router was trained under")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="decode with compiled steps, routed and stock alike (default: where it pays: on CUDA, "
+                             f"and on CPU from {COMPILE_PAYS_FROM} generated tokens)")
     parser.add_argument("--attention", choices=flex.BACKENDS, default=flex.ATTENTION,
                         help="the plan's attention kernels: auto (FlexAttention where it pays), flex, sdpa")
     args = parser.parse_args(argv)
@@ -163,9 +228,11 @@ def main(argv: list[str] | None = None) -> None:
         runs = {}
         for name in ("routed", "dense"):
             gen = torch.Generator().manual_seed(args.seed)
-            runs[name] = (generate(lm, router, prompt, args.max_new_tokens, skip, args.temperature, args.top_k, gen)
+            runs[name] = (generate(lm, router, prompt, args.max_new_tokens, skip, args.temperature, args.top_k, gen,
+                                   compile=args.compile)
                           if name == "routed" else
-                          generate_dense(lm, prompt, args.max_new_tokens, args.temperature, args.top_k, gen))
+                          generate_dense(lm, prompt, args.max_new_tokens, args.temperature, args.top_k, gen,
+                                         compile=args.compile))
     except (LookaheadError, OSError) as exc:
         raise SystemExit(f"error: {exc}") from None
     p = prompt.shape[1]
@@ -177,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
                       "active_head_fraction": round(active, 4),
                       **{f"{name}_decode_tokens_per_s": round(run.tokens_per_s(p), 1) for name, run in runs.items()},
                       "routed_over_dense": round(routed.tokens_per_s(p) / runs["dense"].tokens_per_s(p), 3),
+                      "compiled": compile_wanted(args.compile, prompt.device, args.batch * args.max_new_tokens),
+                      **{f"{name}_compile_s": round(run.compile_s, 2) for name, run in runs.items()},
                       "attention": args.attention, "flex_compile_s": round(flex.stats()["compile_s"], 2)}))
 
 

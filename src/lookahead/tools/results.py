@@ -194,6 +194,52 @@ def speed_section(runtime: dict | None) -> list[str]:
     return out + table(("comparison", "figure", "mean ± sd (runs)", "judged against", "verdict"), rows)
 
 
+DECODE = (("full", "shared_"), ("full", ""), ("query", "shared_"), ("query", ""))
+"""The compiled decoding section's variants: skip mode, and shared (no router) or per token (a router)."""
+
+
+def decode_section(runtime: dict | None) -> list[str]:
+    """Decoding with compiled steps (``lookahead.graph.decode``) against the fastest stock decoding,
+    HF's ``StaticCache`` with ``torch.compile`` (``benchmarks/runtime.py``'s ``decode_T<T>_B<B>_...``)."""
+    if not runtime or not any(k.startswith("decode_T") for k in runtime):
+        return []
+    runs = runtime.get("runs", 1)
+
+    def cell(key: str, digits: int = 2) -> str:
+        if key not in runtime:
+            return "–"
+        sd = runtime.get(f"{key}_sd")
+        return f"{runtime[key]:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+    rows = []
+    shapes = sorted({(int(k.split("_")[1][1:]), int(k.split("_")[2][1:])) for k in runtime
+                     if k.startswith("decode_T") and k.endswith("_stock_compiled_tokens_per_s")})
+    for t_len, batch in shapes:
+        key = f"decode_T{t_len}_B{batch}"
+        cells = [cell(f"{key}_stock_compiled_tokens_per_s", 0), cell(f"{key}_stock_eager_over_compiled_stock"),
+                 cell(f"{key}_plan_dense_over_compiled_stock")]
+        for mode, kind in DECODE:
+            name = f"{key}_{mode}_{kind}50off_over_compiled_stock"
+            cells.append(f"{cell(name)} / {runtime[name + '_ideal']:.2f}" if name in runtime else "–")
+        rows.append((str(t_len), str(batch), *cells))
+    out = ["## Decoding with compiled steps", "",
+           f"Tokens/s over the fastest stock decoding — Hugging Face's `StaticCache` with `torch.compile` — with 50 % "
+           f"of heads off, mean ± sd over {runs} runs of `python benchmarks/runtime.py --runs {runs}` on "
+           f"{runtime.get('device')} ({runtime.get('threads')} threads; `{RUNTIME}`), beside each its FLOP ideal "
+           "(per token: the router's MACs included). *Shared*: one set of heads for every token (no router); *per "
+           "token*: a router of the predictor's shape chooses each token's heads inside the step. The routed steps "
+           "are `lookahead.graph.decode.DecodeStep` (`python -m lookahead.graph.generate --compile`); 25 % and 75 % "
+           "off, and every figure's `_of_ideal`, are in the JSON.", ""]
+    out += table(("T", "batch", "compiled stock tokens/s", "eager stock", "routed, every head on", "shared `full`",
+                  "per token `full`", "shared `query`", "per token `query`"), rows)
+    if "decode_compilations_routed" in runtime:
+        out += ["", f"Compilation, apart from every timing (per process): the routed graphs "
+                    f"{cell('decode_compilations_routed', 1)} in {cell('decode_compile_s_routed', 1)} s "
+                    f"({cell('decode_compile_s_per_graph', 1)} s each), the stock forward "
+                    f"{cell('decode_compilations_stock', 1)} in {cell('decode_compile_s_stock', 1)} s."]
+    return out + [""]
+
+
 def head_scaling_section(path: Path) -> list[str]:
     """The head-scaling study's points (``metrics/head_scaling_report.json``, scripts/head_scaling.py): each
     claim with its 95 % interval at every shape, and the trend's value at 256 heads."""
@@ -290,9 +336,16 @@ def summary(m: dict[str, Figures], runtime: dict | None) -> list[str]:
     key = "prefill_T2048_query_50off_over_dense"
     if runtime and key in runtime:
         gen = "generate_T2048_query_50off_over_dense"
-        lines.append(f"- **Speed** (per token, 50 % of heads off, T = 2048, {runtime.get('device')}): prefill "
-                     f"{runtime[key]:.2f}× dense (FLOP ideal {runtime[key + '_ideal']:.2f}), generation "
-                     f"{runtime[gen]:.2f}× (ideal {runtime[gen + '_ideal']:.2f}).")
+        line = (f"- **Speed** (per token, 50 % of heads off, T = 2048, {runtime.get('device')}): prefill "
+                f"{runtime[key]:.2f}× dense (FLOP ideal {runtime[key + '_ideal']:.2f}), generation "
+                f"{runtime[gen]:.2f}× (ideal {runtime[gen + '_ideal']:.2f})")
+        compiled = "decode_T2048_B8_{}_50off_over_compiled_stock"
+        if compiled.format("full") in runtime:
+            line += (f"; compiled decoding, batch 8, over compiled stock decoding: per token `full` "
+                     f"{runtime[compiled.format('full')]:.2f}× (ideal {runtime[compiled.format('full') + '_ideal']:.2f}), "
+                     f"`query` {runtime[compiled.format('query')]:.2f}× "
+                     f"(ideal {runtime[compiled.format('query') + '_ideal']:.2f})")
+        lines.append(line + ".")
     return lines
 
 
@@ -369,7 +422,7 @@ def render(root: Path) -> str:
         "",
     ]
     for section in (phase1_section(m), phase2_section(m), decoders_section(m), modulator_section(m),
-                    speed_section(runtime)):
+                    speed_section(runtime), decode_section(runtime)):
         lines += section + [""]
     lines += head_scaling_section(root / HEAD_SCALING)
     lines += gpu_section(root / GPU)
