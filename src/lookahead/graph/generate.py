@@ -55,18 +55,20 @@ class Generation:
 
 
 COMPILE_PAYS_FROM = 4096
-"""``compile=None`` (auto) on CPU: the compiled decode step is taken from this many generated tokens
-(batch × new tokens) on. Below it the first steps' compilation (seconds, even with inductor's on-disk
-cache warm) costs more than the compiled steps save; ``benchmarks/runtime.py`` measures both
-(``decode_compile_s``, ``decode_pays_back_after_tokens``). On CUDA the compiled step is always taken."""
+"""``compile=None`` (auto) on CPU: the compiled decode steps are taken from this many new tokens per row
+(decode steps) on. A generation compiles two graphs (the router's step and the layers'), seconds
+each with inductor's on-disk cache warm and several times that cold, and a compiled step saves
+about 2 ms against the eager plan's at batch 1 or 8 (``benchmarks/runtime.py``:
+``decode_compile_s_per_graph``, ``decode_T<T>_B<B>_query_50off_saves_ms_per_token``; the results page
+works out where it pays back). On CUDA the compiled step is always taken."""
 
 
-def compile_wanted(compile: bool | None, device: torch.device, tokens: int) -> bool:
+def compile_wanted(compile: bool | None, device: torch.device, steps: int) -> bool:
     """Whether generation takes the compiled decode step: ``compile`` when set, else (auto) on CUDA
-    always and on CPU from :data:`COMPILE_PAYS_FROM` generated tokens."""
+    always and on CPU from :data:`COMPILE_PAYS_FROM` decode steps."""
     if compile is not None:
         return compile
-    return device.type == "cuda" or tokens >= COMPILE_PAYS_FROM
+    return device.type == "cuda" or steps >= COMPILE_PAYS_FROM
 
 
 def pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -101,7 +103,7 @@ def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip
     as compiled graphs); None: where it pays (:func:`compile_wanted`); the eager plan is the reference."""
     _check(prompt, max_new_tokens, temperature, top_k)
     check_model(lm)
-    if compile_wanted(compile, prompt.device, prompt.shape[0] * max_new_tokens) and use_cache:
+    if compile_wanted(compile, prompt.device, max_new_tokens) and use_cache:
         return _generate_compiled(lm, router, prompt, max_new_tokens, skip, temperature, top_k, generator)
     tic = time.perf_counter()
     gates = router.gates(prompt)  # (B, P, N): the prompt's, from a dense pass over it
@@ -154,7 +156,7 @@ def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: f
     _check(prompt, max_new_tokens, temperature, top_k)
     p = prompt.shape[1]
     forward, stock = lm, None
-    if compile_wanted(compile, prompt.device, prompt.shape[0] * max_new_tokens):
+    if compile_wanted(compile, prompt.device, max_new_tokens):
         from lookahead.graph.decode import compiled_stock
 
         stock = compiled_stock(lm)
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="decode with compiled steps, routed and stock alike (default: where it pays: on CUDA, "
-                             f"and on CPU from {COMPILE_PAYS_FROM} generated tokens)")
+                             f"and on CPU from {COMPILE_PAYS_FROM} new tokens)")
     parser.add_argument("--attention", choices=flex.BACKENDS, default=flex.ATTENTION,
                         help="the plan's attention kernels: auto (FlexAttention where it pays), flex, sdpa")
     args = parser.parse_args(argv)
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
                       "active_head_fraction": round(active, 4),
                       **{f"{name}_decode_tokens_per_s": round(run.tokens_per_s(p), 1) for name, run in runs.items()},
                       "routed_over_dense": round(routed.tokens_per_s(p) / runs["dense"].tokens_per_s(p), 3),
-                      "compiled": compile_wanted(args.compile, prompt.device, args.batch * args.max_new_tokens),
+                      "compiled": compile_wanted(args.compile, prompt.device, args.max_new_tokens),
                       **{f"{name}_compile_s": round(run.compile_s, 2) for name, run in runs.items()},
                       "attention": args.attention, "flex_compile_s": round(flex.stats()["compile_s"], 2)}))
 

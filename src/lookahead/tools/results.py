@@ -201,6 +201,7 @@ DECODE = (("full", "shared_"), ("full", ""), ("query", "shared_"), ("query", "")
 def decode_section(runtime: dict | None) -> list[str]:
     """Decoding with compiled steps (``lookahead.graph.decode``) against the fastest stock decoding,
     HF's ``StaticCache`` with ``torch.compile`` (``benchmarks/runtime.py``'s ``decode_T<T>_B<B>_...``)."""
+    from lookahead.graph.generate import COMPILE_PAYS_FROM
     if not runtime or not any(k.startswith("decode_T") for k in runtime):
         return []
     runs = runtime.get("runs", 1)
@@ -233,10 +234,21 @@ def decode_section(runtime: dict | None) -> list[str]:
     out += table(("T", "batch", "compiled stock tokens/s", "eager stock", "routed, every head on", "shared `full`",
                   "per token `full`", "shared `query`", "per token `query`"), rows)
     if "decode_compilations_routed" in runtime:
-        out += ["", f"Compilation, apart from every timing (per process): the routed graphs "
-                    f"{cell('decode_compilations_routed', 1)} in {cell('decode_compile_s_routed', 1)} s "
-                    f"({cell('decode_compile_s_per_graph', 1)} s each), the stock forward "
-                    f"{cell('decode_compilations_stock', 1)} in {cell('decode_compile_s_stock', 1)} s."]
+        out += ["", f"Compilation, apart from every timing (per process; the first process of a machine starts with "
+                    f"inductor's on-disk cache cold): the routed graphs {cell('decode_compilations_routed', 0)} "
+                    f"in {cell('decode_compile_s_routed', 1)} s ({cell('decode_compile_s_per_graph', 1)} s each), the "
+                    f"stock forward {cell('decode_compilations_stock', 0)} in {cell('decode_compile_s_stock', 1)} s."]
+        paid = []
+        for t_len, batch in shapes:
+            saves = runtime.get(f"decode_T{t_len}_B{batch}_query_50off_saves_ms_per_token")
+            if saves and saves > 0:  # a generation compiles two graphs: its router's and the layers'
+                paid.append(f"{2 * runtime['decode_compile_s_per_graph'] / (saves * batch / 1e3):,.0f} steps "
+                            f"(T = {t_len}, batch {batch})")
+        if paid:
+            out += ["", "A generation compiles two graphs (the router's and the layers'); against the eager plan's steps "
+                        "(per token `query`, 50 % off) the compiled steps pay that back after " + ", ".join(paid)
+                    + f". `python -m lookahead.graph.generate` compiles by default on CPU from "
+                      f"{COMPILE_PAYS_FROM} new tokens (`--compile` / `--no-compile` choose)."]
     return out + [""]
 
 
