@@ -445,7 +445,7 @@ def compile_figures(model) -> dict:
     steps; per router its step) and the stock forward."""
     from lookahead.graph import decode
 
-    routed = [decode._compiled(model, mode) for mode in MODES] + [decode._routes(model)]
+    routed = [decode._compiled(model, mode) for mode in MODES] + [decode._model_graphs(model)]
     stock = decode.compiled_stock(model)
     graphs, seconds = sum(c.compilations for c in routed), sum(c.compile_s for c in routed)
     return {"decode_compilations_routed": graphs, "decode_compile_s_routed": round(seconds, 2),

@@ -1,7 +1,7 @@
 """The compiled decode step (lookahead.graph.decode) against the plain per-head reference
 (tests/reference_head_graph.py) over whole generations, the eager plan's tokens, and its bound on
 compilations. Every test here shares one tiny model and router, so each graph compiles once in the
-file (per skip mode: per token, shared, the router's; the stock forward): the group runs on one
+file (per token per skip mode, shared, the router's, the stock forward): the group runs on one
 worker, and compiling is most of its time (the suite's compile-heavy tests: ≤ 60 s together)."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ pytestmark = pytest.mark.xdist_group("compiled_decode")
 L, H = 2, 4
 N = n_nodes(L, H)
 PROMPT, NEW = 5, 7
+SHARED = (torch.tensor([1.0, 1, 1, 0, 0, 0, 1, 1, 1]), torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 0, 1]))
+"""Shared topologies with 2 or 3 heads in each layer: one graph serves both (counts are sizes)."""
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_compiled_steps_equal_the_reference_over_a_generation(model, router, ski
     """Every step's logits against the plain per-head reference over the whole sequence under the
     gates that ran (a head off at some steps and on at others: ragged per-head caches in ``full``)."""
     ids = torch.randint(0, 61, (3, PROMPT + NEW), generator=torch.Generator().manual_seed(5))
-    gates = {"shared": gates_of((), 0.5, seed=1), "per-token": gates_of(ids.shape, 0.5, seed=2),
+    gates = {"shared": SHARED[0], "per-token": gates_of(ids.shape, 0.5, seed=2),
              "router": router.gates(ids[:, :PROMPT])}[kind]
     logits, ran = decode(model, skip, ids, gates, router if kind == "router" else None)
     ref = reference_forward(model, ids, baseline_graph(ran, L, H, skip), ran, skip)[:, PROMPT:]
@@ -82,12 +84,12 @@ def test_compiled_generation_yields_the_eager_tokens(model, router, skip):
 
 
 def test_compilations_are_bounded_while_the_topology_changes_every_step(model, router):
-    """Per skip mode one per-token graph and one shared-topology graph, and one graph per router: once
-    each exists, a generation whose topology changes every step, a new cache length, batch size or
+    """One per-token graph per skip mode, one shared-topology graph and one graph per router: once each
+    exists, a generation whose topology changes every step, a new cache length, batch size or
     head count compiles nothing more (batch 1 and single heads would be specialised apart)."""
     ids = torch.randint(0, 61, (3, PROMPT + NEW), generator=torch.Generator().manual_seed(9))
     decode(model, "full", ids, gates_of(ids.shape, 0.5, seed=3))  # the per-token graph
-    decode(model, "full", ids, torch.tensor([1.0, 1, 1, 0, 0, 0, 1, 1, 1]))  # the shared graph
+    decode(model, "full", ids, SHARED[0])  # the shared graph
     step = DecodeStep(model, 3, PROMPT + NEW, "full", router)
     step.prefill(ids[:, :PROMPT], router.gates(ids[:, :PROMPT]))
     before = step.compilations
@@ -101,12 +103,30 @@ def test_compilations_are_bounded_while_the_topology_changes_every_step(model, r
     assert len(seen) == NEW - 1  # a new topology at every step
     longer = torch.randint(0, 61, (2, 3 * PROMPT + NEW), generator=torch.Generator().manual_seed(10))
     decode(model, "full", longer, gates_of(longer.shape, 0.7, seed=4))  # other lengths, batch, pair counts
-    decode(model, "full", longer, torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 0, 1]))  # other head counts
+    decode(model, "full", longer, SHARED[1])  # other head counts
     assert step.compilations == compiled
 
 
+def test_a_weight_changed_in_place_reaches_the_compiled_step(model):
+    """The per-token graph reads W_qkv fused once per model; a weight trained or loaded in place since
+    is fused again before the next generation (no recompilation: the same tensors, refilled)."""
+    ids = torch.randint(0, 61, (3, PROMPT + NEW), generator=torch.Generator().manual_seed(12))
+    gates = gates_of(ids.shape, 0.5, seed=6)
+    weight = model.model.layers[1].self_attn.k_proj.weight
+    kept = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.5)
+        logits, ran = decode(model, "query", ids, gates)
+        ref = reference_forward(model, ids, baseline_graph(ran, L, H, "query"), ran, "query")[:, PROMPT:]
+        assert (logits - ref).abs().max().item() <= TOL
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+
+
 def test_compiled_stock_decoding_yields_the_eager_tokens(model):
-    prompt = torch.randint(0, 61, (2, PROMPT), generator=torch.Generator().manual_seed(11))
+    prompt = torch.randint(0, 61, (3, PROMPT), generator=torch.Generator().manual_seed(11))
     eager = generate_dense(model, prompt, NEW, compile=False)
     compiled = generate_dense(model, prompt, NEW, compile=True)
     assert torch.equal(compiled.ids, eager.ids)
@@ -159,7 +179,7 @@ def test_generate_command_compiles_on_request(model, router, monkeypatch, capsys
     import lookahead.graph.generate as generation
 
     monkeypatch.setattr(generation, "load", lambda *_: (model, router, Letters()))
-    args = ["--prompt", "alpha beta", "--max-new-tokens", "6", "--skip", "query", "--batch", "3"]
+    args = ["--prompt", "alpha", "--max-new-tokens", str(NEW), "--skip", "query", "--batch", "3"]  # the shapes above
     main(args + ["--no-compile"])
     eager = capsys.readouterr().out.splitlines()
     main(args + ["--compile"])

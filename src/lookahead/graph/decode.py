@@ -8,9 +8,10 @@ of those pairs only, so their count is a shape. The router's graph returns, per 
 pairs first (a stable sort, so in (row, head) order), their count and the longest key run among
 them; the host reads those 2·L integers (one small transfer) and the layers' graph takes them as
 sizes. The sizes are symbolic (``dynamic=True``): one compilation serves every count and every cache
-length, so a topology that changes every step recompiles nothing. The bound, per model and skip
-mode: one per-token graph, one shared-topology graph, one graph per router, each once more for
-batch 1 and for a layer with a single running head (sizes 0 and 1 are specialised);
+length, so a topology that changes every step recompiles nothing. The bound, per model: one
+per-token graph per skip mode, one shared-topology graph and one graph per router, each once more
+for batch 1, and a shared graph once more per pattern of layers with 0 or 1 running heads (sizes 0
+and 1 are specialised);
 :attr:`DecodeStep.compilations` counts them, and a test holds them fixed over a generation whose
 topology changes every step. On CUDA the sizes are rounded up (:data:`BUCKETS`) so that the graphs
 CUDA-graph capture records stay a bounded set: pairs to a multiple of the batch, keys to 256.
@@ -42,6 +43,7 @@ within 1e-5 in fp32 over whole generations, and greedy generation yields the eag
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 
@@ -49,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
-from lookahead.graph.plan import KVCache, Output, _binary, gated_forward
+from lookahead.graph.plan import KVCache, Output, _binary, _rope, gated_forward
 from lookahead.graph.runtime import SKIP_MODES, check_model
 
 BUCKETS = {"cuda": (True, 256), "cpu": (False, 1)}
@@ -73,7 +75,7 @@ class DecodeStep:
         batch: rows decoded side by side.
         capacity: positions the cache holds (prompt plus new tokens).
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
-        router: a :class:`lookahead.graph.generate.Router` whose gates the step computes itself
+        router: a :class:`lookahead.graph.deployed.Router` whose gates the step computes itself
             (per token, from the routed model's own previous hidden state); None: gates are given
             to :meth:`step` (shared or per token).
     """
@@ -92,20 +94,21 @@ class DecodeStep:
         self.shared = None  # a shared topology's gates (N,), set by the prefill
         self.weights = None  # its per-layer weights (shared_weights)
         self.compiled = _compiled(model, skip)
+        self.compiled.refresh()
         self._layers = self.compiled.layers
-        self.routes = _routes(model)
-        self._route = self.routes.graph(router) if router is not None else None
+        self.graphs = _model_graphs(model)
+        self._route = self.graphs.route(router) if router is not None else None
 
     @property
     def compilations(self) -> int:
-        """Graphs compiled so far for this model: its layers' graphs in this skip mode and every router's
-        (shared by every step object of them)."""
-        return self.compiled.compilations + self.routes.compilations
+        """Graphs compiled so far for this model: its per-token layers' graphs in this skip mode, its
+        shared-topology graphs and every router's (shared by every step object of them)."""
+        return self.compiled.compilations + self.graphs.compilations
 
     @property
     def compile_s(self) -> float:
         """Seconds of the steps that compiled them."""
-        return self.compiled.compile_s + self.routes.compile_s
+        return self.compiled.compile_s + self.graphs.compile_s
 
     def prefill(self, prompt: torch.Tensor, gates: torch.Tensor) -> Output:
         """The prompt (B, P) through the plan under ``gates`` ((N,) shared or (B, P, N)), filling the cache."""
@@ -155,13 +158,13 @@ class DecodeStep:
         if gates is None:
             if self.router is None or previous is None:
                 raise DecodeError("without a router, pass the step's gates; with one, the previous hidden state")
-            g, on, order, counts, longest = _timed_call(self.routes, self._route, ids, _fresh(previous.float()),
+            g, on, order, counts, longest = _timed_call(self.graphs, self._route, ids, _fresh(previous.float()),
                                                         cache.stored)
         elif gates.shape == (n,):
             if self.shared is None or not torch.equal(gates, self.shared):
                 raise DecodeError("a shared topology runs from the prefill on: this step was prefilled with "
                                   + ("per-token gates" if self.shared is None else "other gates"))
-            logits, hidden = _timed_call(self.compiled, self.compiled.shared, ids, pos, self.weights, self.keys,
+            logits, hidden = _timed_call(self.graphs, self.graphs.shared, ids, pos, self.weights, self.keys,
                                          self.values, cache.length + 1)
             cache.length += 1
             return Output(logits, hidden), gates.expand(self.batch, 1, n)
@@ -190,23 +193,37 @@ class DecodeStep:
 
 
 class _Compiled:
-    """The layers' compiled graphs of one (model, skip mode) — per token and shared — shared by every
-    :class:`DecodeStep` of them, and the count and time of their compilations."""
+    """The per-token layers' compiled graph of one (model, skip mode), shared by every
+    :class:`DecodeStep` of them, and the count and time of its compilations."""
 
     def __init__(self, model, skip: str):
         self.model, self.skip = model, skip
         self.n_layers, self.n_heads = check_model(model)
         attn = model.model.layers[0].self_attn
         self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
-        self.fused = [torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                                 layer.self_attn.v_proj.weight]) for layer in model.model.layers[: self.n_layers]]
+        self.fused = [torch.cat(self._qkv(layer)) for layer in model.model.layers[: self.n_layers]]
+        self._stamp = self._stamps()
         self.compilations, self.compile_s = 0, 0.0
         mode = MODES.get(next(model.parameters()).device.type, "default")
         self.layers = torch.compile(self._layers_fn, backend=_counting(self, mode), dynamic=True)
-        self.shared = torch.compile(self._shared_fn, backend=_counting(self, mode), dynamic=True)
 
-    def _shared_fn(self, ids, pos, weights, all_keys, all_values, n_keys):
-        return _shared_step(self, ids, pos, weights, all_keys, all_values, n_keys)
+    @staticmethod
+    def _qkv(layer) -> tuple[torch.Tensor, ...]:
+        attn = layer.self_attn
+        return attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+
+    def _stamps(self) -> list:
+        return [(w.data_ptr(), w._version) for layer in self.model.model.layers[: self.n_layers] for w in self._qkv(layer)]
+
+    def refresh(self) -> None:
+        """Refill the fused W_qkv (in place: the graphs keep reading the same tensors) where a weight
+        changed since (trained, loaded) — the per-token graph reads them."""
+        stamp = self._stamps()
+        if stamp != self._stamp:
+            with torch.no_grad():
+                for fused, layer in zip(self.fused, self.model.model.layers[: self.n_layers]):
+                    torch.cat(self._qkv(layer), out=fused)
+            self._stamp = self._stamps()
 
     def _layers_fn(self, ids, pos, on, order, counts, all_keys, all_values, stored, *sizes):
         """Every layer of one step (see the module docstring); ``sizes``: each layer's pairs, then
@@ -293,7 +310,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def _shared_step(c: _Compiled, ids, pos, weights, all_keys, all_values, n_keys):
+def _shared_step(c, ids, pos, weights, all_keys, all_values, n_keys):
     """Every layer of one step under a shared topology: the running heads' projections, QK-norm
     (the k-norm over every head's keys in ``query`` mode), their cache write and
     ``scaled_dot_product_attention`` over their ``n_keys`` keys; the output projection of their columns."""
@@ -323,11 +340,6 @@ def _shared_step(c: _Compiled, ids, pos, weights, all_keys, all_values, n_keys):
     return c.model.lm_head(hidden), hidden
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return (x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin).to(x.dtype)
-
-
 def _pairs(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per layer, the running (row, head) pairs first in (row, head) order, then the rest; and their
     count. on (L, B·H) bool → order (L, B·H) long, counts (L,) long."""
@@ -344,21 +356,26 @@ def _bookkeeping(g: torch.Tensor, stored: torch.Tensor, n_layers: int):
     return on, order, counts, ((stored + 1) * on).amax((1, 2))
 
 
-class _Routes:
-    """Every router's step graph for one model (any skip mode), and the count and time of their
+class _ModelGraphs:
+    """The compiled graphs of one model that do not depend on the skip mode — the shared-topology
+    step (the mode is in its weights) and every router's step — and the count and time of their
     compilations."""
 
     def __init__(self, model):
         self.model, self.compilations, self.compile_s = model, 0, 0.0
+        self.n_layers, self.n_heads = check_model(model)
+        attn = model.model.layers[0].self_attn
+        self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
         self.mode = MODES.get(next(model.parameters()).device.type, "default")
-        self.graphs: dict[int, tuple] = {}
+        self.shared = torch.compile(functools.partial(_shared_step, self), backend=_counting(self, self.mode),
+                                    dynamic=True)
+        self.routes: dict[int, tuple] = {}
 
-    def graph(self, router):
+    def route(self, router):
         """``router``'s step compiled (once per router): its gates for the step (B, 1, N) from the token
         and the previous hidden state, and the step's bookkeeping (:func:`_bookkeeping`)."""
-        if id(router) not in self.graphs:
-            predictor, embed = router.predictor, self.model.model.embed_tokens
-            n_layers = self.model.config.num_hidden_layers
+        if id(router) not in self.routes:
+            predictor, embed, n_layers = router.predictor, self.model.model.embed_tokens, self.n_layers
 
             def route(ids, previous, stored):
                 emb = embed(ids).float()
@@ -368,17 +385,17 @@ class _Routes:
                 return (g, *_bookkeeping(g[:, 0, 1:] > 0, stored, n_layers))
 
             # the router is kept beside its graph: an id is unique only while its object lives
-            self.graphs[id(router)] = (router, torch.compile(route, backend=_counting(self, self.mode), dynamic=True))
-        return self.graphs[id(router)][1]
+            self.routes[id(router)] = (router, torch.compile(route, backend=_counting(self, self.mode), dynamic=True))
+        return self.routes[id(router)][1]
 
 
-_ROUTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _routes(model) -> _Routes:
-    if model not in _ROUTES:
-        _ROUTES[model] = _Routes(model)
-    return _ROUTES[model]
+def _model_graphs(model) -> _ModelGraphs:
+    if model not in _GRAPHS:
+        _GRAPHS[model] = _ModelGraphs(model)
+    return _GRAPHS[model]
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
