@@ -108,8 +108,8 @@ def test_compilations_are_bounded_while_the_topology_changes_every_step(model, r
 
 
 def test_a_weight_changed_in_place_reaches_the_compiled_step(model):
-    """The per-token graph reads W_qkv fused once per model; a weight trained or loaded in place since
-    is fused again before the next generation (no recompilation: the same tensors, refilled)."""
+    """The per-token graph takes W_qkv as the plan fuses it (``plan._fused``, cached per layer): a
+    weight trained or loaded in place since is fused again for the next generation."""
     ids = torch.randint(0, 61, (3, PROMPT + NEW), generator=torch.Generator().manual_seed(12))
     gates = gates_of(ids.shape, 0.5, seed=6)
     weight = model.model.layers[1].self_attn.k_proj.weight

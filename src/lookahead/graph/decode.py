@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
-from lookahead.graph.plan import KVCache, Output, _binary, _rope, gated_forward
+from lookahead.graph.plan import KVCache, Output, _binary, _fused, _rope, gated_forward
 from lookahead.graph.runtime import SKIP_MODES, check_model
 
 BUCKETS = {"cuda": (True, 256), "cpu": (False, 1)}
@@ -94,7 +94,8 @@ class DecodeStep:
         self.shared = None  # a shared topology's gates (N,), set by the prefill
         self.weights = None  # its per-layer weights (shared_weights)
         self.compiled = _compiled(model, skip)
-        self.compiled.refresh()
+        # each layer's W_qkv as the plan fuses it (again where a weight changed since), for this generation
+        self.fused = [_fused(layer) for layer in model.model.layers[: self.n_layers]]
         self._layers = self.compiled.layers
         self.graphs = _model_graphs(model)
         self._route = self.graphs.route(router) if router is not None else None
@@ -181,8 +182,8 @@ class DecodeStep:
         if self.skip == "query":  # every running head reads every position
             sizes[self.n_layers:] = [cache.length + 1] * self.n_layers
         keys = [self._round(k, self.round_keys) for k in sizes[self.n_layers:]]
-        logits, hidden, *_ = _timed_call(self.compiled, self._layers, ids, pos, on, order, counts, self.keys, self.values,
-                                     cache.stored, *pairs, *keys)
+        logits, hidden, *_ = _timed_call(self.compiled, self._layers, ids, pos, on, order, counts, self.fused,
+                                         self.keys, self.values, cache.stored, *pairs, *keys)
         cache.length += 1
         return Output(logits, hidden), g
 
@@ -201,33 +202,13 @@ class _Compiled:
         self.n_layers, self.n_heads = check_model(model)
         attn = model.model.layers[0].self_attn
         self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
-        self.fused = [torch.cat(self._qkv(layer)) for layer in model.model.layers[: self.n_layers]]
-        self._stamp = self._stamps()
         self.compilations, self.compile_s = 0, 0.0
         mode = MODES.get(next(model.parameters()).device.type, "default")
         self.layers = torch.compile(self._layers_fn, backend=_counting(self, mode), dynamic=True)
 
-    @staticmethod
-    def _qkv(layer) -> tuple[torch.Tensor, ...]:
-        attn = layer.self_attn
-        return attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
-
-    def _stamps(self) -> list:
-        return [(w.data_ptr(), w._version) for layer in self.model.model.layers[: self.n_layers] for w in self._qkv(layer)]
-
-    def refresh(self) -> None:
-        """Refill the fused W_qkv (in place: the graphs keep reading the same tensors) where a weight
-        changed since (trained, loaded) — the per-token graph reads them."""
-        stamp = self._stamps()
-        if stamp != self._stamp:
-            with torch.no_grad():
-                for fused, layer in zip(self.fused, self.model.model.layers[: self.n_layers]):
-                    torch.cat(self._qkv(layer), out=fused)
-            self._stamp = self._stamps()
-
-    def _layers_fn(self, ids, pos, on, order, counts, all_keys, all_values, stored, *sizes):
-        """Every layer of one step (see the module docstring); ``sizes``: each layer's pairs, then
-        each layer's keys read."""
+    def _layers_fn(self, ids, pos, on, order, counts, fused, all_keys, all_values, stored, *sizes):
+        """Every layer of one step (see the module docstring); ``fused``: each layer's W_qkv;
+        ``sizes``: each layer's pairs, then each layer's keys read."""
         model, n_layers = self.model, self.n_layers
         bsz, n_heads, d_head = ids.shape[0], self.n_heads, self.d_head
         core = model.model
@@ -241,7 +222,7 @@ class _Compiled:
             n_pairs, n_keys = sizes[idx], sizes[n_layers + idx]
             g = on[idx]  # (B, H) bool
             gf = g.to(torch.float32)
-            q, k, v = F.linear(x, self.fused[idx]).view(bsz, 1, 3, n_heads, d_head).unbind(2)  # (B, 1, H, D)
+            q, k, v = F.linear(x, fused[idx]).view(bsz, 1, 3, n_heads, d_head).unbind(2)  # (B, 1, H, D)
             attn = layer.self_attn
             q_w, k_w = attn.q_norm.weight.view(n_heads, d_head), attn.k_norm.weight.view(n_heads, d_head)
             running = gf.sum(-1).clamp_min(1e-12) * d_head  # (B,)
