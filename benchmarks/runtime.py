@@ -441,13 +441,12 @@ def compiled_decoding(model, t: int, b: int, args, gen, sync) -> dict:
 
 def compile_figures(model) -> dict:
     """This process's compilations of the decoding section and the seconds of the steps that compiled
-    them (apart from every timing): the routed graphs (per skip mode the layers' per-token and shared
-    steps; per router its step) and the stock forward."""
+    them (apart from every timing): the routed graphs (the layers' per-token and shared steps, each
+    serving both skip modes; per router its step) and the stock forward."""
     from lookahead.graph import decode
 
-    routed = [decode._compiled(model, mode) for mode in MODES] + [decode._model_graphs(model)]
-    stock = decode.compiled_stock(model)
-    graphs, seconds = sum(c.compilations for c in routed), sum(c.compile_s for c in routed)
+    routed, stock = decode._model_graphs(model), decode.compiled_stock(model)
+    graphs, seconds = routed.compilations, routed.compile_s
     return {"decode_compilations_routed": graphs, "decode_compile_s_routed": round(seconds, 2),
             "decode_compile_s_per_graph": round(seconds / max(graphs, 1), 2),
             "decode_compilations_stock": stock.compilations, "decode_compile_s_stock": round(stock.compile_s, 2)}

@@ -1,8 +1,9 @@
 """The compiled decode step (lookahead.graph.decode) against the plain per-head reference
 (tests/reference_head_graph.py) over whole generations, the eager plan's tokens, and its bound on
 compilations. Every test here shares one tiny model and router, so each graph compiles once in the
-file (per token per skip mode, shared, the router's, the stock forward): the group runs on one
-worker, and compiling is most of its time (the suite's compile-heavy tests: ≤ 60 s together)."""
+file (per token, shared, the router's — each serving both skip modes — and the stock forward): the
+group runs on one worker, and compiling is most of its time (the suite's compile-heavy tests: ≤ 60 s
+together)."""
 
 from __future__ import annotations
 
@@ -84,9 +85,10 @@ def test_compiled_generation_yields_the_eager_tokens(model, router, skip):
 
 
 def test_compilations_are_bounded_while_the_topology_changes_every_step(model, router):
-    """One per-token graph per skip mode, one shared-topology graph and one graph per router: once each
-    exists, a generation whose topology changes every step, a new cache length, batch size or
-    head count compiles nothing more (batch 1 and single heads would be specialised apart)."""
+    """One per-token graph, one shared-topology graph and one graph per router, each serving both skip
+    modes: once each exists, a generation whose topology changes every step, the other skip mode, a
+    new cache length, batch size or head count compiles nothing more (batch 1 and single heads would
+    be specialised apart)."""
     ids = torch.randint(0, 61, (3, PROMPT + NEW), generator=torch.Generator().manual_seed(9))
     decode(model, "full", ids, gates_of(ids.shape, 0.5, seed=3))  # the per-token graph
     decode(model, "full", ids, SHARED[0])  # the shared graph
@@ -103,8 +105,10 @@ def test_compilations_are_bounded_while_the_topology_changes_every_step(model, r
     assert len(seen) == NEW - 1  # a new topology at every step
     longer = torch.randint(0, 61, (2, 3 * PROMPT + NEW), generator=torch.Generator().manual_seed(10))
     decode(model, "full", longer, gates_of(longer.shape, 0.7, seed=4))  # other lengths, batch, pair counts
+    decode(model, "query", longer, gates_of(longer.shape, 0.3, seed=5))  # the other skip mode
     decode(model, "full", longer, SHARED[1])  # other head counts
-    assert step.compilations == compiled
+    decode(model, "query", longer, SHARED[0])
+    assert step.compilations == compiled == 3  # per token, shared, the router's: this model's every graph
 
 
 def test_a_weight_changed_in_place_reaches_the_compiled_step(model):

@@ -8,10 +8,11 @@ of those pairs only, so their count is a shape. The router's graph returns, per 
 pairs first (a stable sort, so in (row, head) order), their count and the longest key run among
 them; the host reads those 2·L integers (one small transfer) and the layers' graph takes them as
 sizes. The sizes are symbolic (``dynamic=True``): one compilation serves every count and every cache
-length, so a topology that changes every step recompiles nothing. The bound, per model: one
-per-token graph per skip mode, one shared-topology graph and one graph per router, each once more
-for batch 1, and a shared graph once more per pattern of layers with 0 or 1 running heads (sizes 0
-and 1 are specialised);
+length, so a topology that changes every step recompiles nothing. The skip mode is in the graphs'
+inputs (which pairs store a key; which keys a shared step's k-norm spans), not in their code. The
+bound, per model: one per-token graph, one shared-topology graph and one graph per router, each
+once more for batch 1, and a shared graph once more per pattern of layers with 0 or 1 running heads
+(sizes 0 and 1 are specialised; other sizes that happen to be equal are not, :data:`_NO_DUCK_SHAPES`);
 :attr:`DecodeStep.compilations` counts them, and a test holds them fixed over a generation whose
 topology changes every step. On CUDA the sizes are rounded up (:data:`BUCKETS`) so that the graphs
 CUDA-graph capture records stay a bounded set: pairs to a multiple of the batch, keys to 256.
@@ -48,6 +49,7 @@ import time
 import weakref
 
 import torch
+import torch.fx.experimental._config
 import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
@@ -93,23 +95,24 @@ class DecodeStep:
         self.round_pairs, self.round_keys = BUCKETS.get(self.device.type, BUCKETS["cpu"])
         self.shared = None  # a shared topology's gates (N,), set by the prefill
         self.weights = None  # its per-layer weights (shared_weights)
-        self.compiled = _compiled(model, skip)
         # each layer's W_qkv as the plan fuses it (again where a weight changed since), for this generation
         self.fused = [_fused(layer) for layer in model.model.layers[: self.n_layers]]
-        self._layers = self.compiled.layers
+        # every pair stores each step's key and value (and the k-norm spans it) in ``query`` mode,
+        # only the running pairs in ``full`` mode: the per-token graph's input that says which
+        self.every = torch.full((self.n_layers, batch, self.n_heads), skip == "query", device=self.device)
         self.graphs = _model_graphs(model)
         self._route = self.graphs.route(router) if router is not None else None
 
     @property
     def compilations(self) -> int:
-        """Graphs compiled so far for this model: its per-token layers' graphs in this skip mode, its
-        shared-topology graphs and every router's (shared by every step object of them)."""
-        return self.compiled.compilations + self.graphs.compilations
+        """Graphs compiled so far for this model: its per-token layers' graph, its shared-topology
+        graph and every router's (shared by every step object of the model)."""
+        return self.graphs.compilations
 
     @property
     def compile_s(self) -> float:
         """Seconds of the steps that compiled them."""
-        return self.compiled.compile_s + self.graphs.compile_s
+        return self.graphs.compile_s
 
     def prefill(self, prompt: torch.Tensor, gates: torch.Tensor) -> Output:
         """The prompt (B, P) through the plan under ``gates`` ((N,) shared or (B, P, N)), filling the cache."""
@@ -182,8 +185,8 @@ class DecodeStep:
         if self.skip == "query":  # every running head reads every position
             sizes[self.n_layers:] = [cache.length + 1] * self.n_layers
         keys = [self._round(k, self.round_keys) for k in sizes[self.n_layers:]]
-        logits, hidden, *_ = _timed_call(self.compiled, self._layers, ids, pos, on, order, counts, self.fused,
-                                         self.keys, self.values, cache.stored, *pairs, *keys)
+        logits, hidden, *_ = _timed_call(self.graphs, self.graphs.layers, ids, pos, on, self.every, order, counts,
+                                         self.fused, self.keys, self.values, cache.stored, *pairs, *keys)
         cache.length += 1
         return Output(logits, hidden), g
 
@@ -193,76 +196,61 @@ class DecodeStep:
         return max(2, -(-x // multiple) * multiple)
 
 
-class _Compiled:
-    """The per-token layers' compiled graph of one (model, skip mode), shared by every
-    :class:`DecodeStep` of them, and the count and time of its compilations."""
-
-    def __init__(self, model, skip: str):
-        self.model, self.skip = model, skip
-        self.n_layers, self.n_heads = check_model(model)
-        attn = model.model.layers[0].self_attn
-        self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
-        self.compilations, self.compile_s = 0, 0.0
-        mode = MODES.get(next(model.parameters()).device.type, "default")
-        self.layers = torch.compile(self._layers_fn, backend=_counting(self, mode), dynamic=True)
-
-    def _layers_fn(self, ids, pos, on, order, counts, fused, all_keys, all_values, stored, *sizes):
-        """Every layer of one step (see the module docstring); ``fused``: each layer's W_qkv;
-        ``sizes``: each layer's pairs, then each layer's keys read."""
-        model, n_layers = self.model, self.n_layers
-        bsz, n_heads, d_head = ids.shape[0], self.n_heads, self.d_head
-        core = model.model
-        x = core.embed_tokens(ids)  # (B, 1, d)
-        cos, sin = core.rotary_emb(x, pos[None])  # (1, 1, D)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (1, 1, 1, D) against (B, 1, H, D)
-        rows = bsz * n_heads
-        flat = torch.arange(rows, device=ids.device)
-        realized = []
-        for idx, layer in enumerate(core.layers[:n_layers]):
-            n_pairs, n_keys = sizes[idx], sizes[n_layers + idx]
-            g = on[idx]  # (B, H) bool
-            gf = g.to(torch.float32)
-            q, k, v = F.linear(x, fused[idx]).view(bsz, 1, 3, n_heads, d_head).unbind(2)  # (B, 1, H, D)
-            attn = layer.self_attn
-            q_w, k_w = attn.q_norm.weight.view(n_heads, d_head), attn.k_norm.weight.view(n_heads, d_head)
-            running = gf.sum(-1).clamp_min(1e-12) * d_head  # (B,)
-            q_ms = (q.float().square().sum(-1)[:, 0] * gf).sum(-1) / running  # (B,)
-            k_sq = k.float().square().sum(-1)[:, 0]
-            k_ms = k_sq.mean(-1) / d_head if self.skip == "query" else (k_sq * gf).sum(-1) / running
-            q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + self.eps)[:, None, None, None]).to(q.dtype), cos, sin)
-            k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + self.eps)[:, None, None, None]).to(k.dtype), cos, sin)
-            keys, values = all_keys[idx], all_values[idx]  # (B·H, capacity, D)
-            at = pos.expand(rows) if self.skip == "query" else stored[idx].view(rows)
-            keys.index_put_((flat, at), k.reshape(rows, d_head))
-            values.index_put_((flat, at), v.reshape(rows, d_head))
-            if self.skip == "full":
-                stored[idx] += g.long()
-                length = stored[idx].view(rows)
-            else:
-                length = (pos + 1).expand(rows)
-            sel = order[idx, :n_pairs]  # the running pairs first; past counts[idx], padding
-            real = torch.arange(n_pairs, device=ids.device) < counts[idx]
-            seen = torch.arange(n_keys, device=ids.device) < torch.where(real, length[sel], 1)[:, None]  # (P, n)
-            queries = q.reshape(rows, d_head)[sel].float()  # (P, D): returned below, so computed once
-            realized.append(queries)
-            scores = (queries[:, None, :] * keys[sel, :n_keys].float()).sum(-1)
-            weights = torch.softmax(scores.mul(self.scale).masked_fill(~seen, float("-inf")), dim=-1)  # (P, n)
-            z = (weights[..., None] * values[sel, :n_keys].float()).sum(1).to(x.dtype)  # (P, D)
-            target = torch.where(real, sel, rows)
-            out = x.new_zeros(rows + 1, d_head).index_put_((target,), z)[:rows].view(bsz, 1, n_heads * d_head)
-            x = x + layer.post_attention_layernorm(F.linear(out, attn.o_proj.weight))
-            x = x + layer.post_feedforward_layernorm(layer.mlp(x))
-        hidden = core.norm(x)
-        # the queries are graph outputs so that inductor computes them once: left to fusion, their
-        # QK-norm and RoPE are recomputed inside the score loop for every key
-        return (model.lm_head(hidden), hidden, *realized)
-
+def _layers_step(c, ids, pos, on, every, order, counts, fused, all_keys, all_values, stored, *sizes):
+    """Every layer of one per-token step (see the module docstring). ``on`` (L, B, H): the running
+    pairs; ``every`` (L, B, H): True in ``query`` mode, where every pair stores the step's key and
+    value and the k-norm spans them all, False in ``full`` mode, where the running pairs do (one
+    graph serves both); ``fused``: each layer's W_qkv; ``sizes``: each layer's pairs, then each
+    layer's keys read."""
+    model, n_layers = c.model, c.n_layers
+    bsz, n_heads, d_head = ids.shape[0], c.n_heads, c.d_head
+    core = model.model
+    x = core.embed_tokens(ids)  # (B, 1, d)
+    cos, sin = core.rotary_emb(x, pos[None])  # (1, 1, D)
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (1, 1, 1, D) against (B, 1, H, D)
+    rows = bsz * n_heads
+    flat = torch.arange(rows, device=ids.device)
+    realized = []
+    for idx, layer in enumerate(core.layers[:n_layers]):
+        n_pairs, n_keys = sizes[idx], sizes[n_layers + idx]
+        stores = on[idx] | every[idx]  # (B, H)
+        gf, sf = on[idx].to(torch.float32), stores.to(torch.float32)
+        q, k, v = F.linear(x, fused[idx]).view(bsz, 1, 3, n_heads, d_head).unbind(2)  # (B, 1, H, D)
+        attn = layer.self_attn
+        q_w, k_w = attn.q_norm.weight.view(n_heads, d_head), attn.k_norm.weight.view(n_heads, d_head)
+        q_ms = (q.float().square().sum(-1)[:, 0] * gf).sum(-1) / (gf.sum(-1).clamp_min(1e-12) * d_head)  # (B,)
+        k_ms = (k.float().square().sum(-1)[:, 0] * sf).sum(-1) / (sf.sum(-1).clamp_min(1e-12) * d_head)
+        q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + c.eps)[:, None, None, None]).to(q.dtype), cos, sin)
+        k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)[:, None, None, None]).to(k.dtype), cos, sin)
+        keys, values = all_keys[idx], all_values[idx]  # (B·H, capacity, D)
+        # every pair writes at its next slot; only those that store advance (module docstring)
+        at = stored[idx].view(rows)
+        keys.index_put_((flat, at), k.reshape(rows, d_head))
+        values.index_put_((flat, at), v.reshape(rows, d_head))
+        stored[idx] += stores.long()
+        length = stored[idx].view(rows)
+        sel = order[idx, :n_pairs]  # the running pairs first; past counts[idx], padding
+        real = torch.arange(n_pairs, device=ids.device) < counts[idx]
+        seen = torch.arange(n_keys, device=ids.device) < torch.where(real, length[sel], 1)[:, None]  # (P, n)
+        queries = q.reshape(rows, d_head)[sel].float()  # (P, D): returned below, so computed once
+        realized.append(queries)
+        scores = (queries[:, None, :] * keys[sel, :n_keys].float()).sum(-1)
+        weights = torch.softmax(scores.mul(c.scale).masked_fill(~seen, float("-inf")), dim=-1)  # (P, n)
+        z = (weights[..., None] * values[sel, :n_keys].float()).sum(1).to(x.dtype)  # (P, D)
+        target = torch.where(real, sel, rows)
+        out = x.new_zeros(rows + 1, d_head).index_put_((target,), z)[:rows].view(bsz, 1, n_heads * d_head)
+        x = x + layer.post_attention_layernorm(F.linear(out, attn.o_proj.weight))
+        x = x + layer.post_feedforward_layernorm(layer.mlp(x))
+    hidden = core.norm(x)
+    # the queries are graph outputs so that inductor computes them once: left to fusion, their
+    # QK-norm and RoPE are recomputed inside the score loop for every key
+    return (model.lm_head(hidden), hidden, *realized)
 
 
 def shared_weights(model, gates: torch.Tensor, skip: str) -> list[tuple | None]:
     """Per layer, what a shared topology's step reads (None: no head runs there): W_qkv with the rows
     of the running heads' queries, the keys the k-norm spans (every head's in ``query`` mode, the
-    running heads' first) and the running heads' values; the q- and k-norm weights in the same order;
+    running heads' first) and the running heads' values; the running heads' q- and k-norm weights;
     the output projection's columns of the running heads."""
     n_layers, n_heads = check_model(model)
     on = (gates[1:] > 0).view(n_layers, n_heads)
@@ -279,7 +267,7 @@ def shared_weights(model, gates: torch.Tensor, skip: str) -> list[tuple | None]:
         def rows(w, heads):
             return w.view(n_heads, d_head, -1)[heads].flatten(0, 1)
         w_qkv = torch.cat([rows(attn.q_proj.weight, run), rows(attn.k_proj.weight, keys), rows(attn.v_proj.weight, run)])
-        q_w, k_w = attn.q_norm.weight.view(n_heads, d_head)[run], attn.k_norm.weight.view(n_heads, d_head)[keys]
+        q_w, k_w = attn.q_norm.weight.view(n_heads, d_head)[run], attn.k_norm.weight.view(n_heads, d_head)[run]
         w_o = attn.o_proj.weight.view(-1, n_heads, d_head)[:, run].flatten(1)
         out.append((w_qkv, q_w, k_w, w_o))
     return out
@@ -303,13 +291,15 @@ def _shared_step(c, ids, pos, weights, all_keys, all_values, n_keys):
     for idx, layer in enumerate(core.layers[: c.n_layers]):
         if weights[idx] is not None:
             w_qkv, q_w, k_w, w_o = weights[idx]
-            h, h_k = q_w.shape[0], k_w.shape[0]
-            qkv = F.linear(x, w_qkv).view(bsz, 1, -1, d_head)  # (B, 1, h + h_k + h, D)
-            q, k, v = qkv[:, :, :h], qkv[:, :, h : h + h_k], qkv[:, :, h + h_k :]
+            h = q_w.shape[0]
+            qkv = F.linear(x, w_qkv).view(bsz, 1, -1, d_head)  # (B, 1, h + h_k + h, D), h_k ≥ h
+            # the running heads' keys are the first h of the h_k the k-norm spans; every slice here
+            # is valid for any h_k ≥ h, so one graph serves both skip modes (h_k = h in ``full``)
+            q, k, v, normed = qkv[:, :, :h], qkv[:, :, h : 2 * h], qkv[:, :, -h:], qkv[:, :, h:-h]
             q_ms = q.float().square().mean((-1, -2), keepdim=True)
-            k_ms = k.float().square().mean((-1, -2), keepdim=True)
+            k_ms = normed.float().square().mean((-1, -2), keepdim=True)
             q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + c.eps)).to(q.dtype), cos, sin)
-            k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)).to(k.dtype), cos, sin)[:, :, :h]
+            k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)).to(k.dtype), cos, sin)
             keys, values = all_keys[idx], all_values[idx]  # (B, h, capacity, D)
             keys.index_copy_(2, pos, k.transpose(1, 2))
             values.index_copy_(2, pos, v.transpose(1, 2))
@@ -338,9 +328,9 @@ def _bookkeeping(g: torch.Tensor, stored: torch.Tensor, n_layers: int):
 
 
 class _ModelGraphs:
-    """The compiled graphs of one model that do not depend on the skip mode — the shared-topology
-    step (the mode is in its weights) and every router's step — and the count and time of their
-    compilations."""
+    """The compiled graphs of one model, shared by every :class:`DecodeStep` of it in either skip mode
+    (the mode is in their inputs): the per-token layers' step, the shared-topology step (the mode is
+    in its weights) and every router's step; and the count and time of their compilations."""
 
     def __init__(self, model):
         self.model, self.compilations, self.compile_s = model, 0, 0.0
@@ -348,6 +338,8 @@ class _ModelGraphs:
         attn = model.model.layers[0].self_attn
         self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
         self.mode = MODES.get(next(model.parameters()).device.type, "default")
+        self.layers = torch.compile(functools.partial(_layers_step, self), backend=_counting(self, self.mode),
+                                    dynamic=True)
         self.shared = torch.compile(functools.partial(_shared_step, self), backend=_counting(self, self.mode),
                                     dynamic=True)
         self.routes: dict[int, tuple] = {}
@@ -374,22 +366,12 @@ _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _model_graphs(model) -> _ModelGraphs:
+    """The compiled graphs of ``model``, made once per process (a compiled function is specialised to
+    the objects it reads: a new one per step object would recompile)."""
     if model not in _GRAPHS:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _GRAPHS[model] = _ModelGraphs(model)
     return _GRAPHS[model]
-
-
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _compiled(model, skip: str) -> _Compiled:
-    """The compiled graphs of (model, skip), made once per process (a compiled function is
-    specialised to the objects it reads: a new one per step object would recompile)."""
-    per_model = _CACHE.setdefault(model, {})
-    if skip not in per_model:
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        per_model[skip] = _Compiled(model, skip)
-    return per_model[skip]
 
 
 class _Stock:
@@ -430,12 +412,18 @@ _SPECIALIZE_FLOATS = torch._dynamo.config.patch(specialize_float=True)
 """Python floats the graphs read (norm epsilons, scales, a router's keep) are constants: traced as
 inputs, dynamo's analysis restarts once they turn out constant, and every graph compiles twice."""
 
+_NO_DUCK_SHAPES = torch.fx.experimental._config.patch(use_duck_shape=False)
+"""Sizes that happen to be equal when a graph is traced get symbols of their own: with duck shaping
+(the default), a shared topology with as many running heads in two layers, or a key span as long as
+the running heads' (``full`` mode), would be a guard, and a topology without that equality would
+compile once more."""
+
 
 def _timed_call(owner, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``; when the call compiled, its whole wall time (tracing, compiling and
     the run) is added to ``owner.compile_s``."""
     before, tic = owner.compilations, time.perf_counter()
-    with _SPECIALIZE_FLOATS:
+    with _SPECIALIZE_FLOATS, _NO_DUCK_SHAPES:
         out = fn(*args, **kwargs)
     if owner.compilations > before:
         owner.compile_s += time.perf_counter() - tic

@@ -170,7 +170,10 @@ def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: f
     compiled_steps = 0
     for i in range(max_new_tokens - 1):
         before, tic = stock.compilations if stock else 0, time.perf_counter()
-        out = forward(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
+        # the last tokens as a tensor of their own (as Hugging Face's generate passes them): a view of
+        # the growing ids changes its stride every step, which a compiled forward recompiles for
+        last = ids[:, -1:].clone(memory_format=torch.contiguous_format)
+        out = forward(input_ids=last, past_key_values=cache, use_cache=True,
                       cache_position=torch.tensor([p + i], device=prompt.device))
         ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
         compiled = bool(stock) and stock.compilations > before
