@@ -54,13 +54,14 @@ class Generation:
         return self.ids.shape[0] * new / self.decode_s if new > 0 else float("nan")
 
 
-COMPILE_PAYS_FROM = 4096
+COMPILE_PAYS_FROM = 8192
 """``compile=None`` (auto) on CPU: the compiled decode steps are taken from this many new tokens per row
 (decode steps) on. A generation compiles two graphs (the router's step and the layers'), seconds
 each with inductor's on-disk cache warm and several times that cold, and a compiled step saves
-about 2 ms against the eager plan's at batch 1 or 8 (``benchmarks/runtime.py``:
+about 1–2 ms against the eager plan's at batch 1 or 8 (``benchmarks/runtime.py``:
 ``decode_compile_s_per_graph``, ``decode_T<T>_B<B>_query_50off_saves_ms_per_token``; the results page
-works out where it pays back). On CUDA the compiled step is always taken."""
+works out where it pays back: after 1,600–4,500 steps in the runs so far, so this is about twice
+the longest). On CUDA the compiled step is always taken."""
 
 
 def compile_wanted(compile: bool | None, device: torch.device, steps: int) -> bool:
