@@ -134,7 +134,7 @@ def test_compiled_stock_decoding_yields_the_eager_tokens(model):
     eager = generate_dense(model, prompt, NEW, compile=False)
     compiled = generate_dense(model, prompt, NEW, compile=True)
     assert torch.equal(compiled.ids, eager.ids)
-    assert compiled.compiled_steps <= 2  # the stock forward specialises on its first decode position, then generalises
+    assert compiled.compiled_steps <= 1  # once: the last tokens go in as a tensor of their own (a view's stride changes)
 
 
 def test_step_refuses_what_it_cannot_run(model):
