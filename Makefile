@@ -62,9 +62,9 @@ test: setup
 	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
 
 # The inner loop: the unit tests alone (no DVC repository, no tiny pipeline run: the tests marked
-# `slow` are left out), on two workers as well (WORKERS=0: one process), grouped as in `make test`
-# (the compiled decode step's tests on one worker, which compiles each graph once). `make test`
-# runs everything, as CI does.
+# `slow` are left out: also the GPU check's dry run and the compiled decode step's tests), on two
+# workers as well (WORKERS=0: one process), grouped as in `make test`. `make test` runs
+# everything, as CI does.
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -n $(WORKERS) --dist loadgroup
 

@@ -19,7 +19,9 @@ from tests.reference_head_graph import reference_forward
 from tests.test_plan import head_router
 from tests.test_runtime import TOL, tiny_olmo2
 
-pytestmark = pytest.mark.xdist_group("compiled_decode")
+# one worker compiles each graph once; `slow`: compiling is most of their time, so `make test-fast`
+# leaves them to `make test` (run the file itself when changing the step)
+pytestmark = [pytest.mark.xdist_group("compiled_decode"), pytest.mark.slow]
 
 L, H = 2, 4
 N = n_nodes(L, H)
