@@ -182,8 +182,6 @@ class DecodeStep:
             raise DecodeError(f"gates must be ({n},) shared or ({self.batch}, 1, {n}) per token; got {tuple(gates.shape)}")
         sizes = torch.cat([counts, longest]).tolist()  # the one host read of the step
         pairs = [self._round(c, self.batch if self.round_pairs else 1) for c in sizes[: self.n_layers]]
-        if self.skip == "query":  # every running head reads every position
-            sizes[self.n_layers:] = [cache.length + 1] * self.n_layers
         keys = [self._round(k, self.round_keys) for k in sizes[self.n_layers:]]
         logits, hidden, *_ = _timed_call(self.graphs, self.graphs.layers, ids, pos, on, self.every, order, counts,
                                          self.fused, self.keys, self.values, cache.stored, *pairs, *keys)
@@ -319,8 +317,8 @@ def _pairs(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _bookkeeping(g: torch.Tensor, stored: torch.Tensor, n_layers: int):
     """A per-token step's pairs: g (B, L·H) bool → on (L, B, H), order (L, B·H), counts (L,) and each
-    layer's longest key run among its running pairs after the step in ``full`` mode (L,; ``stored``
-    (L, B, H): the keys each (row, head) holds)."""
+    layer's longest key run among its running pairs after the step (L,; ``stored`` (L, B, H): the
+    keys each (row, head) holds, every position in ``query`` mode)."""
     bsz = g.shape[0]
     on = _fresh(g.view(bsz, n_layers, -1).transpose(0, 1))  # (L, B, H)
     order, counts = _pairs(on.view(n_layers, -1))
