@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lookahead.pipeline.wordnet import WordNetStageError, draw_anchors, draw_pairs
-from lookahead.semantics.wordnet import leading_space, match_tokens, path_similarity_pairs, wup_matrix
+from lookahead.semantics.wordnet import encode_each, leading_space, match_tokens, path_similarity_pairs, wup_matrix
 
 
 def nltk_value(v) -> np.float32:
@@ -78,6 +78,22 @@ def test_matching_single_tokens_with_the_leading_space_convention(wn, tiny_token
         assert len(m["gloss"]) > 10
         assert wn.synset(m["synset"]).pos() == m["pos"]
         assert m["lemma"].replace(" ", "_") in wn.synset(m["synset"]).lemma_names()
+
+
+def test_encode_each_gives_the_tokenizers_own_ids(wn, tiny_tokenizer):
+    """The backend's batch call against the tokenizer's own call, on every 40th WordNet lemma as
+    match_tokens encodes them (multi-word, hyphens, digits) and texts with a special token; and
+    the tokenizer's own call where its backend would pad (which the call turns off)."""
+    import copy
+
+    texts = [" " + name.replace("_", " ") for name in sorted(wn.all_lemma_names())[::40]]
+    texts += ["", f"{tiny_tokenizer.eos_token} alpha", "gamma\tdelta\n"]
+    expected = tiny_tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert len(texts) > 3000 and encode_each(tiny_tokenizer, texts) == expected
+    padded = copy.deepcopy(tiny_tokenizer)
+    padded.backend_tokenizer.enable_padding(length=64, pad_id=0)
+    assert len(padded.backend_tokenizer.encode("alpha").ids) == 64
+    assert encode_each(padded, texts) == expected
 
 
 def test_too_many_anchors_gives_both_numbers():
