@@ -121,6 +121,29 @@ def generate(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip
     return Generation(ids, gates, prefill_s, time.perf_counter() - tic)
 
 
+class _StepClock:
+    """Times decode steps (``with clock:`` around each), those in which ``compilations()`` grew, i.e.
+    that compiled a graph, apart from the others: :meth:`figures` gives Generation's decode_s,
+    compile_s and compiled_steps."""
+
+    def __init__(self, compilations):
+        self._compilations = compilations
+        self._seconds = {False: 0.0, True: 0.0}
+        self._compiled_steps = 0
+
+    def __enter__(self):
+        self._before, self._tic = self._compilations(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        compiled = self._compilations() > self._before
+        self._seconds[compiled] += time.perf_counter() - self._tic
+        self._compiled_steps += compiled
+
+    def figures(self) -> tuple[float, float, int]:
+        return self._seconds[False], self._seconds[True], self._compiled_steps
+
+
 def _generate_compiled(lm, router: Router, prompt: torch.Tensor, max_new_tokens: int, skip: str,
                        temperature: float, top_k: int, generator: torch.Generator | None) -> Generation:
     """:func:`generate` with the compiled decode step; the prefill is the plan's, as eager."""
@@ -132,17 +155,13 @@ def _generate_compiled(lm, router: Router, prompt: torch.Tensor, max_new_tokens:
     out = decoder.prefill(prompt, gates[0])
     ids = [prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]]
     prefill_s = time.perf_counter() - tic
-    timed = {False: 0.0, True: 0.0}  # seconds of steps that compiled nothing / that compiled
-    compiled_steps = 0
+    clock = _StepClock(lambda: decoder.compilations)
     for _ in range(max_new_tokens - 1):
-        before, tic = decoder.compilations, time.perf_counter()
-        out, step = decoder.step(ids[-1], previous=out.hidden[:, -1:])
-        ids.append(pick(out.logits[:, -1], temperature, top_k, generator)[:, None])
-        compiled = decoder.compilations > before
-        timed[compiled] += time.perf_counter() - tic
-        compiled_steps += compiled
+        with clock:
+            out, step = decoder.step(ids[-1], previous=out.hidden[:, -1:])
+            ids.append(pick(out.logits[:, -1], temperature, top_k, generator)[:, None])
         gates.append(step)
-    return Generation(torch.cat(ids, 1), torch.cat(gates, 1), prefill_s, timed[False], timed[True], compiled_steps)
+    return Generation(torch.cat(ids, 1), torch.cat(gates, 1), prefill_s, *clock.figures())
 
 
 @torch.no_grad()
@@ -167,20 +186,16 @@ def generate_dense(lm, prompt: torch.Tensor, max_new_tokens: int, temperature: f
     out = lm(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(p, device=prompt.device))
     ids = torch.cat([prompt, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
     prefill_s = time.perf_counter() - tic
-    timed = {False: 0.0, True: 0.0}
-    compiled_steps = 0
+    clock = _StepClock(lambda: stock.compilations if stock else 0)
     for i in range(max_new_tokens - 1):
-        before, tic = stock.compilations if stock else 0, time.perf_counter()
-        # the last tokens as a tensor of their own (as Hugging Face's generate passes them): a view of
-        # the growing ids changes its stride every step, which a compiled forward recompiles for
-        last = ids[:, -1:].clone(memory_format=torch.contiguous_format)
-        out = forward(input_ids=last, past_key_values=cache, use_cache=True,
-                      cache_position=torch.tensor([p + i], device=prompt.device))
-        ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
-        compiled = bool(stock) and stock.compilations > before
-        timed[compiled] += time.perf_counter() - tic
-        compiled_steps += compiled
-    return Generation(ids, None, prefill_s, timed[False], timed[True], compiled_steps)
+        with clock:
+            # the last tokens as a tensor of their own (as Hugging Face's generate passes them): a view
+            # of the growing ids changes its stride every step, which a compiled forward recompiles for
+            last = ids[:, -1:].clone(memory_format=torch.contiguous_format)
+            out = forward(input_ids=last, past_key_values=cache, use_cache=True,
+                          cache_position=torch.tensor([p + i], device=prompt.device))
+            ids = torch.cat([ids, pick(out.logits[:, -1], temperature, top_k, generator)[:, None]], dim=1)
+    return Generation(ids, None, prefill_s, *clock.figures())
 
 
 def load(model_dir: str | Path, predictor_file: str | Path, init_file: str | Path | None):
