@@ -3,25 +3,17 @@ the committed figures it collects, against the metrics they come from."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import consistency
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("head_scaling", ROOT / "scripts" / "head_scaling.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return consistency.head_scaling_script()
 
 
 def test_the_family_changes_one_thing_at_a_time_from_16_to_256_heads(study):
@@ -54,47 +46,11 @@ def test_the_trend_is_weighted_least_squares_with_its_standard_error(study):
     assert study.trend(line[:2], "c") is None  # two points: no trend
 
 
-def test_the_default_point_holds_the_default_runs_committed_claims(study):
-    """metrics/head_scaling/4x4.json is the default run's figures: phase 1's claims as its committed
-    metrics have them, phase 2's as evaluate's (the same score files), the shape of params.yaml."""
-    point = json.loads((ROOT / "metrics" / "head_scaling" / "4x4.json").read_text())
-    metrics = ROOT / "metrics"
-    phase1 = {**json.loads((metrics / "phase1.json").read_text()), **json.loads((metrics / "phase1_ci.json").read_text())}
-    evaluate = {**json.loads((metrics / "evaluate.json").read_text()),
-                **json.loads((metrics / "evaluate_ci.json").read_text())}
-    for key in ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture"):
-        for suffix in ("", "_ci_low", "_ci_high"):
-            assert point[key + suffix] == pytest.approx(phase1[key + suffix], abs=1e-12), key + suffix
-    for key in ("phase2_minus_control", "phase2_minus_static_control"):
-        for suffix in ("", "_ci_low", "_ci_high"):
-            assert point[key + suffix] == pytest.approx(evaluate[key + suffix], abs=1e-12), key + suffix
-    assert (point["n_layers"], point["n_heads"], point["heads"]) == (4, 4, 16)
-    report = json.loads((ROOT / study.REPORT).read_text())
-    assert report["points"][0]["point"] == "4x4" and report["points"][0] == point
+def test_the_default_point_holds_the_default_runs_committed_claims():
+    with consistency.committed() as root:  # as committed: a rerun rewrites the working tree's metrics
+        consistency.head_scaling_default_point_is_the_default_run(root)
 
 
-def test_the_pages_tables_are_a_fresh_render_of_the_committed_study(study):
-    """docs/research/head-scaling.md's generated block is what the script renders from
-    metrics/head_scaling_report.json, that file's trend is refitted from its points, and the headline
-    metrics/head_scaling.json is drawn from it: the main claims at the largest point and their trend at
-    256 heads, with their intervals, in a couple of dozen keys (DESIGN §1)."""
-    report = json.loads((ROOT / study.REPORT).read_text())
-    page = (ROOT / study.PAGE).read_text()
-    block = page.split(study.BEGIN, 1)[1].split(study.END, 1)[0]
-    assert block.strip() == study.markdown(report).strip()
-    for key, _ in study.CLAIMS:
-        assert report["trend_at_256_heads"][key] == study.trend(report["points"], key)
-    table = json.loads((ROOT / study.TABLE).read_text())
-    assert table == study.headline(report)
-    assert table["points"] == [r["point"] for r in report["points"]] and table["largest_point"] == "8x16"
-    largest = next(r for r in report["points"] if r["point"] == table["largest_point"])
-    for key in study.HEADLINE_CLAIMS:
-        trend = report["trend_at_256_heads"][key]
-        for suffix in ("", "_ci_low", "_ci_high"):
-            assert table["at_largest_point"][key + suffix] == largest[key + suffix], key + suffix
-            assert table["trend_at_256_heads"][key + suffix] == trend["predicted" + suffix], key + suffix
-
-    def count(node) -> int:
-        return sum(count(v) for v in node.values()) if isinstance(node, dict) else 1
-
-    assert count(table) <= 24  # headline figures only
+def test_the_pages_tables_are_a_fresh_render_of_the_committed_study():
+    with consistency.committed() as root:
+        consistency.head_scaling_page_is_a_fresh_render(root)

@@ -447,10 +447,11 @@ COMMITTED = ("README.md", str(PAGE), "metrics", str(RUNTIME.parent))
 
 
 @contextlib.contextmanager
-def at_revision(repo: Path, rev: str):
-    """A temporary directory holding :data:`COMMITTED` as they are at git revision ``rev`` of ``repo``."""
+def at_revision(repo: Path, rev: str, paths: tuple[str, ...] = COMMITTED):
+    """A temporary directory holding ``paths`` (files or folders; default :data:`COMMITTED`) as they
+    are at git revision ``rev`` of ``repo``."""
     with tempfile.TemporaryDirectory(prefix="results-") as tmp:
-        listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "--", *COMMITTED], cwd=repo,
+        listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "--", *paths], cwd=repo,
                                 capture_output=True, text=True, check=True).stdout.split()
         archive = subprocess.run(["git", "archive", "--format=tar", rev, "--", *listed], cwd=repo,
                                  capture_output=True, check=True).stdout
