@@ -6,24 +6,32 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PARAMS ?= params.yaml
+# The versions the suite passes with (make lock; lookahead.tools.lock): set-up installs with them.
+LOCK   := constraints.txt
 # The HTML template `dvc plots show/diff` fill (.dvc/config names it): vega inlined, no CDN.
 PLOTS_TEMPLATE := .dvc/offline_plots.html
 MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling clean
+.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
 # torch: the CPU build 2.13.0 where that file is available (it installs in seconds), the ordinary
-# install elsewhere; the package's own `torch>=2.4` is then already satisfied.
-$(STAMP): pyproject.toml
+# install elsewhere; the package's own `torch>=2.4` is then already satisfied. Everything else at the
+# versions constraints.txt pins (torch's pin, 2.13.0, admits both builds).
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 \
 	  || $(BIN)/python -m pip install --quiet --disable-pip-version-check 'torch>=2.4'
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(LOCK) -e '.[dev]'
 	touch $@
+
+# Pin the virtualenv's versions into constraints.txt, after a dependency change and a green `make test`
+# (commit it with pyproject.toml). The CPU cannot be pinned: every run records it (docs/reproducibility.md).
+lock:
+	$(BIN)/python -m lookahead.tools.lock $(LOCK)
 
 wordnet: $(STAMP)
 	scripts/setup_wordnet.sh $(BIN)/python

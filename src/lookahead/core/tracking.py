@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lookahead.core.config import flatten
+from lookahead.core.environment import as_tags, environment
 from lookahead.core.paths import project_root
 
 # MLflow must work offline: no telemetry, no pip look-ups.
@@ -258,6 +259,7 @@ def stage_run(stage: str, config: dict[str, Any], root: str | Path | None = None
                     TAG_ROLE: "stage",
                     TAG_STAGE: stage,
                     "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+                    **as_tags(environment()),  # the library versions and the CPU the floats depend on
                 },
             )
     except KeyboardInterrupt:  # held until the run existed: close it before stopping

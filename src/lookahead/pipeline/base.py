@@ -15,6 +15,7 @@ import torch
 
 from lookahead.core.atomic import atomic_dir
 from lookahead.core.config import to_dict
+from lookahead.core.environment import environment
 from lookahead.core.errors import require
 from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.lm.olmo2 import ArchConfig, olmo2_config
@@ -168,6 +169,8 @@ def build_base(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, out_dir: str 
         "train_seconds": result.train_seconds if result else None,
         "train_wall_s": result.wall_seconds if result else None,
         "train_steps": cfg.train.steps if result else 0,
+        # what the base LM's floats depend on besides its inputs: another CPU or library trains another LM
+        "environment": environment(),
     })
     save_model(model, tokenizer, cfg, out_dir)
     return metrics, result

@@ -1,0 +1,61 @@
+"""The tested environment: constraints.txt pins what the suite runs with (make lock, make setup), and
+every run records its library versions and CPU (lookahead.core.environment)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import tomllib
+
+from packaging.requirements import Requirement
+
+from lookahead.core import environment
+from lookahead.tools import lock
+from tests.conftest import REPO
+
+
+def test_the_suite_runs_with_the_versions_constraints_txt_pins():
+    """`make setup` installed with the lock: every pinned version is the installed one, so the suite's
+    verdict is the lock's (a dependency changed without `make lock` fails here)."""
+    pinned = lock.read(REPO / "constraints.txt")
+    assert lock.differences(pinned, lock.installed()) == []
+    assert {"torch", "transformers", "numpy", "dvc", "mlflow"} <= set(pinned)
+
+
+def test_every_dependency_is_pinned_inside_its_range():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pinned = lock.read(REPO / "constraints.txt")
+    for line in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+        req = Requirement(line)
+        name = lock.normalise(req.name)
+        assert name in pinned, f"{name} is not pinned: run `make lock`"
+        assert req.specifier.contains(pinned[name], prereleases=True), (line, pinned[name])
+
+
+def test_a_pin_with_a_local_label_admits_both_builds(tmp_path):
+    path = tmp_path / "constraints.txt"
+    lock.write(path, {"torch": "2.13.0", "Some_Pkg": "1.0"})
+    assert lock.read(path) == {"torch": "2.13.0", "some-pkg": "1.0"}
+    assert re.search(r"^torch==2\.13\.0$", path.read_text(), re.M)
+    assert lock.PIN.match("torch==2.13.0+cpu").group(2) == "2.13.0"  # freeze's CPU build, as pinned
+    assert lock.differences({"torch": "2.13.0"}, {"torch": "2.14.1"}) == ["torch: pinned 2.13.0, installed 2.14.1"]
+
+
+def test_the_cpu_record_names_its_instruction_sets(tmp_path):
+    """Read from /proc/cpuinfo's text: an AVX2 machine without AVX-512 (the one that trained another base
+    LM) is told apart from an AVX-512 one."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Test CPU @ 2.0GHz\nflags\t\t: fpu sse4_2 avx avx2 fma\n\n"
+                    "processor\t: 1\nmodel name\t: Test CPU @ 2.0GHz\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
+    cpu = environment.cpu(info)
+    assert cpu["model"] == "Test CPU @ 2.0GHz" and cpu["flags"] == "sse4_2 avx avx2 fma"
+    info.write_text("model name\t: Other\nflags\t\t: avx avx2 avx512f avx512bw avx512vl\n")
+    assert "avx512f" in environment.cpu(info)["flags"].split()
+
+
+def test_the_record_flattens_to_tags():
+    env = environment.environment()
+    assert env["libraries"]["transformers"] == importlib.metadata.version("transformers")
+    tags = environment.as_tags(env)
+    assert tags["lookahead.env.libraries.numpy"] == importlib.metadata.version("numpy")
+    assert tags["lookahead.env.cpu.torch_capability"] == env["cpu"]["torch_capability"]
