@@ -57,5 +57,5 @@ def test_the_record_flattens_to_tags():
     env = environment.environment()
     assert env["libraries"]["transformers"] == importlib.metadata.version("transformers")
     tags = environment.as_tags(env)
-    assert tags["lookahead.env.libraries.numpy"] == importlib.metadata.version("numpy")
-    assert tags["lookahead.env.cpu.torch_capability"] == env["cpu"]["torch_capability"]
+    assert tags["env.libraries.numpy"] == importlib.metadata.version("numpy")
+    assert tags["env.cpu.torch_capability"] == env["cpu"]["torch_capability"]

@@ -61,10 +61,10 @@ def test_stages_group_under_one_parent_in_the_local_store(project):
         assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert run.info.status == "FINISHED"
         # what the floats depend on besides the inputs: the resolved versions and the CPU
-        assert run.data.tags["lookahead.env.libraries.torch"] == importlib.metadata.version("torch")
-        assert run.data.tags["lookahead.env.libraries.transformers"] == importlib.metadata.version("transformers")
-        assert run.data.tags["lookahead.env.cpu.torch_capability"] == torch.backends.cpu.get_cpu_capability()
-        assert run.data.tags["lookahead.env.python.version"] == platform.python_version()
+        assert run.data.tags["env.libraries.torch"] == importlib.metadata.version("torch")
+        assert run.data.tags["env.libraries.transformers"] == importlib.metadata.version("transformers")
+        assert run.data.tags["env.cpu.torch_capability"] == torch.backends.cpu.get_cpu_capability()
+        assert run.data.tags["env.python.version"] == platform.python_version()
     assert stages["corpus"].data.params == {"corpus/corpus.max_lines": "5", "corpus/corpus.nested.a": "1"}
     assert stages["corpus"].data.metrics == {"train.lines": 10.0}
     assert stages["base"].data.params == {"base/base.train.lr": "0.01"}

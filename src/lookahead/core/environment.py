@@ -61,6 +61,6 @@ def environment() -> dict[str, dict[str, str]]:
             "libraries": library_versions(), "cpu": cpu()}
 
 
-def as_tags(env: dict[str, dict[str, str]], prefix: str = "lookahead.env.") -> dict[str, str]:
-    """``environment()`` flattened to MLflow tags: ``lookahead.env.libraries.torch`` → ``2.13.0``."""
+def as_tags(env: dict[str, dict[str, str]], prefix: str = "env.") -> dict[str, str]:
+    """``environment()`` flattened to MLflow tags: ``env.libraries.torch`` → ``2.13.0``."""
     return {f"{prefix}{group}.{key}": str(value) for group, values in env.items() for key, value in values.items()}
