@@ -44,6 +44,9 @@ def test_streams_are_documents_followed_by_eos(tmp_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     docs = tiny_tokenizer.decode(train.tolist()).split(EOS)
     assert docs == ["alpha beta", "gamma delta epsilon", ""]
+    # the stream's ids are the tokenizer's own call's (encoded in its backend's batch call: lm.tokens.encode_each)
+    own = tiny_tokenizer(["alpha beta", "gamma delta epsilon"], add_special_tokens=False)["input_ids"]
+    assert train.tolist() == own[0] + [eos] + own[1] + [eos]
     assert int((train == eos).sum()) == 2 and train[-1] == eos
     assert metrics["train_tokens"] == len(train) and metrics["val_tokens"] == len(np.load(tmp_path / "tokens" / "val.npy"))
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")

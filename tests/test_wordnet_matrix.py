@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from lookahead.pipeline.wordnet import WordNetStageError, draw_anchors, draw_pairs
-from lookahead.semantics.wordnet import encode_each, leading_space, match_tokens, path_similarity_pairs, wup_matrix
+from lookahead.lm.tokens import encode_each
+from lookahead.semantics.wordnet import leading_space, match_tokens, path_similarity_pairs, wup_matrix
 
 
 def nltk_value(v) -> np.float32:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from lookahead.core.atomic import atomic_dir
 from lookahead.core.errors import require
+from lookahead.lm.tokens import encode_each
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -86,7 +87,7 @@ def encode_file(tok, text_file: str | Path, batch_lines: int, desc: str) -> np.n
     with open(text_file, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for start in tqdm(range(0, len(lines), batch_lines), desc=desc, unit=" batches", mininterval=2.0):
-        ids = tok(lines[start : start + batch_lines], add_special_tokens=False)["input_ids"]
+        ids = encode_each(tok, lines[start : start + batch_lines])
         for doc in ids:
             chunks.append(np.asarray(doc + [eos], dtype=dtype))
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)

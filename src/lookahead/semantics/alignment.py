@@ -8,6 +8,7 @@ import torch
 
 from lookahead.core.seeds import mean_ci
 from lookahead.lm.encoders import encode_texts
+from lookahead.lm.tokens import encode_each
 from lookahead.semantics import geometry
 
 
@@ -15,7 +16,7 @@ from lookahead.semantics import geometry
 def static_texts(model, tokenizer, texts: list[str]) -> np.ndarray:
     """Mean input embedding of each text's tokens (no special tokens). (n, d) float32."""
     emb = model.get_input_embeddings().weight
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = encode_each(tokenizer, texts)
     return torch.stack([emb[torch.tensor(i or [0], device=emb.device)].mean(0) for i in ids]).cpu().numpy().astype(np.float32)
 
 
