@@ -128,26 +128,25 @@ def greedy_targets(lm, ids: torch.Tensor, n_layers: int, n_heads: int, k: int, s
 
     # trial forwards run the head-gate plan directly (what ``execute`` runs for such gates, without
     # building and checking a (rows, T, N, N) adjacency: O(N²) per position, the cost at hundreds of heads)
+    def trial_cost(heads: torch.Tensor, cost: torch.Tensor) -> None:
+        """Trial c drops, at every position, head heads[c] (C, B, T) on top of ``gates``: each
+        trial's KL to dense goes to ``cost`` (B, T, L·H) at the head it dropped."""
+        trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N)
+        trial.scatter_(-1, 1 + heads[..., None], 0.0)
+        logits = gated_forward(lm, ids.repeat(len(heads), 1), trial.reshape(-1, length, 1 + total), skip).logits
+        cost.scatter_(-1, heads.permute(1, 2, 0), kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0))
+
     def removal_cost() -> torch.Tensor:  # KL to dense of dropping each head on top of ``gates`` (B, T, L·H)
         cost = torch.full((batch, length, total), math.inf, device=ids.device)
-        for start in range(0, len(droppable), per):
-            heads = droppable[start : start + per]
-            trial = gates.expand(len(heads), -1, -1, -1).clone()  # (C, B, T, N): candidate c drops heads[c]
-            trial[torch.arange(len(heads)), ..., 1 + heads] = 0
-            trial = trial.reshape(-1, length, 1 + total)
-            logits = gated_forward(lm, ids.repeat(len(heads), 1), trial, skip).logits
-            cost[..., heads] = kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0)
+        for start in range(0, len(droppable), per):  # trial c drops the same head at every position
+            trial_cost(droppable[start : start + per, None, None].expand(-1, batch, length), cost)
         return cost
 
     def candidate_cost(known: torch.Tensor, slots: int) -> torch.Tensor:  # the lazy greedy's step
         pick = torch.sort(known, dim=-1, stable=True).indices[..., :slots]  # (B, T, c): lowest known cost first
         cost = torch.full((batch, length, total), math.inf, device=ids.device)
-        for start in range(0, slots, per):
-            heads = pick[..., start : start + per].permute(2, 0, 1)  # (C, B, T): trial c drops its slot's head
-            trial = gates.expand(len(heads), -1, -1, -1).clone()
-            trial.scatter_(-1, 1 + heads[..., None], 0.0)
-            logits = gated_forward(lm, ids.repeat(len(heads), 1), trial.reshape(-1, length, 1 + total), skip).logits
-            cost.scatter_(-1, heads.permute(1, 2, 0), kl(logits.view(len(heads), batch, length, -1)).permute(1, 2, 0))
+        for start in range(0, slots, per):  # trial c drops each position's c-th candidate
+            trial_cost(pick[..., start : start + per].permute(2, 0, 1), cost)
         known.scatter_(-1, pick, cost.gather(-1, pick))
         return cost
 
