@@ -99,14 +99,16 @@ def test_leave_one_out_kl_against_the_plain_reference():
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(4))
     dense_logp = F.log_softmax(model(ids).logits, -1)
     for skip in ("full", "query"):
-        kl = leave_one_out_kl(model, ids, 2, 2, skip)
+        kl, refs = leave_one_out_kl(model, ids, 2, 2, skip), []
         for h in range(4):
             gates = torch.ones(n_nodes(2, 2))
             gates[1 + h] = 0
             logq = F.log_softmax(reference_forward(model, ids, head_graph(gates, 2, 2), gates, skip), -1)
-            ref = (dense_logp.exp() * (dense_logp - logq)).sum(-1)
-            assert torch.allclose(kl[..., h], ref, atol=1e-5)
+            refs.append((dense_logp.exp() * (dense_logp - logq)).sum(-1))
+            assert torch.allclose(kl[..., h], refs[-1], atol=1e-5)
         assert kl.min() >= -1e-6 and kl.max() > 1e-3
+        for k in (1, 2, 3):  # the oracle's keep sets are the reference's
+            assert torch.equal(top_k_gates(kl, k), top_k_gates(torch.stack(refs, -1), k)), (skip, k)
 
 
 def test_dense_kl_is_the_textbook_kl_for_a_stack_of_candidates():

@@ -27,8 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from lookahead.graph.nodes import head_graph
-from lookahead.graph.plan import execute, gated_forward
+from lookahead.graph.plan import gated_forward
 from lookahead.lm.nll import token_nll
 
 
@@ -55,15 +54,15 @@ class DenseKL:
 
 @torch.no_grad()
 def leave_one_out_kl(lm, ids: torch.Tensor, n_layers: int, n_heads: int, skip: str) -> torch.Tensor:
-    """KL(dense ‖ without head h) at every position: (B, T, L·H)."""
+    """KL(dense ‖ without head h) at every position: (B, T, L·H). Each removal runs the head-gate plan
+    (:func:`gated_forward`, what ``execute`` runs for these gates) with the head off at every position."""
     kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))
     n = 1 + n_layers * n_heads
     out = []
     for h in range(n_layers * n_heads):
         gates = torch.ones(n, device=ids.device)
         gates[1 + h] = 0
-        logits = execute(lm, ids, head_graph(gates, n_layers, n_heads), gates, skip)
-        out.append(kl(logits))
+        out.append(kl(gated_forward(lm, ids, gates, skip).logits))
     return torch.stack(out, -1)
 
 
