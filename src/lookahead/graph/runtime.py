@@ -176,13 +176,15 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # for the rolled form of RoPE
     a = adjacency.to(device=e.device, dtype=e.dtype)  # (N, N) | (B, T, N, N)
     gates = gates.to(e.device)
-    if shared:  # per layer: its nodes, its heads that run (None: all), whether their gates are all 1
+    # per layer: its nodes (a slice), its heads that run (None: all), whether their gates are all 1
+    if shared:
         run, layers = _shared_layers(gates, n_layers, n_heads, hard and not query, gates_fixed)
         all_on = all(heads is None and ones for _, heads, ones in layers)
         if run is not None:  # renumber the nodes that run 0, 1, …: every layer's are a slice
             a, gates = a[run][:, run], gates[run]
-    else:
+    else:  # per position every layer's nodes are its heads' own slice, each run (the gates say where)
         all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
+        layers = [(slice(1 + i * n_heads, 1 + (i + 1) * n_heads), None, all_on) for i in range(n_layers)]
     packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
                if hard and not query and not shared and not all_on else None)
     if packing is not None:
@@ -197,8 +199,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     def run_layer(layer_idx: int, layer, stream: torch.Tensor, msum: torch.Tensor, *outputs: torch.Tensor):
         """One layer: (its heads' contributions or None, the stream and Σ m after it); ``outputs``
         are the earlier blocks' contributions (a function of tensors: checkpointing re-runs it)."""
-        first = 1 + layer_idx * n_heads
-        cols, heads, ones = layers[layer_idx] if shared else (slice(first, first + n_heads), None, all_on)
+        cols, heads, ones = layers[layer_idx]
         sources = [(ids, o) for (ids, _), o in zip(blocks, outputs)]
         out = None
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
@@ -225,8 +226,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         contribution, stream, msum = layer_call(functools.partial(run_layer, layer_idx, layer), stream, msum,
                                                 *(o for _, o in blocks))
         if contribution is not None:
-            first = 1 + layer_idx * n_heads
-            blocks.append((layers[layer_idx][0] if shared else slice(first, first + n_heads), contribution))
+            blocks.append((layers[layer_idx][0], contribution))
     return model.lm_head(core.norm(stream))
 
 
