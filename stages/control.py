@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": "token streams directory (input: the train stream, the scoring set's val windows)",
         "contexts": "context cache directory (input: its val windows; its train windows with windows: cache)",
         "out": "control LM directory (output)",
+        "seeds-dir": "the other seeds' models, seed<i>/ as --out (output: what scoring reads)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
@@ -31,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     with stage_run("control", {"phase2": control_config(cfg), "scoring": to_dict(scoring)}) as run:
         report, result = build_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
-                                             tracker=run, scoring=scoring, scores_file=args.scores)
+                                             tracker=run, scoring=scoring, scores_file=args.scores,
+                                             seeds_dir=args.seeds_dir)
         write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
         write_metrics(report, CONTROL_HEADLINE, args.metrics, args.report, run)
 

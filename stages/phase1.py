@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         "oracle": "oracle targets directory (input: the train windows and distillation targets)",
         "out": "predictor safetensors (output)",
         "seeds-dir": "the other seeds' routers, predictor_seed<i>.safetensors (output: phase 2's seed i reads seed i's)",
+        "twins-dir": "every seed's static twin, twin_seed<i>.safetensors (output: empty without phase1.static_twin)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
                                                      args.init, args.heads, args.out, args.checkpoints, tracker=run,
                                                      runtime_cfg=configs["runtime"], scoring_cfg=configs["scoring"],
                                                      tokens_dir=args.tokens, scores_file=args.scores,
-                                                     oracle_dir=args.oracle, seeds_dir=args.seeds_dir)
+                                                     oracle_dir=args.oracle, seeds_dir=args.seeds_dir,
+                                                     twins_dir=args.twins_dir)
         write_phase1_reports(result, module, metrics, args.outputs)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
         run.log_artifact(args.figure)

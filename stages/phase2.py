@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         "predictor-seeds": "phase 1's other seeds' routers (input: phase 2's seed i starts from phase 1's seed i)",
         "diffusion": "decoder diffusion: the diffusion head directory (input: dvc.yaml passes decoder_inputs.weights)",
         "out": "phase-2 directory: lm/, predictor.safetensors, config.json (output)",
+        "seeds-dir": "the other seeds' models, seed<i>/ as --out (output: what scoring reads)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "pruning": "the final active-head fraction and skip mode the static control matches, json (output)",
         "metrics": "headline metrics json",
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         report, result = build_phase2_seeds(cfg, args.base, args.tokens, args.contexts, args.init, args.predictor,
                                             args.diffusion, args.out, args.checkpoints, tracker=run, heads_file=args.heads,
                                             scoring=scoring, scores_file=args.scores,
-                                            predictor_seeds=args.predictor_seeds)
+                                            predictor_seeds=args.predictor_seeds, seeds_dir=args.seeds_dir)
         write_phase2_reports(result, args.outputs)
         write_pruning(args.out, args.pruning)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         "heads": "probe head statistics safetensors (input: importance)",
         "pruning": "phase 2's final active-head fraction and skip mode, json (input)",
         "out": "static-control LM directory (output)",
+        "seeds-dir": "the other seeds' models, seed<i>/ as --out (output: what scoring reads)",
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     mask = static_mask(args.heads, args.pruning)
     with stage_run("static_control", {"phase2": control_config(cfg, mask), "scoring": to_dict(scoring)}) as run:
         report, result = build_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
-                                             tracker=run, mask=mask, scoring=scoring, scores_file=args.scores)
+                                             tracker=run, mask=mask, scoring=scoring, scores_file=args.scores,
+                                             seeds_dir=args.seeds_dir)
         write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
         write_metrics(report, STATIC_HEADLINE, args.metrics, args.report, run)
 

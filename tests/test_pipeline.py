@@ -181,6 +181,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert table.count("\n| `") == 15 and "passed" in table
     assert (path / "metrics" / "evaluate_explainer.png").stat().st_size > 20_000
     assert "<svg" in (path / "metrics" / "evaluate_explainer.html").read_text()
+    assert_every_seeds_models_are_kept(path)
     phase2_runs = lambda: sum(r.data.tags.get("lookahead.stage") == "phase2" for r in stage_runs(path))  # noqa: E731
     assert phase2_runs() == 1
 
@@ -224,6 +225,38 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     assert "probe_report.json" in [a.path for a in client.list_artifacts(probe.info.run_id)]
     series = client.get_metric_history(probe.info.run_id, "base.weights.self_attn.q_proj.stable_rank")
     assert sorted(m.step for m in series) == [0, 1]  # one point per layer of the tiny base
+
+
+def assert_every_seeds_models_are_kept(path: Path) -> None:
+    """What a scoring stage reads is a DVC output: every seed's router, LM and control, and each of
+    phase 1's seeds' static twin (tiny: 2 seeds, static_twin on). Seed 1's control LM, read back and
+    scored on the scoring windows, gives the per-position NLLs its stage wrote for seed 1."""
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.artifacts.val_scores import ScoringConfig, load_scores
+    from lookahead.core.config import load_section
+    from lookahead.graph.predictor import load_predictor
+    from lookahead.pipeline.phase2.common import base_lm, final_batches
+    from lookahead.pipeline.phase2.config import Phase2Config
+    from lookahead.pipeline.phase2.control import ControlModule
+
+    models = path / "models"
+    twins = sorted(p.name for p in (models / "phase1" / "twins").iterdir())
+    assert twins == ["twin_seed0.safetensors", "twin_seed1.safetensors"]
+    twin, meta = load_predictor(models / "phase1" / "twins" / "twin_seed0.safetensors")
+    assert meta["static_twin"] and digest(models / "phase1" / "twins" / twins[0]) != digest(models / "phase1" / "predictor.safetensors")
+    for stage, weights in (("phase2", "lm/model.safetensors"), ("control", "model.safetensors"),
+                           ("static_control", "model.safetensors")):
+        kept = sorted(p.name for p in (models / f"{stage}_seeds").iterdir())
+        assert kept == ["seed1"], (stage, kept)
+        assert digest(models / f"{stage}_seeds" / "seed1" / weights) != digest(models / stage / weights), stage
+    assert (models / "phase2_seeds" / "seed1" / "predictor.safetensors").is_file()
+    params = path / "params.yaml"
+    cfg, scoring = load_section(params, "phase2", Phase2Config), load_section(params, "scoring", ScoringConfig)
+    cache = ContextCache(path / "data" / "contexts")
+    lm = base_lm(models / "control_seeds" / "seed1")
+    scored = ControlModule(lm, cache, cfg).score(lm, final_batches(cfg, scoring, path / "data" / "tokens", cache, "cpu"))
+    written = load_scores(path / "data" / "val_nll" / "control.safetensors")["dense"]  # (seeds, P)
+    assert written.shape[0] == 2 and np.abs(scored["dense"] - written[1]).max() <= 1e-5
 
 
 def test_a_second_run_from_scratch_writes_the_same_bytes(repo, second_tiny_run, tiny_runs):

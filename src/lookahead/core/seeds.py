@@ -4,7 +4,8 @@ A research stage (phase1, pairs, diffusion, phase2, control, evaluate, modulator
 its configured seeds — the *primary* run, whose outputs (model, pairs, figures) are what DVC
 tracks and later stages read — and ``seeds - 1`` more times with every seed of its section shifted
 by 1, 2, …: the stage's own randomness (training seed, window and batch draws, sampling), on the
-same inputs. Those runs write nothing the pipeline keeps; they give the spread. In
+same inputs. They give the spread; where a scoring stage reads their models, they are kept beside the
+primary's (:func:`kept_seeds`: ``<stage>_seeds/seed<i>``), else discarded. In
 ``metrics/<stage>.json`` a seeded figure ``<name>`` is the mean over all runs and ``<name>_sd`` its
 sample standard deviation; the report keeps every run's figures (``per_seed``) and the primary
 run's (``primary``), which is what the stage's outputs were made with.
@@ -20,10 +21,11 @@ worker returns from a training instead of exiting.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -124,6 +126,19 @@ def over_seeds(cfg: C, stage: str, keys: Sequence[str], run: Callable[[C, Path |
         gather([report, *others])
     out = with_spread(report, others, keys)
     return (out, *rest) if rest is not None else out
+
+
+@contextlib.contextmanager
+def kept_seeds(seeds_dir: str | Path | None) -> Iterator[Callable[[int, Path], Path]]:
+    """Where seed ``offset``'s run (≥ 1) writes its outputs so that scoring can read them later:
+    ``seed<offset>`` in ``seeds_dir``, which replaces ``seeds_dir`` once every seed has run (a killed
+    run leaves the old one); yields ``out(offset, scratch)``. With ``seeds_dir`` None, or in a worker
+    process of a multi-process launch (the main process keeps the outputs), ``scratch``: discarded."""
+    from lookahead.core.atomic import atomic_dir
+
+    keep = seeds_dir is not None and _main_process()
+    with atomic_dir(seeds_dir) if keep else contextlib.nullcontext() as tmp:
+        yield lambda offset, scratch: tmp / f"seed{offset}" if keep else scratch
 
 
 def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, float | None]:

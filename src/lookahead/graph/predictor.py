@@ -391,3 +391,9 @@ def seed_router_name(seed: int) -> str:
     """The file of phase 1's seed ``seed`` router (≥ 1; seed 0 is the stage's ``predictor.safetensors``)
     in its seeds directory: phase 2's seed i routes with it."""
     return f"predictor_seed{seed}.safetensors"
+
+
+def twin_router_name(seed: int) -> str:
+    """The file of phase 1's seed ``seed`` static twin (≥ 0: the router trained on zeroed inputs,
+    ``phase1.static_twin``) in its twins directory."""
+    return f"twin_seed{seed}.safetensors"

@@ -47,7 +47,7 @@ from lookahead.core.tracking import is_main_process
 from lookahead.graph.cost import deployed_macs
 from lookahead.graph.oracle import routing_stats
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
-from lookahead.graph.predictor import seed_router_name
+from lookahead.graph.predictor import seed_router_name, twin_router_name
 from lookahead.graph.router_inputs import input_dim
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.graph.scoring import GeoLookup
@@ -97,7 +97,7 @@ def _predictor(predictor_cfg: PredictorConfig, init_file, cache: ContextCache, l
 def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                  out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
                  oracle_targets: dict | None = None, scoring: ScoringSet | None = None,
-                 val_state: dict | None = None, oracle: OracleTargets | None = None
+                 val_state: dict | None = None, oracle: OracleTargets | None = None, twin_file=None
                  ) -> tuple[dict, TrainResult, Phase1Module]:
     """Train the predictor; write it to ``out_file``; return (metrics, training result, module).
     ``oracle_targets``: the distillation targets by train window, shared between runs of the same
@@ -106,7 +106,8 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     the cache's val windows, as the periodic evaluation. ``val_state``: the periodic evaluation's
     seed-independent figures (:data:`VAL_STATE`), shared between runs of the same inputs: read when
     filled, filled otherwise. ``oracle``: the oracle stage's targets, the training windows of a
-    router that does not read the cache (None: the cache's train windows, targets computed here)."""
+    router that does not read the cache (None: the cache's train windows, targets computed here).
+    ``twin_file``: where the static twin's router goes (``phase1.static_twin``; None: discarded)."""
     from transformers import AutoModelForCausalLM
 
     runtime_cfg = runtime_cfg or RuntimeConfig()
@@ -199,7 +200,7 @@ def build_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                         "router_macs_over_dense": cost(fraction)["router_over_dense"]})
     if cfg.static_twin:
         metrics.update(_static_twin(cfg, predictor_cfg, module, init_file, files, checkpoint_root, final, scoring,
-                                    metrics["hard_nll"]))
+                                    metrics["hard_nll"], twin_file, runtime_cfg))
     return metrics, result, module
 
 
@@ -208,9 +209,11 @@ TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "
 
 
 def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phase1Module, init_file, files,
-                 checkpoint_root, final: dict, scoring: ScoringSet | None, hard_nll: float) -> dict:
+                 checkpoint_root, final: dict, scoring: ScoringSet | None, hard_nll: float, twin_file=None,
+                 runtime_cfg: RuntimeConfig | None = None) -> dict:
     """Train the same router, same seed, on zeroed inputs; its hard NLL minus the router's
-    (``hard_nll``), on the scoring set where there is one."""
+    (``hard_nll``), on the scoring set where there is one. The twin's router goes to ``twin_file``
+    (None: discarded)."""
     torch.manual_seed(cfg.train.seed)
     twin = _predictor(predictor_cfg, init_file, module.cache, module.lm, module.importance)
     twin_module = Phase1Module(twin, module.lm, module.cache, module.geo, module.importance, cfg, module.skip,
@@ -225,6 +228,10 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
                           files, [module.cache.fingerprint()])
     train(twin_module, twin_cfg.train, stage="phase1 twin", checkpoint_dir=ckpt)
     twin_eval = twin_module.last_eval
+    if twin_file is not None:  # what a scoring stage reads (save_predictor copies the weights to the CPU)
+        save_predictor(twin_module.model, twin_file, extra={
+            "phase1": to_dict(cfg), "encoder": module.cache.meta["encoder"],
+            "runtime": to_dict(runtime_cfg or RuntimeConfig()), "static_twin": True})
     out = {"static_twin_hard_nll": twin_eval["hard_nll"],
            "static_twin_active_head_fraction": twin_eval["active_head_fraction"],
            "static_twin_dynamic_fraction": twin_eval["dynamic_fraction"]}
@@ -240,11 +247,12 @@ def _static_twin(cfg: Phase1Config, predictor_cfg: PredictorConfig, module: Phas
 def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, contexts_dir, init_file, heads_file,
                        out_file, checkpoint_root=None, tracker=None, runtime_cfg: RuntimeConfig | None = None,
                        scoring_cfg: ScoringConfig | None = None, tokens_dir=None, scores_file=None, oracle_dir=None,
-                       seeds_dir=None) -> tuple[dict, TrainResult, Phase1Module]:
+                       seeds_dir=None, twins_dir=None) -> tuple[dict, TrainResult, Phase1Module]:
     """:func:`build_phase1`, then ``cfg.seeds - 1`` more trainings on other seeds: the metrics carry
     the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds). ``seeds_dir``: where seed i's
     router goes (``predictor_seed<i>.safetensors``, i ≥ 1: phase 2's seed i routes with it; None:
-    discarded). With ``scoring_cfg``: every final figure scores its windows of ``tokens_dir``'s val
+    discarded). ``twins_dir``: where seed i's static twin goes (``twin_seed<i>.safetensors``, i ≥ 0, with
+    ``phase1.static_twin``; None: discarded). With ``scoring_cfg``: every final figure scores its windows of ``tokens_dir``'s val
     stream (:mod:`lookahead.pipeline.phase1.final`), every seed's per-position NLLs go to
     ``scores_file`` (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), the others
     (seeds, P), the seed-independent ones at each seed's head count) and the claims
@@ -261,7 +269,9 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
     keep_seeds = seeds_dir is not None and is_main_process()  # a worker's seed runs write to scratch only
     tokens: list = []  # every seed's per-position NLLs, popped from its report
     # the seeds' routers replace seeds_dir once every seed has trained (a killed run leaves nothing there)
-    with atomic_dir(seeds_dir) if keep_seeds else contextlib.nullcontext() as seeds_tmp:
+    keep_twins = twins_dir is not None and is_main_process()  # empty without phase1.static_twin
+    with (atomic_dir(seeds_dir) if keep_seeds else contextlib.nullcontext() as seeds_tmp,
+          atomic_dir(twins_dir) if keep_twins else contextlib.nullcontext() as twins_tmp):
 
         def router_file(c: Phase1Config, scratch: Path | None) -> Path:
             if scratch is None:
@@ -269,9 +279,12 @@ def build_phase1_seeds(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_d
             return seeds_tmp / seed_router_name(c.train.seed - cfg.train.seed) if keep_seeds \
                 else scratch / "predictor.safetensors"
 
+        def twin_file(c: Phase1Config) -> Path | None:
+            return twins_tmp / twin_router_name(c.train.seed - cfg.train.seed) if keep_twins else None
+
         out, result, module = over_seeds(cfg, "phase1", SEEDED, lambda c, scratch: build_phase1(
             c, predictor_cfg, base_dir, contexts_dir, init_file, heads_file, router_file(c, scratch), checkpoint_root,
-            None if scratch else tracker, runtime_cfg, targets, scoring, val_state, oracle),
+            None if scratch else tracker, runtime_cfg, targets, scoring, val_state, oracle, twin_file(c)),
             lambda runs: tokens.extend(r.pop("token_nll", None) for r in runs))
     if scoring is not None:
         scores = {"dense": tokens[0]["dense"]}

@@ -42,7 +42,7 @@ from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
 from lookahead.core.errors import LookaheadError
-from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.core.seeds import kept_seeds, over_seeds, seeded_headline
 from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, save_connectivity
 from lookahead.graph.router_inputs import check_context_dim
@@ -207,19 +207,22 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
 
 def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
                        out_dir, checkpoint_root=None, tracker=None, heads_file=None,
-                       scoring: ScoringConfig | None = None, scores_file=None, predictor_seeds=None
-                       ) -> tuple[dict, TrainResult]:
-    """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds (their LMs
-    discarded): the report carries the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds);
-    every seed's per-position NLLs on the final val set, ``dense`` and ``hard`` (seeds, P), go to
-    ``scores_file``. ``predictor_seeds``: phase 1's other seeds' routers (a directory of
-    ``predictor_seed<i>.safetensors``): seed i of phase 2 starts from seed i of phase 1, so that the
-    claims' intervals cover the router's own seed variance (None: every seed from ``predictor_file``)."""
+                       scoring: ScoringConfig | None = None, scores_file=None, predictor_seeds=None,
+                       seeds_dir=None) -> tuple[dict, TrainResult]:
+    """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds: the report carries
+    the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds); every seed's per-position NLLs on
+    the final val set, ``dense`` and ``hard`` (seeds, P), go to ``scores_file``. ``predictor_seeds``:
+    phase 1's other seeds' routers (a directory of ``predictor_seed<i>.safetensors``): seed i of phase 2
+    starts from seed i of phase 1, so that the claims' intervals cover the router's own seed variance
+    (None: every seed from ``predictor_file``). ``seeds_dir``: where seed i's model directory goes
+    (``seed<i>``, as ``out_dir``; :func:`lookahead.core.seeds.kept_seeds`; None: discarded)."""
     files = seed_routers(cfg, predictor_file, predictor_seeds)
-    return over_seeds(cfg, "phase2", SEEDED, lambda c, scratch: build_phase2(
-        c, base_dir, tokens_dir, contexts_dir, init_file, files[c.train.seed - cfg.train.seed], diffusion_dir,
-        scratch / "phase2" if scratch else out_dir, checkpoint_root, None if scratch else tracker, heads_file, scoring),
-        lambda runs: save_seed_scores(scores_file, runs))
+    with kept_seeds(seeds_dir) as seed_out:
+        return over_seeds(cfg, "phase2", SEEDED, lambda c, scratch: build_phase2(
+            c, base_dir, tokens_dir, contexts_dir, init_file, files[c.train.seed - cfg.train.seed], diffusion_dir,
+            seed_out(c.train.seed - cfg.train.seed, scratch / "phase2") if scratch else out_dir, checkpoint_root,
+            None if scratch else tracker, heads_file, scoring),
+            lambda runs: save_seed_scores(scores_file, runs))
 
 
 def seed_routers(cfg: Phase2Config, predictor_file, predictor_seeds) -> list[Path]:

@@ -25,7 +25,7 @@ from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.atomic import write_csv
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
-from lookahead.core.seeds import over_seeds, seeded_headline
+from lookahead.core.seeds import kept_seeds, over_seeds, seeded_headline
 from lookahead.core.windows import set_label
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
@@ -227,13 +227,15 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
 
 def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
                         tracker=None, mask: StaticMask | None = None, scoring: ScoringConfig | None = None,
-                        scores_file=None) -> tuple[dict, TrainResult]:
+                        scores_file=None, seeds_dir=None) -> tuple[dict, TrainResult]:
     """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`
-    (every seed's per-position NLLs to ``scores_file``)."""
+    (every seed's per-position NLLs to ``scores_file``; seed i's LM to ``seeds_dir``/``seed<i>``)."""
     stage = "control" if mask is None else "static_control"
-    return over_seeds(cfg, stage, CONTROL_SEEDED if mask is None else STATIC_SEEDED, lambda c, scratch: build_control(
-        c, base_dir, tokens_dir, contexts_dir, scratch / stage if scratch else out_dir, checkpoint_root,
-        None if scratch else tracker, mask, scoring), lambda runs: save_seed_scores(scores_file, runs))
+    with kept_seeds(seeds_dir) as seed_out:
+        return over_seeds(cfg, stage, CONTROL_SEEDED if mask is None else STATIC_SEEDED, lambda c, scratch: build_control(
+            c, base_dir, tokens_dir, contexts_dir,
+            seed_out(c.train.seed - cfg.train.seed, scratch / stage) if scratch else out_dir, checkpoint_root,
+            None if scratch else tracker, mask, scoring), lambda runs: save_seed_scores(scores_file, runs))
 
 
 def write_control_reports(result, outputs: dict) -> None:
