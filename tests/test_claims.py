@@ -80,6 +80,8 @@ def test_scoring_windows_are_a_seeded_choice_of_non_overlapping_val_windows(tmp_
     assert all(np.array_equal(w.numpy(), stream[s : s + 10]) for w, s in zip(windows, starts))
     assert torch.equal(windows, scoring_windows(tmp_path, cfg, 9))
     assert not torch.equal(windows, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=4), 9))
+    # the bootstrap's seed is its own: another one redraws intervals, never windows
+    assert torch.equal(windows, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, bootstrap_seed=7), 9))
     with pytest.raises(ConfigError, match="scoring.windows.*only 111"):
         scoring_windows(tmp_path, ScoringConfig(windows=112), 9)
 

@@ -45,7 +45,10 @@ class ScoringConfig:
     windows: int = 256
     """Non-overlapping windows of the val stream scored (256 x 128 = 32 768 positions at the default)."""
     seed: int = 0
-    """Seed of the choice of windows and of the bootstrap."""
+    """Seed of the choice of windows (the test and selection sets)."""
+    bootstrap_seed: int = 0
+    """Seed of the bootstrap resamples in every claim's interval: its own, so that redrawing the
+    intervals rescores without choosing other windows."""
     batch_size: int = 16
     """Windows per forward pass."""
     resamples: int = 2000
@@ -59,7 +62,8 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         for name in ("windows", "batch_size", "resamples"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
-        require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
+        for name in ("seed", "bootstrap_seed"):
+            require(getattr(self, name) >= 0, name, f"must be >= 0; got {getattr(self, name)}")
         require(0 < self.confidence < 1, "confidence", f"must be in (0, 1); got {self.confidence}")
         require(self.set in SETS, "set", f"must be one of {', '.join(SETS)}; got {self.set!r}")
 

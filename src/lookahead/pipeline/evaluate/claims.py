@@ -59,7 +59,7 @@ def trained_claims(scoring: ScoringConfig, window: int, phase2_scores, control_s
                                                         (phase2.window_set, control.window_set))),
                         ("phase2_minus_static_control", paired(routed, static["hard"], "phase 2 − static control",
                                                                (phase2.window_set, static.window_set)))):
-        interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
+        interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
         figures.update(claim_figures(name, interval))
         report[name] = {**interval, "per_seed": diffs.mean(1).tolist(), "verdict": verdict(interval)}
     figures["scored_positions"] = int(phase2["hard"].shape[1])
@@ -79,6 +79,6 @@ def best_of_k_claim(scoring: ScoringConfig, window: int, best: list[np.ndarray],
     """(headline figures, report) of the diffusion best-of-K against its null: per-position NLLs of
     both best-of rows, one array (P,) per evaluate seed."""
     diffs = np.stack(best) - np.stack(null)
-    interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.seed)
+    interval = paired_interval(diffs, window, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
     return (claim_figures("diffusion_best_of_k_minus_null", interval),
             {"diffusion_best_of_k_minus_null": {**interval, "per_seed": diffs.mean(1).tolist()}})

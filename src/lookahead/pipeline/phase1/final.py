@@ -281,13 +281,13 @@ def claims(scores: dict[str, np.ndarray], scoring: ScoringSet) -> dict:
     for name, a, b in CLAIMS:
         if a in scores and b in scores:
             interval = paired_interval(paired(scores[a], scores[b], name), scoring.window, cfg.resamples,
-                                       cfg.confidence, cfg.seed)
+                                       cfg.confidence, cfg.bootstrap_seed)
             out.update(claim_figures(name, interval))
             out[f"{name}_interval"] = interval
     gain = np.atleast_2d(scores["static"] - scores["greedy"]).mean(1) if "greedy" in scores else None
     if gain is not None and (gain > 0).all():  # as greedy_capture: no ratio where the oracle gains nothing
         ratio = ratio_interval(scores["static"] - scores["hard"], scores["static"] - scores["greedy"], scoring.window,
-                               cfg.resamples, cfg.confidence, cfg.seed)
+                               cfg.resamples, cfg.confidence, cfg.bootstrap_seed)
         out.update({"greedy_capture_ci_low": ratio["ci_low"], "greedy_capture_ci_high": ratio["ci_high"],
                     "greedy_capture_interval": ratio})
     return out
