@@ -9,6 +9,7 @@ dvc.lock records (every stage bitwise on rerun: all of them, on the machine that
     python benchmarks/pipeline_repro.py --profile tiny
     python benchmarks/pipeline_repro.py --profile graph16x16
     python benchmarks/pipeline_repro.py --lock-to run.lock   # also keep the dvc.lock the run wrote
+    python benchmarks/pipeline_repro.py --keep DIR           # and the whole run (outputs, DVC cache) in DIR
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="profiles/<name>.yaml instead of params.yaml")
     parser.add_argument("--lock-to", type=Path, default=None, help="copy the dvc.lock the fresh run wrote here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="move the run's repository here (outputs, cache: e.g. for scripts/rerun_table.py)")
     args = parser.parse_args()
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     with tempfile.TemporaryDirectory(prefix="lookahead-bench-") as tmp:
@@ -69,6 +72,8 @@ def main() -> None:
         fresh = lock_outs(dest)
         if args.lock_to:
             shutil.copy(dest / "dvc.lock", args.lock_to)
+        if args.keep:
+            shutil.move(dest, args.keep)
     committed = lock_outs(REPO) if not args.profile and (REPO / "dvc.lock").is_file() else {}
     differing = sorted(p for p in fresh if p in committed and committed[p] != fresh[p])
     print(json.dumps({
