@@ -1,11 +1,13 @@
-"""Which stages `dvc repro` would rerun after an edit of each module: the module's bytes are changed
-(a comment appended), `dvc repro --dry` lists the stages it would run — the cascade through changed
-outputs counted — and the bytes are put back. Modules that the same stages list run once for their
-group. Needs a workspace whose pipeline is up to date (`dvc status` clean); prints a markdown table.
+"""Which stages `dvc repro` would rerun after an edit of each module, or of each params key: the
+module's bytes are changed (a comment appended), or the key's value in params.yaml, `dvc repro --dry`
+lists the stages it would run — the cascade through changed outputs counted — and the bytes are put
+back. Modules (keys) that the same stages list run once for their group. Needs a workspace whose
+pipeline is up to date (`dvc status` clean); prints a markdown table.
 
     python scripts/rerun_table.py                        # every module of src/lookahead and stages/
     python scripts/rerun_table.py --json > before.json   # {module: [stages]}
     python scripts/rerun_table.py --before before.json   # the table with a "before" column beside
+    python scripts/rerun_table.py --params               # every key of params.yaml instead
 
 The tables: [development](../docs/development.md#what-reruns-after-an-edit).
 """
@@ -61,6 +63,79 @@ def rerun(module: str) -> list[str]:
         path.write_bytes(original)
 
 
+def leaves(node, prefix: str = "") -> dict[str, object]:
+    """params.yaml's keys, dotted down to their values (a list is one value)."""
+    if isinstance(node, dict):
+        return {k: v for key, child in node.items() for k, v in leaves(child, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): node}
+
+
+def edited(value):
+    """Another value of the same kind: what `dvc repro --dry` compares with the lock is the value."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, list):
+        return [*value, value[-1] if value else 0]
+    return "0" if value is None else f"{value}-edited"
+
+
+def set_key(params: dict, key: str, value) -> dict:
+    node = params
+    *parents, last = key.split(".")
+    for name in parents:
+        node = node[name]
+    node[last] = value
+    return params
+
+
+def params_listing(stages: dict) -> dict[str, tuple[str, ...]]:
+    """{params key: the stages that list it (or a section above it), or template it into their
+    command or deps}, for every key of params.yaml."""
+    text = (REPO / "dvc.yaml").read_text()
+    keys = leaves(yaml.safe_load((REPO / "params.yaml").read_text()))
+
+    def listed(stage: str, spec: dict) -> list[str]:
+        out = []
+        for entry in spec.get("params", []):
+            out += [e for names in entry.values() for e in names] if isinstance(entry, dict) else [entry]
+        return out
+
+    entries = {s: listed(s, spec) for s, spec in stages.items()}
+    templated = set(re.findall(r"\$\{([\w.]+)\}", text))
+    return {k: tuple(s for s in stages if any(k == e or k.startswith(e + ".") for e in entries[s]))
+            + (("(templated)",) if k in templated else ()) for k in keys}
+
+
+def rerun_key(key: str) -> list[str]:
+    """The stages an edit of params key ``key`` reruns; params.yaml's bytes are restored whatever happens."""
+    path = REPO / "params.yaml"
+    original = path.read_bytes()
+    try:
+        path.write_text(yaml.safe_dump(set_key(yaml.safe_load(original), key, edited(leaves(
+            yaml.safe_load(original))[key])), sort_keys=False))
+        return dry_run()
+    finally:
+        path.write_bytes(original)
+
+
+def measure_params() -> dict[str, list[str]]:
+    """{params key: the stages an edit of it reruns}, one `dvc repro --dry` per group of keys that the
+    same stages list (a key templated into dvc.yaml runs alone)."""
+    if dry_run():
+        raise SystemExit("the pipeline is not up to date (dvc status): run `dvc repro` first")
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for key, listed in params_listing(stages).items():
+        groups[listed + ((key,) if "(templated)" in listed else ())].append(key)
+    result = {}
+    for listed, keys in groups.items():
+        stages_rerun = rerun_key(keys[0]) if listed else []
+        result.update({k: stages_rerun for k in keys})
+    return result
+
+
 def measure() -> dict[str, list[str]]:
     """{module: the stages a byte change of it reruns}, one `dvc repro --dry` per group of modules that
     the same stages list."""
@@ -105,16 +180,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print {module: [stages]} instead of a table")
     parser.add_argument("--before", type=Path, help="a --json file of an earlier revision: its column beside")
+    parser.add_argument("--params", action="store_true", help="edits of params.yaml's keys, not of modules")
     args = parser.parse_args()
-    result = measure()
+    result = measure_params() if args.params else measure()
     if args.json:
         print(json.dumps(result, indent=1))
         return
     before = json.loads(args.before.read_text()) if args.before else None
     print(table(result, before))
-    summed = f"\nStage reruns summed over the {len(result)} modules: {sum(len(v) for v in result.values())}"
+    what = "params keys" if args.params else "modules"
+    summed = f"\nStage reruns summed over the {len(result)} {what}: {sum(len(v) for v in result.values())}"
     if before is not None:
-        summed += f" (before: {sum(len(v) for v in before.values())} over {len(before)} modules)"
+        summed += f" (before: {sum(len(v) for v in before.values())} over {len(before)} {what})"
     print(summed)
 
 if __name__ == "__main__":

@@ -87,3 +87,22 @@ def test_a_directory_dep_ignores_bytecode():
     """Phase 2's diffusion decoder lists `src/lookahead/graph` as a directory: its bytecode must not count."""
     assert "__pycache__/" in (REPO / ".dvcignore").read_text().split()
     assert expand(["src/lookahead/graph"]) == {str(p.relative_to(REPO)) for p in (REPO / "src/lookahead/graph").glob("*.py")}
+
+
+def test_the_rerun_table_lists_each_params_key_where_dvc_yaml_does():
+    """scripts/rerun_table.py --params: a key belongs to the stages that list it or a section above it
+    (and a key templated into dvc.yaml is measured alone); the edit it makes is a value of another kind."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rerun_table", REPO / "scripts" / "rerun_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    listing = table.params_listing(stages)
+    scoring = tuple(s for s, spec in stages.items() if "scoring" in spec.get("params", []))
+    assert listing["scoring.resamples"] == listing["scoring.bootstrap_seed"] == scoring and "evaluate" in scoring
+    assert listing["base.train.seed"] == ("base",) and "(templated)" in listing["launch.train"]
+    assert set(listing) == set(table.leaves(yaml.safe_load((REPO / "params.yaml").read_text())))
+    for value in (True, 3, 0.5, "x", None, [1, 2]):
+        assert table.edited(value) != value
+    assert table.set_key({"a": {"b": 1}}, "a.b", 2) == {"a": {"b": 2}}
