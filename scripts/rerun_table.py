@@ -1,8 +1,9 @@
 """Which stages `dvc repro` would rerun after an edit of each module, or of each params key: the
-module's bytes are changed (a comment appended), or the key's value in params.yaml, `dvc repro --dry`
-lists the stages it would run — the cascade through changed outputs counted — and the bytes are put
-back. Modules (keys) that the same stages list run once for their group. Needs a workspace whose
-pipeline is up to date (`dvc status` clean); prints a markdown table.
+module's bytes are changed (a comment appended), or the key's value in params.yaml; `dvc repro --dry`
+lists the stages it would run, and the bytes are put back. Those are the stages whose own inputs
+changed: a stage downstream of them reruns as well where an output it reads changes, which a comment
+or a scoring-only key does not. Modules (keys) that the same stages list run once for their group.
+Needs a workspace whose pipeline is up to date (`dvc status` clean); prints a markdown table.
 
     python scripts/rerun_table.py                        # every module of src/lookahead and stages/
     python scripts/rerun_table.py --json > before.json   # {module: [stages]}
@@ -22,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import yaml
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,13 +111,18 @@ def params_listing(stages: dict) -> dict[str, tuple[str, ...]]:
 
 
 def rerun_key(key: str) -> list[str]:
-    """The stages an edit of params key ``key`` reruns; params.yaml's bytes are restored whatever happens."""
+    """The stages an edit of params key ``key`` reruns; params.yaml's bytes are restored whatever happens.
+    A key templated into a dep's path (``decoder_inputs.*``) names a file that the edit does not make:
+    DVC then refuses, and the row says so."""
     path = REPO / "params.yaml"
     original = path.read_bytes()
     try:
         path.write_text(yaml.safe_dump(set_key(yaml.safe_load(original), key, edited(leaves(
             yaml.safe_load(original))[key])), sort_keys=False))
         return dry_run()
+    except subprocess.CalledProcessError as err:
+        reason = next((line for line in (err.stderr or err.stdout or "").splitlines() if "ERROR" in line), "an error")
+        return [f"(dvc refuses the edited value: {reason.strip()[:80]})"]
     finally:
         path.write_bytes(original)
 
@@ -130,7 +137,7 @@ def measure_params() -> dict[str, list[str]]:
     for key, listed in params_listing(stages).items():
         groups[listed + ((key,) if "(templated)" in listed else ())].append(key)
     result = {}
-    for listed, keys in groups.items():
+    for listed, keys in tqdm(groups.items(), desc="params groups", unit="group"):
         stages_rerun = rerun_key(keys[0]) if listed else []
         result.update({k: stages_rerun for k in keys})
     return result

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -229,34 +230,72 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
 
 def assert_every_seeds_models_are_kept(path: Path) -> None:
     """What a scoring stage reads is a DVC output: every seed's router, LM and control, and each of
-    phase 1's seeds' static twin (tiny: 2 seeds, static_twin on). Seed 1's control LM, read back and
-    scored on the scoring windows, gives the per-position NLLs its stage wrote for seed 1."""
+    phase 1's seeds' static twin (tiny: 2 seeds, static_twin on). Read back and scored on the scoring
+    windows, seed 1's models give the per-position NLLs their stages wrote for seed 1 (the twin: the
+    mean its report holds): the files are enough to score them again."""
+    from transformers import AutoModelForCausalLM
+
     from lookahead.artifacts.contexts import ContextCache
-    from lookahead.artifacts.val_scores import ScoringConfig, load_scores
+    from lookahead.artifacts.probe_heads import head_importance
+    from lookahead.artifacts.val_scores import ScoringConfig, load_scores, scoring_windows
     from lookahead.core.config import load_section
-    from lookahead.graph.predictor import load_predictor
+    from lookahead.core.seeds import reseeded
+    from lookahead.graph.predictor import PredictorConfig, load_init, load_predictor
+    from lookahead.graph.runtime import recorded_skip
+    from lookahead.graph.scoring import GeoLookup
+    from lookahead.pipeline.phase1.config import Phase1Config
+    from lookahead.pipeline.phase1.final import routed, scoring_set
+    from lookahead.pipeline.phase1.module import Phase1Module
     from lookahead.pipeline.phase2.common import base_lm, final_batches
     from lookahead.pipeline.phase2.config import Phase2Config
-    from lookahead.pipeline.phase2.control import ControlModule
+    from lookahead.pipeline.phase2.control import ControlModule, StaticPruned, static_mask
+    from lookahead.pipeline.phase2.model import Phase2Model
+    from lookahead.pipeline.phase2.module import Phase2Module
 
-    models = path / "models"
+    models, data, params = path / "models", path / "data", path / "params.yaml"
     twins = sorted(p.name for p in (models / "phase1" / "twins").iterdir())
     assert twins == ["twin_seed0.safetensors", "twin_seed1.safetensors"]
-    twin, meta = load_predictor(models / "phase1" / "twins" / "twin_seed0.safetensors")
-    assert meta["static_twin"] and digest(models / "phase1" / "twins" / twins[0]) != digest(models / "phase1" / "predictor.safetensors")
+    assert digest(models / "phase1" / "twins" / twins[0]) != digest(models / "phase1" / "predictor.safetensors")
     for stage, weights in (("phase2", "lm/model.safetensors"), ("control", "model.safetensors"),
                            ("static_control", "model.safetensors")):
         kept = sorted(p.name for p in (models / f"{stage}_seeds").iterdir())
         assert kept == ["seed1"], (stage, kept)
         assert digest(models / f"{stage}_seeds" / "seed1" / weights) != digest(models / stage / weights), stage
-    assert (models / "phase2_seeds" / "seed1" / "predictor.safetensors").is_file()
-    params = path / "params.yaml"
+
+    def same(scored: dict, stage: str, keys: tuple[str, ...]) -> None:
+        written = load_scores(data / "val_nll" / f"{stage}.safetensors")  # (seeds, P) each
+        for key in keys:
+            assert written[key].shape[0] == 2 and np.abs(scored[key] - written[key][1]).max() <= 1e-5, (stage, key)
+
     cfg, scoring = load_section(params, "phase2", Phase2Config), load_section(params, "scoring", ScoringConfig)
-    cache = ContextCache(path / "data" / "contexts")
+    cache = ContextCache(data / "contexts")
+    batches = final_batches(cfg, scoring, data / "tokens", cache, "cpu")
     lm = base_lm(models / "control_seeds" / "seed1")
-    scored = ControlModule(lm, cache, cfg).score(lm, final_batches(cfg, scoring, path / "data" / "tokens", cache, "cpu"))
-    written = load_scores(path / "data" / "val_nll" / "control.safetensors")["dense"]  # (seeds, P)
-    assert written.shape[0] == 2 and np.abs(scored["dense"] - written[1]).max() <= 1e-5
+    same(ControlModule(lm, cache, cfg).score(lm, batches), "control", ("dense",))
+    mask = static_mask(data / "probe" / "heads.safetensors", path / "metrics" / "phase2_pruning.json")
+    lm = base_lm(models / "static_control_seeds" / "seed1")
+    same(ControlModule(lm, cache, cfg, mask=mask).score(StaticPruned(lm, mask), batches), "static_control", ("dense", "hard"))
+    tensors, _ = load_init(models / "init" / "init.safetensors")
+    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
+    router, meta = load_predictor(models / "phase2_seeds" / "seed1" / "predictor.safetensors")
+    model = Phase2Model(base_lm(models / "phase2_seeds" / "seed1" / "lm"), router, recorded_skip(meta))
+    same(Phase2Module(model, cache, geo, reseeded(cfg, 1)).score(model, batches), "phase2", ("dense", "hard", "deployed"))
+
+    cfg1 = reseeded(load_section(params, "phase1", Phase1Config), 1)
+    base = AutoModelForCausalLM.from_pretrained(models / "base", dtype=torch.float32)
+    importance = head_importance(data / "probe" / "heads.safetensors")
+    windows = scoring_set(scoring, scoring_windows(data / "tokens", scoring, cache.context_length), cache,
+                          load_section(params, "predictor", PredictorConfig).input, "cpu")
+    seed1 = json.loads((path / "metrics" / "phase1_report.json").read_text())["per_seed"][1]
+    for file, twin in (("seeds/predictor_seed1.safetensors", False), ("twins/twin_seed1.safetensors", True)):
+        router, meta = load_predictor(models / "phase1" / file)
+        module = Phase1Module(router, base, cache, geo, importance, cfg1, meta["runtime"]["skip"], zero_inputs=twin)
+        module.tau_now = cfg1.tau(cfg1.train.steps - 1)  # the last training step's, as the stage scored
+        hard, _ = routed(module, router, windows)
+        if twin:
+            assert meta["static_twin"] and abs(hard.mean() - seed1["hard_nll"] - seed1["static_twin_gap"]) <= 1e-6
+        else:
+            same({"hard": hard}, "phase1", ("hard",))
 
 
 def test_a_second_run_from_scratch_writes_the_same_bytes(repo, second_tiny_run, tiny_runs):
