@@ -122,7 +122,8 @@ def rerun_key(key: str) -> list[str]:
         return dry_run()
     except subprocess.CalledProcessError as err:
         reason = next((line for line in (err.stderr or err.stdout or "").splitlines() if "ERROR" in line), "an error")
-        return [f"(dvc refuses the edited value: {reason.strip()[:80]})"]
+        reason = re.sub(r"'?/[^\s']*'?", "<path>", reason.split("ERROR: ", 1)[-1].strip())  # no machine's paths
+        return [f"(dvc refuses the edited value: {reason[:80]})"]
     finally:
         path.write_bytes(original)
 
