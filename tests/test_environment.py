@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import subprocess
+import sys
 import tomllib
 
 from packaging.requirements import Requirement
@@ -59,3 +61,12 @@ def test_the_record_flattens_to_tags():
     tags = environment.as_tags(env)
     assert tags["env.libraries.numpy"] == importlib.metadata.version("numpy")
     assert tags["env.cpu.torch_capability"] == env["cpu"]["torch_capability"]
+
+
+def test_the_record_does_not_load_torch_into_a_stage_that_never_does():
+    """corpus, tokenizer and wordnet never import torch: the record names torch's kernels only where the
+    process already loaded it, rather than add torch's import to those stages' start-up."""
+    probe = ("import sys\nfrom lookahead.core.environment import environment\nenv = environment()\n"
+             "assert 'torch' not in sys.modules, 'torch imported'\nprint(env['cpu']['torch_capability'])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "torch not loaded"

@@ -35,7 +35,9 @@ def library_versions() -> dict[str, str]:
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     """The CPU: its model, architecture, which of :data:`FLAGS` it has, and the kernel family torch
-    dispatches to on it (``torch.backends.cpu.get_cpu_capability``: e.g. AVX512, AVX2, DEFAULT)."""
+    dispatches to on it (``torch.backends.cpu.get_cpu_capability``: e.g. AVX512, AVX2, DEFAULT) where
+    the process has loaded torch. A stage that never loads it (corpus, tokenizer, wordnet) computes no
+    float with it, and importing it only to ask would add about a second to its start-up."""
     model, flags = platform.processor() or "unknown", set()
     if cpuinfo.is_file():
         for line in cpuinfo.read_text(errors="replace").splitlines():
@@ -45,12 +47,8 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
                 model = value.strip()
             elif key in ("flags", "Features") and not flags:
                 flags = set(value.split())
-    try:
-        import torch
-
-        capability = torch.backends.cpu.get_cpu_capability()
-    except ImportError:
-        capability = "no torch"
+    torch = sys.modules.get("torch")
+    capability = torch.backends.cpu.get_cpu_capability() if torch is not None else "torch not loaded"
     return {"model": model, "machine": platform.machine(), "flags": " ".join(f for f in FLAGS if f in flags),
             "torch_capability": capability}
 

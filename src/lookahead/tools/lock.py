@@ -32,27 +32,27 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def pins(lines) -> dict[str, str]:
+    """The plain pins (``name==version``) among ``lines``, comments dropped: name → version, local
+    labels dropped. A line that is no plain pin (a direct URL) is left to pyproject.toml's ranges."""
+    out = {}
+    for line in lines:
+        match = PIN.match(line.split("#", 1)[0].strip())
+        if match:
+            out[normalise(match.group(1))] = match.group(2)
+    return out
+
+
 def installed(python: str = sys.executable) -> dict[str, str]:
-    """Every distribution of ``python``'s environment but the editable project: name → version,
-    local labels dropped."""
+    """Every distribution of ``python``'s environment but the editable project (:func:`pins`)."""
     out = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
                          capture_output=True, text=True, check=True).stdout
-    pins = {}
-    for line in out.splitlines():
-        match = PIN.match(line.strip())
-        if match:  # a line that is no plain pin (a direct URL) is left to pyproject.toml's ranges
-            pins[normalise(match.group(1))] = match.group(2)
-    return pins
+    return pins(out.splitlines())
 
 
 def read(path: Path) -> dict[str, str]:
     """A constraints file's pins: name → version."""
-    pins = {}
-    for line in path.read_text().splitlines():
-        match = PIN.match(line.split("#", 1)[0].strip())
-        if match:
-            pins[normalise(match.group(1))] = match.group(2)
-    return pins
+    return pins(path.read_text().splitlines())
 
 
 def write(path: Path, pins: dict[str, str]) -> None:
