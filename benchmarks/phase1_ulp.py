@@ -34,7 +34,7 @@ from lookahead.core.config import load_section
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.oracle import OracleConfig, build_oracle
-from lookahead.pipeline.phase1.build import build_phase1_seeds
+from lookahead.pipeline.phase1.run import build_phase1_seeds
 from lookahead.pipeline.phase1.config import Phase1Config
 
 
@@ -104,10 +104,10 @@ def main() -> None:
                          read_context_length(args.params), base, "data/tokens", oracle)
         if not args.all_seeds:
             cfg = dataclasses.replace(cfg, seeds=1)
-        metrics, _, _ = build_phase1_seeds(cfg, predictor_cfg, base, contexts, "models/init/init.safetensors",
-                                           "data/probe/heads.safetensors", tmp / "predictor.safetensors",
-                                           runtime_cfg=runtime_cfg, scoring_cfg=scoring_cfg, tokens_dir="data/tokens",
-                                           oracle_dir=oracle)
+        metrics = build_phase1_seeds(cfg, predictor_cfg, base, contexts, "models/init/init.safetensors",
+                                     "data/probe/heads.safetensors", tmp / "predictor.safetensors",
+                                     runtime_cfg=runtime_cfg, scoring_cfg=scoring_cfg, tokens_dir="data/tokens",
+                                     oracle_dir=oracle)
     reference = committed if args.all_seeds else committed["primary"]
     figures = {"perturbed": what, "moved_values": moved, "fraction": args.fraction, "seeds": cfg.seeds if args.all_seeds else 1}
     if args.all_seeds:

@@ -1,41 +1,37 @@
 """DVC stage `control`: the dense control of phase 2 — the base LM trained with phase 2's optimiser,
-steps and windows (in the same order), no topology — so phase 2 is judged at equal tokens."""
+steps and windows (in the same order), no topology — so phase 2 is judged at equal tokens; every
+seed's LM kept for `score_phase2`."""
 
-from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
-from lookahead.core.config import load_section, to_dict
+from lookahead.core.config import load_section
 from lookahead.core.inputs import check_inputs
-from lookahead.core.report import write_metrics
+from lookahead.core.report import write_report
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, build_control_seeds, control_config, write_control_reports
+from lookahead.pipeline.phase2.control import control_config, train_control_seeds, write_control_reports
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
-        "tokens": "token streams directory (input: the train stream, the scoring set's val windows)",
+        "tokens": "token streams directory (input: the train stream)",
         "contexts": "context cache directory (input: its val windows; its train windows with windows: cache)",
         "out": "control LM directory (output)",
         "seeds-dir": "the other seeds' models, seed<i>/ as --out (output: what scoring reads)",
-        "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
-        "metrics": "headline metrics json",
-        "report": "full report json",
+        "training": "every seed's training figures, json (output: the scoring stage merges them)",
         "train-curve": "training curve csv (plot)",
         "eval-curve": "validation curve csv (plot)",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
     }, argv)
     cfg = load_section(args.params, "phase2", Phase2Config)
-    scoring = load_section(args.params, "scoring", ScoringConfig)
     if args.dry_run:
-        return print_config({"phase2 (the keys the control reads)": control_config(cfg), "scoring": scoring})
+        return print_config({"phase2 (the keys the control reads)": control_config(cfg)})
     check_inputs(args.inputs)
-    with stage_run("control", {"phase2": control_config(cfg), "scoring": to_dict(scoring)}) as run:
-        report, result = build_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.checkpoints,
-                                             tracker=run, scoring=scoring, scores_file=args.scores,
-                                             seeds_dir=args.seeds_dir)
+    with stage_run("control", {"phase2": control_config(cfg)}) as run:
+        training, result = train_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.seeds_dir,
+                                               args.checkpoints, tracker=run)
         write_control_reports(result, {"train_curve": args.train_curve, "eval_curve": args.eval_curve})
-        write_metrics(report, CONTROL_HEADLINE, args.metrics, args.report, run)
+        write_report(training, args.training, run)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,14 @@
-"""DVC stage `phase1`: train the lookahead structure predictor on the cached contexts with the LM
-and the encoder frozen; evaluate soft and hard topologies against dense and two pruning baselines."""
+"""DVC stage `phase1`: train the lookahead structure predictor (every seed's, and each seed's static
+twin) on the cached contexts with the LM and the encoder frozen; the `score_phase1` stage scores them."""
 
-from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
-from lookahead.core.report import write_metrics
+from lookahead.core.report import write_report
 from lookahead.core.tracking import stage_run
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
-from lookahead.pipeline.phase1.build import HEADLINE, build_phase1_seeds
+from lookahead.pipeline.phase1.build import train_phase1_seeds
 from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase1.plots import write_phase1_reports
 
@@ -18,16 +17,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_stage_args(__doc__, {
         "base": "base model directory (input)",
         "contexts": "context cache directory (input)",
-        "tokens": "token streams directory (input: the scoring set's val windows)",
         "init": "init safetensors (input)",
         "heads": "probe head statistics (input)",
         "oracle": "oracle targets directory (input: the train windows and distillation targets)",
         "out": "predictor safetensors (output)",
         "seeds-dir": "the other seeds' routers, predictor_seed<i>.safetensors (output: phase 2's seed i reads seed i's)",
         "twins-dir": "every seed's static twin, twin_seed<i>.safetensors (output: empty without phase1.static_twin)",
-        "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
-        "metrics": "headline metrics json",
-        "report": "full report json",
+        "training": "every seed's training figures, json (output: the scoring stage merges them)",
         "checkpoints": "resumable checkpoints directory (not a DVC output)",
         "train-curve": "training curve csv (output: plot)",
         "eval-curve": "evaluation curve csv (output: plot)",
@@ -40,20 +36,17 @@ def main(argv: list[str] | None = None) -> None:
         "phase1": load_section(args.params, "phase1", Phase1Config),
         "predictor": load_section(args.params, "predictor", PredictorConfig),
         "runtime": load_section(args.params, "runtime", RuntimeConfig),
-        "scoring": load_section(args.params, "scoring", ScoringConfig),
     }
     if args.dry_run:
         return print_config(configs)
     check_inputs(args.inputs)
     with stage_run("phase1", {k: to_dict(v) for k, v in configs.items()}) as run:
-        metrics, result, module = build_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
-                                                     args.init, args.heads, args.out, args.checkpoints, tracker=run,
-                                                     runtime_cfg=configs["runtime"], scoring_cfg=configs["scoring"],
-                                                     tokens_dir=args.tokens, scores_file=args.scores,
-                                                     oracle_dir=args.oracle, seeds_dir=args.seeds_dir,
-                                                     twins_dir=args.twins_dir)
-        write_phase1_reports(result, module, metrics, args.outputs)
-        write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
+        training, result, module = train_phase1_seeds(configs["phase1"], configs["predictor"], args.base, args.contexts,
+                                                      args.init, args.heads, args.out, args.seeds_dir, args.twins_dir,
+                                                      args.checkpoints, tracker=run, runtime_cfg=configs["runtime"],
+                                                      oracle_dir=args.oracle)
+        write_phase1_reports(result, module, training, args.outputs)
+        write_report(training, args.training, run)
         run.log_artifact(args.figure)
         run.log_artifact(args.pareto_figure)
 

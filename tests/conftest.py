@@ -314,6 +314,8 @@ QUEUED_EXPERIMENTS = {
     # free connectivity on phase 2's router graph (its weights reach evaluate's rows, causality check, explainer)
     "connectivity-both": ("phase2.connectivity=both", {"phase2", "evaluate"}),
     "samples-3": ("evaluate.diffusion_samples=3", {"evaluate"}),  # tiny.yaml has 2: the last stage alone reruns
+    # a scoring setting: the scoring stages and evaluate rerun, nothing trains (tiny.yaml has 2000 resamples)
+    "resamples-300": ("scoring.resamples=300", {"score_phase1", "score_phase2", "evaluate"}),
 }
 
 
@@ -381,10 +383,10 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     directory, each control's report and LM directory, root)."""
     from lookahead.artifacts.phase2 import write_pruning
     from lookahead.core.config import from_dict
-    from lookahead.pipeline.phase2.build import build_phase2
+    from lookahead.pipeline.phase2.run import build_control, build_phase2
     from lookahead.pipeline.phase2.common import save_seed_scores
     from lookahead.pipeline.phase2.config import Phase2Config
-    from lookahead.pipeline.phase2.control import build_control, static_mask
+    from lookahead.pipeline.phase2.control import static_mask
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {

@@ -17,7 +17,7 @@ from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_
 from lookahead.graph.runtime import RuntimeConfig, forward_with_topology
 from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase1.build import build_phase1
+from lookahead.pipeline.phase1.run import build_phase1
 from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase1.module import Phase1Module
 from lookahead.train.loop import TrainConfig

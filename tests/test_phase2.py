@@ -24,10 +24,11 @@ from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase2.build import HEADLINE, build_phase2
+from lookahead.pipeline.phase2.run import build_phase2
+from lookahead.pipeline.phase2.score import CONTROL_HEADLINE, HEADLINE, STATIC_HEADLINE
 from lookahead.pipeline.phase2.common import Phase2Error
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import CONTROL_HEADLINE, STATIC_HEADLINE, ControlModule, StaticMask, static_mask
+from lookahead.pipeline.phase2.control import ControlModule, StaticMask, static_mask
 from lookahead.pipeline.phase2.model import Phase2Model, plain_parameters, scale_learning_rate
 from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.train.data import load_stream

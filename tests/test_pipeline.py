@@ -31,8 +31,13 @@ from lookahead.core.report import MAX_HEADLINE, read_headline
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "phase1", "pairs", "diffusion",
-          "phase2", "control", "static_control", "evaluate")
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "phase1", "score_phase1",
+          "pairs", "diffusion", "phase2", "control", "static_control", "score_phase2", "evaluate")
+TRAINING = ("phase1", "phase2", "control", "static_control")
+"""Stages that train and write no headline: a scoring stage writes ``metrics/<stage>.json`` for each."""
+HEADLINES = tuple(stage for stage in STAGES if not stage.startswith("score_"))
+"""The stages whose headline and report ``metrics/<stage>.json`` and ``_report.json`` hold (the training
+stages' written by their scoring stages)."""
 
 
 def digest(path: Path) -> str:
@@ -67,10 +72,10 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     out = pipeline_repro_output  # the session's tiny run (tests/conftest.py), started with the session
     for stage in STAGES:
         assert f"Running stage '{stage}'" in out
-    headline = {stage: read_headline(path / "metrics" / f"{stage}.json") for stage in STAGES}
-    report = {stage: json.loads((path / "metrics" / f"{stage}_report.json").read_text()) for stage in STAGES}
+    headline = {stage: read_headline(path / "metrics" / f"{stage}.json") for stage in HEADLINES}
+    report = {stage: json.loads((path / "metrics" / f"{stage}_report.json").read_text()) for stage in HEADLINES}
     docs = "\n".join(page.read_text() for page in [path / "README.md", *sorted((path / "docs").rglob("*.md"))])
-    for stage in STAGES:  # headline figures: flat, a few, documented; the report holds the rest
+    for stage in HEADLINES:  # headline figures: flat, a few, documented; the report holds the rest
         assert 1 <= len(headline[stage]) <= MAX_HEADLINE and len(flatten(report[stage])) >= len(headline[stage]), stage
         # scalars, or a dict of scalars (`dvc metrics show` flattens it: alpha_per_layer.l0, ...)
         assert all(not isinstance(v, list) and (not isinstance(v, dict) or all(isinstance(x, (int, float)) for x in v.values()))
@@ -80,7 +85,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     # wide (spreads and intervals in the sibling files, lookahead.core.report), each sibling declared
     shown = json.loads(sh(["dvc", "metrics", "show", "--json"], path, env))
     declared = {name for rev in shown.values() for name in rev["data"]}
-    written = {f"metrics/{name}.json" for stage in STAGES for name in (stage, f"{stage}_sd", f"{stage}_ci")
+    written = {f"metrics/{name}.json" for stage in HEADLINES for name in (stage, f"{stage}_sd", f"{stage}_ci")
                if (path / "metrics" / f"{name}.json").is_file()}
     assert written == declared, written ^ declared
     assert {f"metrics/{stage}_{part}.json" for stage, part in (("phase1", "ci"), ("evaluate", "ci"), ("phase2", "sd"))} <= declared
@@ -190,8 +195,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     out = sh(["dvc", "repro"], path, env)
     assert "Running stage" not in out
 
-    # one phase-2 param changed: phase2 and the stage that reads its model rerun; nothing upstream, no
-    # sibling (control), and not the static control (the fraction it matches, top-K's half, is unchanged). Every stage's deps are checked statically by test_stage_deps; a change
+    # one phase-2 param changed: phase2 and the stages that read its model rerun (scoring, evaluate); nothing
+    # upstream, no sibling (control), and not the static control (the fraction it matches, top-K's half, is
+    # unchanged). Every stage's deps are checked statically by test_stage_deps; a change
     # further up reruns its dependants by the same mechanism (not repeated here, for the suite's time)
     predictor = digest(path / "models" / "phase2" / "predictor.safetensors")
     params = yaml.safe_load((path / "params.yaml").read_text())
@@ -199,9 +205,9 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     params["phase2"]["lambda_head"] = 0.7
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(["dvc", "repro"], path, env)
-    for stage in ("phase2", "evaluate"):
+    for stage in ("phase2", "score_phase2", "evaluate"):
         assert f"Running stage '{stage}'" in out
-    assert out.count("Running stage") == 2, out
+    assert out.count("Running stage") == 3, out
     assert digest(path / "models" / "phase2" / "predictor.safetensors") != predictor
     assert phase2_runs() == 2
 
@@ -217,7 +223,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     runs = stage_runs(path)
     parents = {r.info.run_id: r for r in runs if r.data.tags["lookahead.role"] == "pipeline"}
     children = [r for r in runs if r.data.tags["lookahead.role"] == "stage"]
-    assert len(parents) == 2 and len(children) == len(STAGES) + 2
+    assert len(parents) == 2 and len(children) == len(STAGES) + 3
     assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)
     assert all(p.info.status == "FINISHED" for p in parents.values())
     # the report reaches MLflow whole: as an artifact, and its lists as step series
@@ -374,10 +380,11 @@ def test_queued_experiments_land_in_the_same_mlflow_store(queued_experiments):
         queued = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == name]
         # the parent run, and the stages the change reran (nothing upstream of them)
         assert {r.data.tags.get("lookahead.stage") for r in queued} == {None, *rerun}, name
-        key, value = assignment.split("=")
-        stage = key.split(".")[0]
-        (run,) = [r for r in queued if r.data.tags.get("lookahead.stage") == stage]
-        assert run.data.params[f"{stage}/{key}"] == value and run.data.metrics, name
+        key, value = assignment.split("=")  # every rerun stage that reads the key logged its new value
+        logged = {r.data.tags["lookahead.stage"]: r for r in queued
+                  if f"{r.data.tags.get('lookahead.stage')}/{key}" in r.data.params}
+        assert logged and all(r.data.params[f"{stage}/{key}"] == value and r.data.metrics
+                              for stage, r in logged.items()), name
     (phase2,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "connectivity-both"
                  and r.data.tags.get("lookahead.stage") == "phase2"]
     assert "hard_nll" in phase2.data.metrics

@@ -85,9 +85,13 @@ SEEDED_TRAINING = ("modulator", "phase1", "diffusion", "phase2", "control", "sta
 
 
 def close(a, b, tol: float = 1e-4) -> bool:
-    """Figures equal within ``tol`` (numbers), or equal (anything else, None included)."""
+    """Figures equal within ``tol`` (numbers, in dicts and lists too), or equal (anything else, None included)."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return abs(a - b) <= tol or (a != a and b != b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
     return a == b
 
 
@@ -114,11 +118,12 @@ def test_every_seed_of_a_seeded_stage_in_two_processes_ends_where_one_process_do
             moved[args[i - 1]] = args[i] = str(tmp_path / args[i])
     # every output is an argument, but the headline's sibling files, which land beside --metrics
     siblings = {str(sibling_path(o, part)) for o in outs for part in SIBLINGS}
-    assert "--report" in moved and len(moved) >= len(outs - siblings)
-    one = json.loads((repo / lock["cmd"].split("--report ")[1].split()[0]).read_text())
+    report = "--training" if "--training" in args else "--report"  # a training stage's report: its scoring stage's input
+    assert report in moved and len(moved) >= len(outs - siblings)
+    one = json.loads((repo / lock["cmd"].split(f"{report} ")[1].split()[0]).read_text())
     assert one["seeds"] == 2, "the tiny profile runs 2 seeds per research stage"
     sh([*accelerate(2).split(), *args[1:]], repo, {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
-    two = json.loads(Path(moved["--report"]).read_text())
+    two = json.loads(Path(moved[report]).read_text())
     assert len(two["per_seed"]) == len(one["per_seed"]) == 2
     for seed, (a, b) in enumerate(zip(two["per_seed"], one["per_seed"])):
         assert a.keys() == b.keys()

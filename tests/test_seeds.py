@@ -11,8 +11,8 @@ import pytest
 from lookahead.core.seeds import final_evaluation_only, mean_ci, mean_sd, one_run, over_seeds, reseeded, seed_summary, with_spread
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.pipeline.pairs import SEEDED, PairsConfig, build_pairs, build_pairs_seeds
-from lookahead.pipeline.phase1.build import HEADLINE as PHASE1_HEADLINE
-from lookahead.pipeline.phase1.build import build_phase1
+from lookahead.pipeline.phase1.score import HEADLINE as PHASE1_HEADLINE
+from lookahead.pipeline.phase1.run import build_phase1
 from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.train.loop import TrainConfig
 

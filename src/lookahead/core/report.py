@@ -164,3 +164,17 @@ def write_metrics(report: dict[str, Any], headline_keys: Mapping[str, FigurePath
         tracker.log_artifact(report_path)
         tracker.log_artifact(timing_path(metrics_path))
     return headline
+
+
+def write_report(report: dict[str, Any], report_path: str | os.PathLike, tracker=None) -> dict[str, Any]:
+    """Write a report with no headline — a training stage's, which its scoring stage reads — and its
+    timings beside it (``<report>_timing.json``, git-ignored like every timing file); log both to
+    ``tracker``. Returns the report as written (without its timings)."""
+    results, timing = split_timings(report)
+    write_json(report_path, results)
+    write_json(timing_path(report_path), timing)
+    if tracker is not None:
+        tracker.log_metrics(report)
+        tracker.log_artifact(report_path)
+        tracker.log_artifact(timing_path(report_path))
+    return results

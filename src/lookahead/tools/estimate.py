@@ -270,6 +270,17 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
                      note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
 
+    sc = configs["scoring"]
+    # every seed's router: on dense states, as deployed (about one forward), its inputs shuffled, random heads,
+    # its static twin; once: dense, static pruning at the router's heads and at its MACs (two counts), and the
+    # oracles at K — leave-one-out (L·H + 1 forwards) and greedy (the oracle stage's search)
+    oracle_rows = {"greedy": removals + 1 + heads + 1, "loo": heads + 1, "none": 0}[p1.oracle]
+    s1_rows = p1.seeds * (3 + p1.random_draws + (1 if p1.static_twin else 0)) + 4 + oracle_rows
+    s1_tokens = s1_rows * sc.windows * t
+    out.append(Stage("score_phase1", frozen=arch.params + router, forward_tokens=s1_tokens, flops=p1_fwd * s1_tokens,
+                     weights=lm_w + 4.0 * router, activations=4.0 * sc.batch_size * t * arch.vocab,
+                     note=f"{p1.seeds} seeds' routers and twins, ~{s1_rows} forwards per window over {sc.windows} windows"))
+
     pa = configs["pairs"]
     if pa.target == "eps_good":
         per_window = 1 + pa.rounds * 64
@@ -306,7 +317,13 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                          weights=lm_w, optimiser=12.0 * arch.params, **trained(name, qt, qt.batch_size, t, p2.replay),
                          note=f"{p2.seeds} seeds; phase 2's settings"))
 
-    ev, sc = configs["evaluate"], configs["scoring"]
+    s2_rows = p2.seeds * (3 + 1 + 2)  # phase 2 dense, hard, deployed; the control dense; the static control both
+    s2_tokens = s2_rows * sc.windows * t
+    out.append(Stage("score_phase2", frozen=arch.params + router, forward_tokens=s2_tokens, flops=fwd * s2_tokens,
+                     weights=lm_w + 4.0 * router, activations=4.0 * sc.batch_size * t * arch.vocab,
+                     note=f"{p2.seeds} seeds x 3 LMs (phase 2, both controls), one at a time"))
+
+    ev = configs["evaluate"]
     rows_ev = 12 + 2 * ev.diffusion_samples + ev.random_draws  # dense, routed, controls, static, samples, random draws
     e_tokens = ev.seeds * rows_ev * (sc.windows + cx.val_sequences) * t
     out.append(Stage("evaluate", frozen=3 * arch.params, forward_tokens=e_tokens, flops=fwd * e_tokens,

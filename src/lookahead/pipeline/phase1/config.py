@@ -32,7 +32,9 @@ class Phase1Config:
     eval_batch_size: int = 8
     """Windows per forward pass when evaluating."""
     random_draws: int = 3
-    """Draws of the random per-position heads baseline (its NLL is their mean)."""
+    """Draws of the random per-position heads baseline on the scoring windows (its NLL is their mean;
+    read by the ``score_phase1`` stage only: the periodic evaluation's curves draw
+    :data:`lookahead.pipeline.phase1.module.PERIODIC_RANDOM_DRAWS`)."""
     z_loss: float = 0.0
     """Head gates: weight of the router z-loss, mean z² of the keep logits (MoA uses 1e-3)."""
     balance: float = 0.0
@@ -117,6 +119,21 @@ class Phase1Config:
     def noise(self, step: int) -> float:
         """The head gates' noise scale at ``step``, annealed like τ."""
         return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
+
+
+@dataclasses.dataclass
+class ScoringKeys:
+    """The keys of ``phase1`` the ``score_phase1`` stage reads from params (dvc.yaml lists the same);
+    every other setting of a seed's router comes from its file, as training recorded it."""
+
+    random_draws: int = 3
+    """As :attr:`Phase1Config.random_draws`."""
+    oracle: str = "greedy"
+    """As :attr:`Phase1Config.oracle`."""
+
+    def __post_init__(self) -> None:
+        require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
+        require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
 
 
 ORACLES = ("loo", "greedy", "none")

@@ -25,6 +25,18 @@ from lookahead.pipeline.phase1.final import capture, shuffled
 from lookahead.train.loop import logs_step
 
 
+PERIODIC_RANDOM_DRAWS = 3
+"""Draws of the random-heads baseline in the periodic evaluation (the curves, on the cache's val
+windows); ``phase1.random_draws`` is the scoring stage's, on the scoring windows, so that changing it
+reruns scoring only."""
+
+
+CACHE_KEYS = ("dense_nll", "soft_nll", "hard_nll", "active_head_fraction", "active_edge_fraction",
+              "below_dense_fraction", "static_pruning_nll", "random_heads_nll", "oracle_nll", "oracle_capture",
+              "oracle_recall_at_k", "dynamic_fraction", "gate_entropy_bits", "context_shuffle_dnll")
+"""The periodic evaluation's figures a training run reports (the cache's val windows, ``cache_val``)."""
+
+
 class Phase1Module:
     """The phase's step object for :func:`lookahead.train.loop.train`: the predictor trains, the LM is frozen.
 
@@ -298,7 +310,7 @@ class Phase1Module:
         if self.static_curve is None:
             self.static_curve = static_pruning_curve(self.lm, windows, self.importance, self.skip)
         random_nll = random_heads_nll(self.lm, windows, fraction, self.n_layers, self.n_heads,
-                                      self.cfg.random_draws, self.cfg.train.seed, self.skip)
+                                      PERIODIC_RANDOM_DRAWS, self.cfg.train.seed, self.skip)
         static = interpolate_curve(self.static_curve, fraction)
         hard = totals.mean("hard")
         keep = round(fraction * self.n_layers * self.n_heads)

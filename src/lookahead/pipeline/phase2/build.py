@@ -31,7 +31,6 @@ whatever the gradient's scale). The saved predictor holds the plain p.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
 
@@ -39,22 +38,20 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
-from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import to_dict
-from lookahead.core.errors import LookaheadError
-from lookahead.core.seeds import kept_seeds, over_seeds, seeded_headline
+from lookahead.core.seeds import kept_seeds, over_seeds
 from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, save_connectivity
 from lookahead.graph.router_inputs import check_context_dim
 from lookahead.graph.runtime import recorded_skip
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, OutputLoRA, save_value_residual
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, final_label
-from lookahead.pipeline.phase2.common import load_train_stream
-from lookahead.pipeline.phase2.common import save_lm, save_seed_scores, teacher_lm
-from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, Phase2Config
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, decoder_sampler
+from lookahead.pipeline.phase2.common import load_train_stream, val_batches
+from lookahead.pipeline.phase2.common import save_lm, teacher_lm
+from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.model import (Phase2Model, added_parameters, additions, connectivity_weights,
-                                             plain_parameters, scale_learning_rate, share_heads, weight_summary)
+                                             plain_parameters, scale_learning_rate, share_heads)
 from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.pipeline.phase2.plots import plot_connectivity
 from lookahead.train.checkpoints import checkpoint_dir
@@ -64,36 +61,12 @@ from lookahead.train.loop import TrainResult, train
 CONNECTIVITY_FIGURE = "connectivity.png"  # in the stage's output: the learned edge weights (connectivity on)
 
 
-# metrics/phase2.json (lookahead.core.report) and their spread over training seeds
-# (lookahead.core.seeds); dense_nll and hard_nll score the
-# final val set (scored_positions), the start_ figures and soft_nll (in the report) the cache's val windows
-SEEDED = ("dense_nll", "hard_nll", "deployed_nll", "soft_nll", "active_head_fraction")
-HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "deployed_nll", "active_head_fraction",
-                            "start_active_head_fraction", "scored_positions", "train_steps", "train_tokens",
-                            "passes_over_cache", "passes_over_stream", "parameters_added"), SEEDED)
-
-
-def decoder_sampler(decoder: str, diffusion_dir, gate_kind: str):
-    """The frozen diffusion head's :class:`TopologySampler` under ``decoder: diffusion`` (its module
-    imported by name: :data:`lookahead.pipeline.phase2.config.DECODER_MODULES`); None under ``mlp``."""
-    if decoder not in DECODER_MODULES:
-        return None
-    sampler = importlib.import_module(DECODER_MODULES[decoder]).TopologySampler
-    try:
-        return sampler(diffusion_dir, gate_kind)
-    except LookaheadError as err:
-        raise Phase2Error(f"phase2.decoder {decoder}: {err} (dvc.yaml passes decoder_inputs.weights: "
-                          f"{DECODER_INPUTS[decoder]['weights']} there)") from err
-
-
-def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
-                 checkpoint_root=None, tracker=None, heads_file=None, scoring: ScoringConfig | None = None
-                 ) -> tuple[dict, TrainResult]:
+def train_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir, out_dir,
+                 checkpoint_root=None, tracker=None, heads_file=None) -> tuple[dict, TrainResult, Phase2Module]:
     """Train the phase-2 LM with its decoder; write the LM (and the predictor) to ``out_dir``;
-    return the report and the training result. ``heads_file``: the probe's head importance
-    (``shared_heads`` picks the most important). ``scoring``: the final figures' val set
-    (:func:`lookahead.pipeline.phase2.common.final_batches`; None: the default one); the report's
-    ``token_nll`` holds its per-position NLLs."""
+    return (the training figures, the training result, the module). ``heads_file``: the probe's head
+    importance (``shared_heads`` picks the most important). What the trained model scores on the
+    scoring windows is :func:`lookahead.pipeline.phase2.score.score_phase2`'s."""
     from lookahead.core.atomic import atomic_dir
     from lookahead.graph.predictor import load_init, load_predictor, save_predictor
 
@@ -151,24 +124,22 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     result = train(module, cfg.train, stage="phase2", checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
     final = module.last_eval
-    scoring_batches = final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device)
-    window_set = final_label(cfg, scoring or ScoringConfig(), tokens_dir, cache)
-    scored = module.score(module.model, scoring_batches)
-    weights = connectivity_weights(module.model, scoring_batches) if module.model.connectivity is not None else None
     config = {"phase2": to_dict(cfg), "decoder": cfg.decoder, "n_layers": meta["n_layers"], "n_heads": meta["n_heads"],
               "encoder": cache.meta["encoder"], "skip": recorded_skip(meta),
               "active_head_fraction": final["active_head_fraction"]}  # what the static control prunes to
     config.update(keep=cfg.keep, connectivity=cfg.connectivity, value_residual=cfg.value_residual, adapter=cfg.adapter,
                   train_lm=cfg.train_lm, added_parameters=added_parameters(module.model))
     with atomic_dir(out_dir) as tmp:
-        if module.model.lora is not None:
-            OutputLoRA.merge(module.model.lm)  # the saved LM carries its adapter
-        save_lm(module.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
-        if module.model.connectivity is not None:
+        if module.model.connectivity is not None:  # drawn on the periodic evaluation's windows (the cache's val)
+            weights = connectivity_weights(module.model, list(val_batches(cache, module.val_rows, cfg.eval_batch_size,
+                                                                          module.device)))
             save_connectivity(module.model.connectivity.cpu(), tmp / CONNECTIVITY_FILE)
             plot_connectivity(*weights, meta["n_layers"], meta["n_heads"], tmp / CONNECTIVITY_FIGURE,
                               f"phase 2, connectivity {cfg.connectivity}, keep {predictor.cfg.keep}: learned edge weights "
                               f"(1 = the plain residual stream), seed {cfg.train.seed}")
+        if module.model.lora is not None:
+            OutputLoRA.merge(module.model.lm)  # the saved LM carries its adapter
+        save_lm(module.model.lm.cpu(), base_dir, tmp / LM_DIR, config)
         if module.model.value_residual is not None:
             save_value_residual(module.model.value_residual.cpu(), tmp / VALUE_RESIDUAL_FILE)
         if predictor is not None:
@@ -177,52 +148,48 @@ def build_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
             save_predictor(trained, tmp / PREDICTOR_FILE, extra={"phase2": to_dict(cfg), "encoder": cache.meta["encoder"],
                                                                  "runtime": {"skip": recorded_skip(meta)}})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    report = {
+    training = {
         "decoder": cfg.decoder,
         "base_val_nll": start["dense_nll"],
         "start_hard_nll": start["hard_nll"],
         "start_active_head_fraction": start["active_head_fraction"],
-        "dense_nll": float(scored["dense"].mean()),
-        "hard_nll": float(scored["hard"].mean()),
-        "deployed_nll": float(scored["deployed"].mean()) if "deployed" in scored else None,
         "soft_nll": final.get("soft_nll"),
         "active_head_fraction": final["active_head_fraction"],
-        "scored_positions": len(scored["hard"]),
-        "window_set": window_set,
         "router": str(predictor_file),
         "added_parameters": config["added_parameters"],
         "parameters_added": sum(config["added_parameters"][k] for k in ("connectivity", "value_residual", "adapter")),
-        "hard_minus_dense": float((scored["hard"] - scored["dense"]).mean()),
-        "connectivity_weights": (weight_summary(weights[0], module.model.connectivity.mask.cpu())
-                                 if weights is not None else None),
-        "scored_active_head_fraction": scored["active_head_fraction"],
         "cache_val": {"window_set": set_label("cache-val", cache.windows("val")[module.val_rows]),
                       **{k: final[k] for k in ("dense_nll", "hard_nll", "active_head_fraction")}},
         **data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0),
         **(module.refresher.report() if module.refresher is not None else {}),
-        "token_nll": {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored},
     }
-    return report, result
+    return training, result, module
 
 
-def build_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
-                       out_dir, checkpoint_root=None, tracker=None, heads_file=None,
-                       scoring: ScoringConfig | None = None, scores_file=None, predictor_seeds=None,
-                       seeds_dir=None) -> tuple[dict, TrainResult]:
-    """:func:`build_phase2`, then ``cfg.seeds - 1`` more trainings on other seeds: the report carries
-    the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds); every seed's per-position NLLs on
-    the final val set, ``dense`` and ``hard`` (seeds, P), go to ``scores_file``. ``predictor_seeds``:
-    phase 1's other seeds' routers (a directory of ``predictor_seed<i>.safetensors``): seed i of phase 2
-    starts from seed i of phase 1, so that the claims' intervals cover the router's own seed variance
-    (None: every seed from ``predictor_file``). ``seeds_dir``: where seed i's model directory goes
-    (``seed<i>``, as ``out_dir``; :func:`lookahead.core.seeds.kept_seeds`; None: discarded)."""
+def train_phase2_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_file, predictor_file, diffusion_dir,
+                       out_dir, seeds_dir, checkpoint_root=None, tracker=None, heads_file=None, predictor_seeds=None
+                       ) -> tuple[dict, TrainResult]:
+    """The ``phase2`` stage: :func:`train_phase2` over ``cfg.seeds`` seeds. Seed 0's model goes to
+    ``out_dir``, seed i's to ``seeds_dir``/``seed<i>`` (:func:`lookahead.core.seeds.kept_seeds`): what
+    the ``score_phase2`` stage reads. ``predictor_seeds``: phase 1's other seeds' routers (a directory
+    of ``predictor_seed<i>.safetensors``): seed i of phase 2 starts from seed i of phase 1, so that
+    the claims' intervals cover the router's own seed variance (None: every seed from
+    ``predictor_file``). Returns (the training report: every seed's figures in ``per_seed``, the
+    primary's training result)."""
     files = seed_routers(cfg, predictor_file, predictor_seeds)
+    runs: list[dict] = []
+
+    def run(c: Phase2Config, scratch: Path | None) -> tuple[dict, TrainResult]:
+        offset = c.train.seed - cfg.train.seed
+        training, result, _ = train_phase2(c, base_dir, tokens_dir, contexts_dir, init_file, files[offset], diffusion_dir,
+                                           seed_out(offset, scratch / "phase2") if scratch else out_dir,
+                                           checkpoint_root, None if scratch else tracker, heads_file)
+        runs.append(training)
+        return training, result
+
     with kept_seeds(seeds_dir) as seed_out:
-        return over_seeds(cfg, "phase2", SEEDED, lambda c, scratch: build_phase2(
-            c, base_dir, tokens_dir, contexts_dir, init_file, files[c.train.seed - cfg.train.seed], diffusion_dir,
-            seed_out(c.train.seed - cfg.train.seed, scratch / "phase2") if scratch else out_dir, checkpoint_root,
-            None if scratch else tracker, heads_file, scoring),
-            lambda runs: save_seed_scores(scores_file, runs))
+        _, result = over_seeds(cfg, "phase2", (), run)
+    return {"seeds": len(runs), "per_seed": runs}, result
 
 
 def seed_routers(cfg: Phase2Config, predictor_file, predictor_seeds) -> list[Path]:

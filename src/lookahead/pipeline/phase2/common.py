@@ -12,6 +12,7 @@ figures) scores the cache's val windows."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, 
 from lookahead.core.errors import LookaheadError
 from lookahead.core.windows import set_label
 from lookahead.lm.nll import token_nll
-from lookahead.pipeline.phase2.config import Phase2Config
+from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, Phase2Config
 from lookahead.train import data
 from lookahead.train.loop import TrainResult
 
@@ -216,3 +217,16 @@ def data_report(cfg: Phase2Config, cache: ContextCache, val_rows: np.ndarray, re
 def curve_rows(curve: list[dict], columns: list[str]) -> list[dict]:
     """A training or eval curve's rows restricted to ``columns`` (a missing or None value: blank)."""
     return [{k: r.get(k, "") if r.get(k) is not None else "" for k in columns} for r in curve]
+
+
+def decoder_sampler(decoder: str, diffusion_dir, gate_kind: str):
+    """The frozen diffusion head's :class:`TopologySampler` under ``decoder: diffusion`` (its module
+    imported by name: :data:`lookahead.pipeline.phase2.config.DECODER_MODULES`); None under ``mlp``."""
+    if decoder not in DECODER_MODULES:
+        return None
+    sampler = importlib.import_module(DECODER_MODULES[decoder]).TopologySampler
+    try:
+        return sampler(diffusion_dir, gate_kind)
+    except LookaheadError as err:
+        raise Phase2Error(f"phase2.decoder {decoder}: {err} (dvc.yaml passes decoder_inputs.weights: "
+                          f"{DECODER_INPUTS[decoder]['weights']} there)") from err

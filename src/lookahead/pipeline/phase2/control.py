@@ -21,18 +21,17 @@ from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.atomic import write_csv
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
-from lookahead.core.seeds import kept_seeds, over_seeds, seeded_headline
+from lookahead.core.seeds import kept_seeds, over_seeds
 from lookahead.core.windows import set_label
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import PositionTotals, token_nll
-from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, final_batches, final_label
+from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report
 from lookahead.pipeline.phase2.common import curve_rows, load_train_stream
-from lookahead.pipeline.phase2.common import routed_loss, save_lm, save_seed_scores, step_tokens, step_windows, teacher_lm
+from lookahead.pipeline.phase2.common import routed_loss, save_lm, step_tokens, step_windows, teacher_lm
 from lookahead.pipeline.phase2.common import val_batches, val_rows, windows_loss
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.train.checkpoints import checkpoint_dir
@@ -171,24 +170,12 @@ def control_config(cfg: Phase2Config, mask: StaticMask | None = None) -> dict:
     return out
 
 
-# metrics/control.json and metrics/static_control.json (lookahead.core.report)
-DATA_KEYS = ("train_steps", "train_tokens", "passes_over_cache", "passes_over_stream")
-CONTROL_SEEDED = ("val_nll",)
-# val_nll and dense_nll score the final val set (scored_positions); base_val_nll and start_val_nll the
-# cache's val windows (the periodic evaluation's, like phase 2's start_ figures)
-CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "scored_positions", *DATA_KEYS), CONTROL_SEEDED)
-STATIC_SEEDED = ("val_nll", "dense_nll")
-STATIC_HEADLINE = seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", "scored_positions",
-                                   *DATA_KEYS), STATIC_SEEDED)
-
-
-def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                  tracker=None, mask: StaticMask | None = None, scoring: ScoringConfig | None = None
-                  ) -> tuple[dict, TrainResult]:
+def train_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
+                  tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult, ControlModule]:
     """A control of phase 2: the base LM trained with phase 2's optimiser and schedule on the same
     windows in the same order, dense or (``mask``) under static pruning. Writes the LM to
-    ``out_dir``; returns the report (``token_nll``: per-position NLLs on the final val set, as
-    phase 2's) and the training result."""
+    ``out_dir``; returns (the training figures, the training result, the module). What it scores
+    on the scoring windows is :func:`lookahead.pipeline.phase2.score.score_control`'s."""
     from lookahead.core.atomic import atomic_dir
 
     cache = ContextCache(contexts_dir)
@@ -207,35 +194,40 @@ def build_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     start = module.evaluate(module.model)
     result = train(module, cfg.train, stage=stage, checkpoint_dir=ckpt, tracker=tracker)
     result.eval_curve.insert(0, {"step": 0, **start})
-    scored = module.score(module.model, final_batches(cfg, scoring or ScoringConfig(), tokens_dir, cache, module.device))
     lm = module.model.lm if mask is not None else module.model
     with atomic_dir(out_dir) as tmp:
         save_lm(lm.cpu(), base_dir, tmp, {stage: config})
-    data = data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0)
-    final = {k: float(v.mean()) for k, v in scored.items()}
     if mask is None:
-        report = {"base_val_nll": start["dense_nll"], "val_nll": final["dense"]}
+        training = {"base_val_nll": start["dense_nll"]}
     else:
         heads = config["mask"]["heads"]  # StaticMask.config's, listed once
-        report = {"start_val_nll": start["hard_nll"], "val_nll": final["hard"], "dense_nll": final["dense"],
-                  "active_head_fraction": len(heads) / mask.importance.numel(), "heads": heads, "skip": mask.skip}
-    return {**report, **data, "scored_positions": len(scored["dense"]),
-            "window_set": final_label(cfg, scoring or ScoringConfig(), tokens_dir, cache),
-            "cache_val": {"window_set": set_label("cache-val", cache.windows("val")[module.val_rows]), **module.last_eval},
-            "token_nll": scored}, result
+        training = {"start_val_nll": start["hard_nll"], "active_head_fraction": len(heads) / mask.importance.numel(),
+                    "heads": heads, "skip": mask.skip}
+    training.update(data_report(cfg, cache, module.val_rows, result, len(stream) if stream is not None else 0))
+    training["cache_val"] = {"window_set": set_label("cache-val", cache.windows("val")[module.val_rows]),
+                             **module.last_eval}
+    return training, result, module
 
 
-def build_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, checkpoint_root=None,
-                        tracker=None, mask: StaticMask | None = None, scoring: ScoringConfig | None = None,
-                        scores_file=None, seeds_dir=None) -> tuple[dict, TrainResult]:
-    """:func:`build_control` over ``cfg.seeds`` training seeds, as :func:`build_phase2_seeds`
-    (every seed's per-position NLLs to ``scores_file``; seed i's LM to ``seeds_dir``/``seed<i>``)."""
+def train_control_seeds(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir, seeds_dir, checkpoint_root=None,
+                        tracker=None, mask: StaticMask | None = None) -> tuple[dict, TrainResult]:
+    """The ``control`` and ``static_control`` stages: :func:`train_control` over ``cfg.seeds`` training
+    seeds, as :func:`lookahead.pipeline.phase2.build.train_phase2_seeds` (seed i's LM to
+    ``seeds_dir``/``seed<i>``); returns (the training report, the primary's training result)."""
     stage = "control" if mask is None else "static_control"
+    runs: list[dict] = []
+
+    def run(c: Phase2Config, scratch: Path | None) -> tuple[dict, TrainResult]:
+        offset = c.train.seed - cfg.train.seed
+        training, result, _ = train_control(c, base_dir, tokens_dir, contexts_dir,
+                                            seed_out(offset, scratch / stage) if scratch else out_dir, checkpoint_root,
+                                            None if scratch else tracker, mask)
+        runs.append(training)
+        return training, result
+
     with kept_seeds(seeds_dir) as seed_out:
-        return over_seeds(cfg, stage, CONTROL_SEEDED if mask is None else STATIC_SEEDED, lambda c, scratch: build_control(
-            c, base_dir, tokens_dir, contexts_dir,
-            seed_out(c.train.seed - cfg.train.seed, scratch / stage) if scratch else out_dir, checkpoint_root,
-            None if scratch else tracker, mask, scoring), lambda runs: save_seed_scores(scores_file, runs))
+        _, result = over_seeds(cfg, stage, (), run)
+    return {"seeds": len(runs), "per_seed": runs}, result
 
 
 def write_control_reports(result, outputs: dict) -> None:

@@ -1,0 +1,54 @@
+"""DVC stage `score_phase2`: score phase 2's LM and both controls — every seed's, as their training
+stages wrote them — on the scoring windows: the per-position NLLs evaluate pairs, and each one's
+headline and report. It trains nothing: a new test set reruns this stage (and evaluate) alone."""
+
+from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.core.cli import cli, parse_stage_args, print_config
+from lookahead.core.config import load_section, to_dict
+from lookahead.core.inputs import check_inputs
+from lookahead.core.report import write_metrics
+from lookahead.core.tracking import stage_run
+from lookahead.pipeline.phase2.score import CONTROL_HEADLINE, HEADLINE, STATIC_HEADLINE, read_training, score_phase2_seeds
+
+HEADLINES = {"phase2": HEADLINE, "control": CONTROL_HEADLINE, "static_control": STATIC_HEADLINE}
+
+
+def main(argv: list[str] | None = None) -> None:
+    paths = {
+        "base": "base model directory (input: the frozen LM phase 2's dense figures read where it froze its own)",
+        "tokens": "token streams directory (input: the scoring set's val windows)",
+        "contexts": "context cache directory (input: its val windows with windows: cache)",
+        "init": "init safetensors (input: the geometric features)",
+        "heads": "probe head statistics (input: the static control's importance)",
+        "predictor": "phase-1 predictor safetensors (input: decoder diffusion's gate kind)",
+        "diffusion": "decoder diffusion: the diffusion head directory (input: dvc.yaml passes decoder_inputs.weights)",
+    }
+    for stage in HEADLINES:
+        dashed = stage.replace("_", "-")
+        paths.update({
+            dashed: f"{stage}'s model directory (input)",
+            f"{dashed}-seeds": f"{stage}'s other seeds' models (input)",
+            f"{dashed}-training": f"{stage}'s training figures, json (input)",
+            f"{dashed}-scores": f"{stage}'s per-position val NLLs on the scoring set, every seed, safetensors (output)",
+            f"{dashed}-metrics": f"{stage}'s headline metrics json",
+            f"{dashed}-report": f"{stage}'s full report json",
+        })
+    args = parse_stage_args(__doc__, paths, argv)
+    scoring = load_section(args.params, "scoring", ScoringConfig)
+    if args.dry_run:
+        return print_config({"scoring": scoring})
+    check_inputs(args.inputs)
+    arg = lambda stage, part="": getattr(args, stage + (f"_{part}" if part else ""))  # noqa: E731
+    with stage_run("score_phase2", {"scoring": to_dict(scoring)}) as run:
+        reports = score_phase2_seeds({s: (arg(s), arg(s, "seeds")) for s in HEADLINES},
+                                     {s: read_training(arg(s, "training")) for s in HEADLINES}, args.base, args.tokens,
+                                     args.contexts, args.init, args.heads, args.predictor, args.diffusion, scoring,
+                                     {s: arg(s, "scores") for s in HEADLINES})
+        for stage, report in reports.items():  # in MLflow under the stage's name: one run holds all three
+            write_metrics(report, HEADLINES[stage], arg(stage, "metrics"), arg(stage, "report"))
+            run.log_metrics({stage: report})
+            run.log_artifact(arg(stage, "report"))
+
+
+if __name__ == "__main__":
+    cli(main)
