@@ -5,10 +5,11 @@ A family of model shapes from the default's 4 x 4 heads toward 16 x 16, one thin
 research chain run as a DVC experiment in a temporary directory:
 
     dvc exp run --temp -n hs-<L>x<H> -S base.arch.n_layers=L -S base.arch.n_heads=H [-S oracle...] \
-        phase2 control static_control
+        score_phase1 score_phase2
 
-which runs base → probe, init, contexts → oracle → phase 1 (its claims on the test windows) →
-phase 2 + the dense and static controls (their per-position NLLs on the same windows), and leaves
+which runs base → probe, init, contexts → oracle → phase 1 and its scoring (its claims on the test
+windows) → phase 2 + the dense and static controls and their scoring (their per-position NLLs on the
+same windows), and leaves
 out what the study does not read (modulator, pairs, diffusion, evaluate). The default's own run is
 the 4 x 4 point: its figures are read from the workspace, never rerun. Each point's figures go to
 ``metrics/head_scaling/<point>.json`` and are committed as soon as the point finishes (``--commit``,
@@ -49,9 +50,9 @@ CSV = Path("metrics/head_scaling.csv")
 FIGURE = Path("docs/figures/head_scaling.png")
 PAGE = Path("docs/research/head-scaling.md")
 BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
-TARGETS = ("phase2", "control", "static_control")
-STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "phase1", "phase2", "control",
-          "static_control")
+TARGETS = ("score_phase1", "score_phase2")  # and every stage they read: phase 1, phase 2 and both controls
+STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "phase1", "score_phase1", "phase2",
+          "control", "static_control", "score_phase2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,12 +182,12 @@ QUARTER = 0.25
 
 
 def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
-    """Phase 1 of the point at 75 % off: an experiment of the oracle and phase 1 alone (the base LM,
+    """Phase 1 of the point at 75 % off: an experiment of the oracle and phase 1 (and its scoring) alone (the base LM,
     probe, init and contexts restored from the point's run), and its phase-1 figures."""
     from lookahead.artifacts.val_scores import ScoringConfig
 
     name = f"{point.name}-keep{round(QUARTER * 100)}"
-    rev, times = run_point(point, log_dir, name, ("-S", f"predictor.keep={QUARTER}"), ("phase1",), rerun)
+    rev, times = run_point(point, log_dir, name, ("-S", f"predictor.keep={QUARTER}"), ("score_phase1",), rerun)
     params = read_params(rev)
     out = phase1_figures(rev, ScoringConfig(**params["scoring"]), params["base"]["arch"]["context_length"])
     return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
