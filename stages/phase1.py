@@ -9,7 +9,7 @@ from lookahead.core.tracking import stage_run
 from lookahead.graph.predictor import PredictorConfig
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.build import train_phase1_seeds
-from lookahead.pipeline.phase1.config import Phase1Config
+from lookahead.pipeline.phase1.config import Phase1Config, without_scoring
 from lookahead.pipeline.phase1.plots import write_phase1_reports
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         "pareto-figure": "Pareto png (output)",
     }, argv)
     configs = {
-        "phase1": load_section(args.params, "phase1", Phase1Config),
+        "phase1": without_scoring(load_section(args.params, "phase1", Phase1Config)),  # the scoring keys: score_phase1's
         "predictor": load_section(args.params, "predictor", PredictorConfig),
         "runtime": load_section(args.params, "runtime", RuntimeConfig),
     }

@@ -141,3 +141,25 @@ def test_score_phase2_scores_a_saved_control_as_the_trained_one(downstream_input
     if static:
         assert read_mask.heads() == mask.heads() and read_mask.skip == "query"
     _same(score_control(training, ControlModule(lm, module.cache, read_cfg, mask=read_mask), batches, label), memory)
+
+
+def test_the_scoring_keys_of_phase1_leave_what_training_saves_alone_and_set_the_scoring_oracle():
+    """``phase1.random_draws`` and the scoring oracle's search are ``score_phase1``'s: the training stage
+    trains and saves with them at their defaults (its files never depend on a key DVC does not rerun it
+    for), and the scoring oracle searches as the oracle stage did unless they say otherwise."""
+    from lookahead.core.config import to_dict
+    from lookahead.pipeline.phase1.config import without_scoring
+    from lookahead.pipeline.phase1.score import scoring_search
+
+    cfg = Phase1Config(random_draws=7, score_per_round=2, score_candidates=4, lambda_edge=0.5)
+    trained = without_scoring(cfg)
+    assert to_dict(trained) == to_dict(Phase1Config(lambda_edge=0.5))  # the defaults omitted: the same bytes
+    lazy = {"per_round": 1, "candidates": 8}  # the oracle stage's search
+    assert scoring_search(lazy, trained) == lazy and scoring_search({}, trained) == {}
+    assert scoring_search(lazy, cfg) == {"per_round": 2, "candidates": 4}
+    assert scoring_search({}, Phase1Config(score_candidates=0)) == {"candidates": 0}
+    for key, value in (("score_per_round", 0), ("score_candidates", -1)):
+        with pytest.raises(ConfigError, match=key):
+            Phase1Config(**{key: value})
+        with pytest.raises(ConfigError, match=key):
+            ScoringKeys(**{key: value})

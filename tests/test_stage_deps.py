@@ -106,3 +106,23 @@ def test_the_rerun_table_lists_each_params_key_where_dvc_yaml_does():
     for value in (True, 3, 0.5, "x", None, [1, 2]):
         assert table.edited(value) != value
     assert table.set_key({"a": {"b": 1}}, "a.b", 2) == {"a": {"b": 2}}
+
+
+def test_training_stages_list_their_keys_one_by_one_and_scoring_keys_rerun_scoring_only():
+    """Training and scoring apart (docs/pipeline.md): phase 1 and phase 2 list each key of their
+    sections they train with, the scoring keys of ``phase1`` are listed by ``score_phase1`` alone,
+    and no training stage lists ``scoring``: changing a scoring setting retrains nothing."""
+    import dataclasses
+
+    from lookahead.pipeline.phase1.config import SCORING_KEYS, Phase1Config
+    from lookahead.pipeline.phase2.config import Phase2Config
+
+    params = {s: spec.get("params", []) for s, spec in STAGES.items()}
+    phase1 = [f"phase1.{f.name}" for f in dataclasses.fields(Phase1Config) if f.name not in SCORING_KEYS]
+    assert [k for k in params["phase1"] if k.startswith("phase1")] == phase1
+    assert [k for k in params["phase2"] if k.startswith("phase2")] == [f"phase2.{f.name}" for f in dataclasses.fields(Phase2Config)]
+    assert {f"phase1.{k}" for k in SCORING_KEYS} <= set(params["score_phase1"])
+    for stage in ("phase1", "phase2", "control", "static_control"):
+        assert "scoring" not in params[stage] and not any(k.startswith("scoring.") for k in params[stage]), stage
+    scoring = sorted(s for s, keys in params.items() if "scoring" in keys)
+    assert scoring == ["evaluate", "score_phase1", "score_phase2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from lookahead.core.config import OMIT_DEFAULT
 from lookahead.core.errors import require
 from lookahead.train.loop import TrainConfig
 from lookahead.train.schedule import check_budget_schedule, tau_at
@@ -78,6 +79,11 @@ class Phase1Config:
     curve of router quality against oracle windows without recomputing the oracle."""
     static_twin: bool = True
     """Also train the same router on zeroed inputs (a learned static mask) for ``static_twin_gap``."""
+    score_per_round: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+    """The scoring oracle's greedy search (``score_phase1`` only): heads removed per round (None: the
+    oracle stage's ``oracle.per_round``, the search phase 1 distils from)."""
+    score_candidates: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+    """Its candidates tried per round (0: every head; None: the oracle stage's ``oracle.candidates``)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=200, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
@@ -111,6 +117,7 @@ class Phase1Config:
                 f"must be in [0, train.steps = {self.train.steps}]; got {self.finetune_steps}")
         require(self.nll_weight > 0 or self.distill > 0, "nll_weight",
                 "is 0 and so is distill: nothing would train the router (set one of them > 0)")
+        check_scoring_search(self)
 
     def tau(self, step: int) -> float:
         """τ at ``step`` (:func:`lookahead.train.schedule.tau_at`)."""
@@ -119,6 +126,25 @@ class Phase1Config:
     def noise(self, step: int) -> float:
         """The head gates' noise scale at ``step``, annealed like τ."""
         return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
+
+
+SCORING_KEYS = ("random_draws", "score_per_round", "score_candidates")
+"""The keys of ``phase1`` only the ``score_phase1`` stage reads (dvc.yaml lists them there alone)."""
+
+
+def without_scoring(cfg: Phase1Config) -> Phase1Config:
+    """``cfg`` with :data:`SCORING_KEYS` at their defaults: what the ``phase1`` stage trains with and
+    saves in its routers' files, so that their bytes never depend on a key DVC does not rerun it for."""
+    defaults = Phase1Config()
+    return dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in SCORING_KEYS})
+
+
+def check_scoring_search(cfg) -> None:
+    """``score_per_round`` ≥ 1 and ``score_candidates`` ≥ 0 where set."""
+    require(cfg.score_per_round is None or cfg.score_per_round >= 1, "score_per_round",
+            f"must be >= 1 or null (the oracle stage's); got {cfg.score_per_round}")
+    require(cfg.score_candidates is None or cfg.score_candidates >= 0, "score_candidates",
+            f"must be >= 0 (0 = every head) or null (the oracle stage's); got {cfg.score_candidates}")
 
 
 @dataclasses.dataclass
@@ -130,10 +156,15 @@ class ScoringKeys:
     """As :attr:`Phase1Config.random_draws`."""
     oracle: str = "greedy"
     """As :attr:`Phase1Config.oracle`."""
+    score_per_round: int | None = None
+    """As :attr:`Phase1Config.score_per_round`."""
+    score_candidates: int | None = None
+    """As :attr:`Phase1Config.score_candidates`."""
 
     def __post_init__(self) -> None:
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")
         require(self.oracle in ORACLES, "oracle", f"must be one of {', '.join(ORACLES)}; got {self.oracle!r}")
+        check_scoring_search(self)
 
 
 ORACLES = ("loo", "greedy", "none")

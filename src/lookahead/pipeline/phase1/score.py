@@ -127,9 +127,19 @@ def scoring_config(router_file, keys: ScoringKeys, training_file) -> tuple[Phase
     """(The seeds' training config as ``router_file`` records it, with the scoring stage's own keys
     from params; the training report ``training_file`` that :func:`train_phase1_seeds` wrote)."""
     _, meta = load_predictor(router_file)
-    cfg = dataclasses.replace(from_dict(Phase1Config, meta["phase1"]), random_draws=keys.random_draws,
-                              oracle=keys.oracle)
+    cfg = dataclasses.replace(from_dict(Phase1Config, meta["phase1"]), **dataclasses.asdict(keys))
     return cfg, json.loads(Path(training_file).read_text(encoding="utf-8"))
+
+
+def scoring_search(search: dict, cfg: Phase1Config) -> dict:
+    """The scoring oracle's greedy search: the oracle stage's (``search``, {} = exact), with
+    ``score_per_round`` and ``score_candidates`` where set."""
+    out = dict(search)
+    if cfg.score_per_round is not None:
+        out["per_round"] = cfg.score_per_round
+    if cfg.score_candidates is not None:
+        out["candidates"] = cfg.score_candidates
+    return out
 
 
 def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, heads_file, router_file, seeds_dir,
@@ -171,6 +181,7 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
             module.place(device)
             module.model = router.to(device)
             module.tau_now = c.tau(c.train.steps - 1)  # the last training step's, which the trained router scored at
+            module.search = scoring_search(module.search, c)
             modules.append(module)
         if scoring is None:
             scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
@@ -179,6 +190,8 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
                                  modules[1] if len(modules) > 1 else None))
     tokens = [r.pop("token_nll") for r in runs]
     out = with_spread(runs[0], runs[1:], SEEDED)
+    if cfg.score_per_round is not None or cfg.score_candidates is not None:  # another search than training's oracle
+        out["scoring_oracle_search"] = scoring_search(oracle.search if oracle is not None else {}, cfg)
     scores = {"dense": tokens[0]["dense"]}
     scores.update({k: np.stack([t[k] for t in tokens]) for k in TOKEN_NLL[1:] if all(k in t for t in tokens)})
     if scores_file is not None:
