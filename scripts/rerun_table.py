@@ -161,10 +161,11 @@ def measure() -> dict[str, list[str]]:
     return result
 
 
-def table(after: dict[str, list[str]], before: dict[str, list[str]] | None = None) -> str:
-    """Markdown rows: the modules whose edit reruns the same stages (before and after), grouped."""
+def table(after: dict[str, list[str]], before: dict[str, list[str]] | None = None, what: str = "module") -> str:
+    """Markdown rows: the modules (or params keys, ``what``) whose edit reruns the same stages (before
+    and after), grouped."""
     def cell(stages: list[str] | None) -> str:
-        return "(new module)" if stages is None else f"{len(stages)}: {', '.join(stages) or '—'}"
+        return f"(new {what})" if stages is None else f"{len(stages)}: {', '.join(stages) or '—'}"
 
     rows = defaultdict(list)
     for module, stages in after.items():
@@ -195,7 +196,7 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         return
     before = json.loads(args.before.read_text()) if args.before else None
-    print(table(result, before))
+    print(table(result, before, "key" if args.params else "module"))
     what = "params keys" if args.params else "modules"
     summed = f"\nStage reruns summed over the {len(result)} {what}: {sum(len(v) for v in result.values())}"
     if before is not None:
