@@ -22,7 +22,7 @@ from lookahead.graph.predictor import PredictorConfig, PredictorError, Structure
 from lookahead.graph.router_inputs import input_dim, lm_states
 from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.phase1.config import Phase1Config
-from lookahead.pipeline.phase1.final import capture
+from lookahead.graph.scoring import capture
 from lookahead.pipeline.phase1.module import distill_loss
 from tests.reference_head_graph import reference_forward
 from tests.test_runtime import tiny_olmo2

@@ -92,3 +92,26 @@ def random_heads_scores(lm, batches: list[torch.Tensor], fraction: float, n_laye
             per_batch.append(token_nll(execute(lm, ids, adjacency, gates, skip), windows[:, 1:]).flatten().double().cpu())
         results.append(torch.cat(per_batch).numpy())
     return np.mean(results, axis=0)
+
+
+def shuffled(inputs: list[tuple[torch.Tensor, torch.Tensor | None]], seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Router inputs, batch by batch ``(context (B, T, F), geo (B, T, G) or None)``, permuted across all
+    their positions (a fixed draw of ``seed``) and returned in the same shapes: the context shuffle."""
+    context = torch.cat([c.reshape(-1, c.shape[-1]) for c, _ in inputs])
+    perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(seed)).to(context.device)
+    geo = None if inputs[0][1] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, g in inputs])[perm]
+    context, start, out = context[perm], 0, []
+    for c, _ in inputs:
+        size = c.shape[0] * c.shape[1]
+        out.append((context[start : start + size].view(c.shape),
+                    None if geo is None else geo[start : start + size].view(*c.shape[:2], -1)))
+        start += size
+    return out
+
+
+def capture(static: float, router: float, oracle: float | None) -> float | None:
+    """(NLL_static − NLL_router) / (NLL_static − NLL_oracle): the share of the oracle's gain over
+    static pruning the router gets (None without an oracle or when the oracle gains nothing)."""
+    if oracle is None or static - oracle <= 0:
+        return None
+    return (static - router) / (static - oracle)

@@ -36,7 +36,7 @@ from lookahead.graph.deployed import Router, layer_routed, self_consistent
 from lookahead.graph.nodes import static_gates, top_k_gates
 from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
-from lookahead.graph.scoring import random_heads_scores, static_token_nll
+from lookahead.graph.scoring import capture, random_heads_scores, shuffled, static_token_nll
 from lookahead.lm.nll import token_nll
 
 
@@ -69,21 +69,6 @@ def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, 
 
 def _cat(parts: list[torch.Tensor]) -> np.ndarray:
     return torch.cat([p.flatten().double().cpu() for p in parts]).numpy()
-
-
-def shuffled(inputs: list[tuple[torch.Tensor, torch.Tensor | None]], seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Router inputs, batch by batch ``(context (B, T, F), geo (B, T, G) or None)``, permuted across all
-    their positions (a fixed draw of ``seed``) and returned in the same shapes: the context shuffle."""
-    context = torch.cat([c.reshape(-1, c.shape[-1]) for c, _ in inputs])
-    perm = torch.randperm(len(context), generator=torch.Generator().manual_seed(seed)).to(context.device)
-    geo = None if inputs[0][1] is None else torch.cat([g.reshape(-1, g.shape[-1]) for _, g in inputs])[perm]
-    context, start, out = context[perm], 0, []
-    for c, _ in inputs:
-        size = c.shape[0] * c.shape[1]
-        out.append((context[start : start + size].view(c.shape),
-                    None if geo is None else geo[start : start + size].view(*c.shape[:2], -1)))
-        start += size
-    return out
 
 
 @torch.no_grad()
@@ -253,14 +238,6 @@ def seed_figures(scored: dict) -> dict:
         "equal_macs_static_heads": scored.get("equal_macs_heads"),
         "static_pruning_at_equal_macs_nll": mean("static_equal_macs"),
     }
-
-
-def capture(static: float, router: float, oracle: float | None) -> float | None:
-    """(NLL_static − NLL_router) / (NLL_static − NLL_oracle): the share of the oracle's gain over
-    static pruning the router gets (None without an oracle or when the oracle gains nothing)."""
-    if oracle is None or static - oracle <= 0:
-        return None
-    return (static - router) / (static - oracle)
 
 
 CLAIMS = (("router_minus_static_pruning", "hard", "static"),

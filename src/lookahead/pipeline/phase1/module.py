@@ -18,10 +18,10 @@ from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.predictor import StructurePredictor
 from lookahead.graph.router_inputs import lm_input, router_context, states_before
 from lookahead.graph.runtime import forward_with_topology
-from lookahead.graph.scoring import GeoLookup, interpolate_curve, random_heads_nll, static_pruning_curve
+from lookahead.graph.scoring import (GeoLookup, capture, interpolate_curve, random_heads_nll, shuffled,
+                                     static_pruning_curve)
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase1.config import BELOW_MARGIN, Phase1Config
-from lookahead.pipeline.phase1.final import capture, shuffled
 from lookahead.train.loop import logs_step
 
 

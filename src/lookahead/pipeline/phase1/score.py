@@ -27,10 +27,9 @@ from lookahead.core.seeds import reseeded, with_spread
 from lookahead.graph.cost import deployed_macs
 from lookahead.graph.oracle import routing_stats
 from lookahead.graph.predictor import StructurePredictor, load_init, load_predictor, seed_router_name, twin_router_name
-from lookahead.graph.scoring import GeoLookup
+from lookahead.graph.scoring import GeoLookup, capture
 from lookahead.pipeline.phase1.config import Phase1Config, ScoringKeys
-from lookahead.pipeline.phase1.final import (CLAIMS, ScoringSet, capture, claims, routed, score_final, scoring_set,
-                                             seed_figures)
+from lookahead.pipeline.phase1.final import CLAIMS, ScoringSet, claims, routed, score_final, scoring_set, seed_figures
 from lookahead.pipeline.phase1.module import CACHE_KEYS, Phase1Module
 
 
