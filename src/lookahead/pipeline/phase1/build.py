@@ -17,13 +17,12 @@ router routes per token is measured, not assumed: ``dynamic_fraction`` and ``gat
 of its hard gates, ``context_shuffle_dnll`` (its router inputs permuted across val positions) and
 ``static_twin_gap`` (the same router trained on zeroed inputs, ``phase1.static_twin``).
 
-Two sets of windows (docs/reproducibility.md): the periodic evaluation (the curves and the Pareto picture)
-scores the context cache's val windows, labelled ``cache_val`` in the report; every headline figure
-— dense, the router on dense states and as deployed, static pruning, random heads, both oracles,
-recall, the routing statistics, the context shuffle and the static twin — scores the ``scoring``
-windows (the test set, or the selection set in comparisons; :mod:`lookahead.pipeline.phase1.final`),
-every seed, and their per-position NLLs go to ``data/val_nll/phase1.safetensors``: the claims carry
-95 % intervals over those positions and the seeds (:mod:`lookahead.core.intervals`).
+This stage trains (every seed's router and static twin, kept as files) and evaluates periodically on
+the context cache's val windows: the curves, the Pareto picture and the training report
+(``metrics/phase1_training.json``, labelled ``cache_val``). Every headline figure — dense, the router
+on dense states and as deployed, static pruning, random heads, both oracles, recall, the routing
+statistics, the context shuffle and the static twin — is the ``score_phase1`` stage's, on the
+``scoring`` windows (:mod:`lookahead.pipeline.phase1.score`, :mod:`lookahead.pipeline.phase1.final`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ every seed's, and each seed's static twin — and scored on the scoring windows,
 stage's figures merged in; the claims with their intervals. It trains nothing, so that a new test set,
 baseline or scoring setting reruns this stage alone. What a seed's figures are is
 :mod:`lookahead.pipeline.phase1.final`'s; :func:`score_phase1` also scores a router still in memory
-(:func:`lookahead.pipeline.phase1.build.build_phase1`)."""
+(:func:`lookahead.pipeline.phase1.run.build_phase1`)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "
 
 def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredictor, scoring: ScoringSet | None,
                  twin: Phase1Module | None = None) -> dict:
-    """One seed's report: its ``training`` figures (:func:`train_phase1`) and every final figure on
+    """One seed's report: its ``training`` figures (:func:`lookahead.pipeline.phase1.build.train_phase1`) and every final figure on
     the scoring set (:mod:`lookahead.pipeline.phase1.final`; their per-position values in
     ``token_nll``) — or, with ``scoring`` None, the cache's val windows, as the periodic evaluation.
     ``module``: the seed's (trained or read back: its LM, importance, config and ``tau_now``);
@@ -124,7 +124,8 @@ def _twin_figures(twin: Phase1Module, scoring: ScoringSet | None, hard_nll: floa
 
 def scoring_config(router_file, keys: ScoringKeys, training_file) -> tuple[Phase1Config, dict]:
     """(The seeds' training config as ``router_file`` records it, with the scoring stage's own keys
-    from params; the training report ``training_file`` that :func:`train_phase1_seeds` wrote)."""
+    from params; the training report ``training_file`` that
+    :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote)."""
     _, meta = load_predictor(router_file)
     cfg = dataclasses.replace(from_dict(Phase1Config, meta["phase1"]), **dataclasses.asdict(keys))
     return cfg, json.loads(Path(training_file).read_text(encoding="utf-8"))
@@ -144,8 +145,8 @@ def scoring_search(search: dict, cfg: Phase1Config) -> dict:
 def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, heads_file, router_file, seeds_dir,
                        twins_dir, training: dict, scoring_cfg: ScoringConfig, tokens_dir, oracle_dir=None,
                        scores_file=None) -> dict:
-    """The ``score_phase1`` stage: every seed's router (and static twin) as :func:`train_phase1_seeds`
-    wrote them, read back and scored on the scoring windows of ``tokens_dir``'s val stream
+    """The ``score_phase1`` stage: every seed's router (and static twin) as
+    :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote them, read back and scored on the scoring windows of ``tokens_dir``'s val stream
     (:func:`score_phase1`), with ``training`` (its report) merged in. Returns the stage's report: the
     :data:`SEEDED` figures' mean and sd over seeds (lookahead.core.seeds), the claims
     (:data:`lookahead.pipeline.phase1.final.CLAIMS`) with their intervals; every seed's per-position
