@@ -59,8 +59,8 @@ TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "
 
 def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredictor, scoring: ScoringSet | None,
                  twin: Phase1Module | None = None) -> dict:
-    """One seed's report: its ``training`` figures (:func:`lookahead.pipeline.phase1.build.train_phase1`) and every final figure on
-    the scoring set (:mod:`lookahead.pipeline.phase1.final`; their per-position values in
+    """One seed's report: its ``training`` figures (:func:`lookahead.pipeline.phase1.build.train_phase1`)
+    and every final figure on the scoring set (:mod:`lookahead.pipeline.phase1.final`; their per-position values in
     ``token_nll``) — or, with ``scoring`` None, the cache's val windows, as the periodic evaluation.
     ``module``: the seed's (trained or read back: its LM, importance, config and ``tau_now``);
     ``twin``: its static twin's module (``phase1.static_twin``; None: none)."""
@@ -146,7 +146,8 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
                        twins_dir, training: dict, scoring_cfg: ScoringConfig, tokens_dir, oracle_dir=None,
                        scores_file=None) -> dict:
     """The ``score_phase1`` stage: every seed's router (and static twin) as
-    :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote them, read back and scored on the scoring windows of ``tokens_dir``'s val stream
+    :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote them, read back and scored on the
+    scoring windows of ``tokens_dir``'s val stream
     (:func:`score_phase1`), with ``training`` (its report) merged in. Returns the stage's report: the
     :data:`SEEDED` figures' mean and sd over seeds (lookahead.core.seeds), the claims
     (:data:`lookahead.pipeline.phase1.final.CLAIMS`) with their intervals; every seed's per-position
