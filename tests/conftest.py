@@ -312,7 +312,7 @@ def second_tiny_run(tiny_runs):
 # Experiments queued in the tiny run: name -> (the param set, the stages it reruns).
 QUEUED_EXPERIMENTS = {
     # free connectivity on phase 2's router graph (its weights reach evaluate's rows, causality check, explainer)
-    "connectivity-both": ("phase2.connectivity=both", {"phase2", "evaluate"}),
+    "connectivity-both": ("phase2.connectivity=both", {"phase2", "score_phase2", "evaluate"}),
     "samples-3": ("evaluate.diffusion_samples=3", {"evaluate"}),  # tiny.yaml has 2: the last stage alone reruns
     # a scoring setting: the scoring stages and evaluate rerun, nothing trains (tiny.yaml has 2000 resamples)
     "resamples-300": ("scoring.resamples=300", {"score_phase1", "score_phase2", "evaluate"}),
