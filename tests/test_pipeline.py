@@ -387,8 +387,11 @@ def test_queued_experiments_land_in_the_same_mlflow_store(queued_experiments):
                               for stage, r in logged.items()), name
     (phase2,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "connectivity-both"
                  and r.data.tags.get("lookahead.stage") == "phase2"]
-    assert "hard_nll" in phase2.data.metrics
-    assert phase2.data.metrics["parameters_added"] > 0  # the connectivity's weights trained (the default adds none)
+    (scored,) = [r for r in runs if r.data.tags.get("lookahead.pipeline_id") == "connectivity-both"
+                 and r.data.tags.get("lookahead.stage") == "score_phase2"]
+    assert "hard_nll" in phase2.data.metrics  # the training's curve; its scoring run holds each stage's report
+    # the connectivity's weights trained (the default adds none)
+    assert scored.data.metrics["phase2.parameters_added"] > 0 and "phase2.hard_nll" in scored.data.metrics
     # nothing was written inside DVC's temporary workspace
     assert not list((path / ".dvc" / "tmp").rglob("mlflow.db"))
     shown = sh(["dvc", "exp", "show", "--json"], path, env)
