@@ -150,7 +150,6 @@ def write_metrics(report: dict[str, Any], headline_keys: Mapping[str, FigurePath
     stage whose headline has them under some settings only, written even where empty."""
     results, timing = split_timings(report)
     headline = pick(results, headline_keys)
-    write_json(report_path, results)
     parts = split_headline(headline)
     write_json(metrics_path, parts.pop(""))
     for part, figures in parts.items():
@@ -158,11 +157,7 @@ def write_metrics(report: dict[str, Any], headline_keys: Mapping[str, FigurePath
             write_json(sibling_path(metrics_path, part), figures)
         else:  # a stale sibling of an earlier headline would be read back with this one
             sibling_path(metrics_path, part).unlink(missing_ok=True)
-    write_json(timing_path(metrics_path), timing)
-    if tracker is not None:
-        tracker.log_metrics(report)
-        tracker.log_artifact(report_path)
-        tracker.log_artifact(timing_path(metrics_path))
+    _write_report(report, results, timing, report_path, timing_path(metrics_path), tracker)
     return headline
 
 
@@ -171,10 +166,17 @@ def write_report(report: dict[str, Any], report_path: str | os.PathLike, tracker
     timings beside it (``<report>_timing.json``, git-ignored like every timing file); log both to
     ``tracker``. Returns the report as written (without its timings)."""
     results, timing = split_timings(report)
+    _write_report(report, results, timing, report_path, timing_path(report_path), tracker)
+    return results
+
+
+def _write_report(report: dict[str, Any], results: dict[str, Any], timing: dict[str, Any],
+                  report_path: str | os.PathLike, timing_file: Path, tracker=None) -> None:
+    """Write ``results`` (the report without its timings) and ``timing``; log the whole ``report`` and
+    both files to ``tracker``."""
     write_json(report_path, results)
-    write_json(timing_path(report_path), timing)
+    write_json(timing_file, timing)
     if tracker is not None:
         tracker.log_metrics(report)
         tracker.log_artifact(report_path)
-        tracker.log_artifact(timing_path(report_path))
-    return results
+        tracker.log_artifact(timing_file)
