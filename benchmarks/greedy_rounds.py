@@ -32,10 +32,9 @@ import torch
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
-    from lookahead.artifacts.contexts import read_context_length
+    from lookahead.artifacts.contexts import ContextCache, read_context_length
     from lookahead.artifacts.probe_heads import head_importance
-    from lookahead.artifacts.val_scores import ScoringConfig, batches, scoring_windows
-    from lookahead.core.config import load_section
+    from lookahead.artifacts.val_scores import batches, load_scoring, scoring_windows
     from lookahead.core.intervals import paired_interval, ratio_interval
     from lookahead.graph.nodes import keep_count
     from lookahead.graph.oracle import gates_nll, greedy_gates, greedy_trials
@@ -44,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="models/base")
     parser.add_argument("--tokens", default="data/tokens")
+    parser.add_argument("--contexts", default="data/contexts", help="the context cache (the test set is chosen apart from it)")
     parser.add_argument("--heads", default="data/probe/heads.safetensors")
     parser.add_argument("--params", default="params.yaml", help="its scoring section picks the windows")
     parser.add_argument("--set", default="selection", choices=("selection", "test"))
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
     total = n_layers * n_heads
     k = keep_count(total, n_layers, args.keep, per_layer=False)
-    scoring = dataclasses.replace(load_section(args.params, "scoring", ScoringConfig), set=args.set)
-    windows = scoring_windows(args.tokens, scoring, read_context_length(args.params))
+    scoring = dataclasses.replace(load_scoring(args.params), set=args.set)
+    windows = scoring_windows(args.tokens, scoring, read_context_length(args.params), cache=ContextCache(args.contexts))
     if args.windows:
         windows = windows[: args.windows]
     window = windows.shape[1] - 1

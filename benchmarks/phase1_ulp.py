@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from lookahead.artifacts.contexts import read_context_length
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import load_scoring
 from lookahead.core.cli import first_vector_math_call
 from lookahead.core.config import load_section
 from lookahead.graph.predictor import PredictorConfig
@@ -90,7 +90,7 @@ def main() -> None:
     cfg = load_section(args.params, "phase1", Phase1Config)
     predictor_cfg = load_section(args.params, "predictor", PredictorConfig)
     runtime_cfg = load_section(args.params, "runtime", RuntimeConfig)
-    scoring_cfg = load_section(args.params, "scoring", ScoringConfig)
+    scoring_cfg = load_scoring(args.params)
     committed = json.loads(Path("metrics/phase1_report.json").read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory(prefix="phase1-ulp-") as tmp:
         tmp = Path(tmp)

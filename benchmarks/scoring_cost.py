@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig, batches, scoring_windows
+from lookahead.artifacts.val_scores import batches, load_scoring, scoring_windows
 from lookahead.core.config import load_section
 from lookahead.graph.nodes import static_topology
 from lookahead.graph.plan import execute
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timings per pass (the fastest is kept)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    scoring = load_section("params.yaml", "scoring", ScoringConfig)
+    scoring = load_scoring("params.yaml")
     phase1_seeds = load_section("params.yaml", "phase1", Phase1Config).seeds
     phase2_seeds = load_section("params.yaml", "phase2", Phase2Config).seeds
     base, lm2 = load_lm("models/base"), load_lm("models/phase2/lm")
@@ -87,7 +88,7 @@ def main() -> None:
     tensors, _ = load_init("models/init/init.safetensors")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     context_length = json.loads(Path("models/base/lookahead_config.json").read_text())["arch"]["context_length"]
-    windows = scoring_windows("data/tokens", scoring, context_length)
+    windows = scoring_windows("data/tokens", scoring, context_length, cache=ContextCache("data/contexts"))
     sets = {"scoring": batches(windows, scoring.batch_size, "cpu"),
             "old": batches(windows[:OLD_WINDOWS], scoring.batch_size, "cpu")}
     with torch.no_grad():
@@ -95,7 +96,7 @@ def main() -> None:
         _, gates = p1(router_context(p1.cfg.input, base, ids, None), geo(ids) if p1.geo_dim else None, hard=True)
     phase1_static = static_topology(importance, float(gates[..., 1:].mean()), skip1)
     control_static = static_topology(mask.importance, mask.fraction, mask.skip)
-    out = {"scoring_windows": scoring.windows, "old_windows": OLD_WINDOWS,
+    out = {"scoring_windows": scoring.roles.per_role, "old_windows": OLD_WINDOWS,
            "positions": int(windows[:, 1:].numel()), "rounds": args.rounds}
     for name, bs in sets.items():
         out[f"phase1_s_{name}"] = (timed(lambda: dense(base, bs), args.rounds)

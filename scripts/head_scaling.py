@@ -51,7 +51,7 @@ FIGURE = Path("docs/figures/head_scaling.png")
 PAGE = Path("docs/research/head-scaling.md")
 BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
 TARGETS = ("score_phase1", "score_phase2")  # and every stage they read: phase 1, phase 2 and both controls
-STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "phase1", "score_phase1", "phase2",
+STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "static_baselines", "phase1", "score_phase1", "phase2",
           "control", "static_control", "score_phase2")
 
 
@@ -184,12 +184,12 @@ QUARTER = 0.25
 def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
     """Phase 1 of the point at 75 % off: an experiment of the oracle and phase 1 (and its scoring) alone (the base LM,
     probe, init and contexts restored from the point's run), and its phase-1 figures."""
-    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.artifacts.val_scores import scoring_from_params
 
     name = f"{point.name}-keep{round(QUARTER * 100)}"
     rev, times = run_point(point, log_dir, name, ("-S", f"predictor.keep={QUARTER}"), ("score_phase1",), rerun)
     params = read_params(rev)
-    out = phase1_figures(rev, ScoringConfig(**params["scoring"]), params["base"]["arch"]["context_length"])
+    out = phase1_figures(rev, scoring_from_params(params), params["base"]["arch"]["context_length"])
     return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
 
 def read_json(rev: str | None, path: str) -> dict:
@@ -267,7 +267,7 @@ def phase1_figures(rev: str | None, scoring, window: int) -> dict:
 def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     """Every claim of one point, from its phase-1 report and the per-position NLLs of phase 1,
     phase 2 and both controls on the same test windows (rev None: the workspace's default run)."""
-    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.artifacts.val_scores import scoring_from_params
     from lookahead.graph.cost import macs_per_token, window_at_macs_ratio
     from lookahead.pipeline.evaluate.claims import trained_claims
 
@@ -275,7 +275,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     arch, skip = params["base"]["arch"], params["runtime"]["skip"]
     if (arch["n_layers"], arch["n_heads"]) != (point.layers, point.heads):
         sys.exit(f"error: {point.name}: the run holds {arch['n_layers']}x{arch['n_heads']} heads")
-    scoring = ScoringConfig(**params["scoring"])
+    scoring = scoring_from_params(params)
     window = arch["context_length"]
     phase1 = phase1_figures(rev, scoring, window)
     out = {"point": point.name, "n_layers": point.layers, "n_heads": point.heads, "heads": point.total,

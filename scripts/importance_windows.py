@@ -19,7 +19,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
+from lookahead.artifacts.val_scores import scoring_from_params, scoring_windows
 from lookahead.graph.nodes import static_topology
 from lookahead.graph.plan import execute
 from lookahead.lm.nll import token_nll
@@ -47,8 +47,7 @@ def main() -> None:
     window = min(probe["head_window"], arch["context_length"])
     lm = AutoModelForCausalLM.from_pretrained("models/base", dtype=torch.float32).eval()
     stream = data.load_stream("data/tokens", args.stream)
-    selection = scoring_windows("data/tokens", ScoringConfig(**{**params["scoring"], "set": "selection"}),
-                                arch["context_length"])
+    selection = scoring_windows("data/tokens", scoring_from_params(params), arch["context_length"], "selection")
     out = {"stream": args.stream, "keep": params["predictor"]["keep"], "scored_on": "selection"}
     for batches in args.batches:
         importance = np.mean([probe_heads(lm, [data.train_batch(stream, step=b, batch_size=probe["head_batch_size"],

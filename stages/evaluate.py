@@ -1,7 +1,7 @@
 """DVC stage `evaluate`: the final table (held-out NLL, active fractions, FLOPs and measured speed of
 every LM and topology against dense baselines), the causality check and the explainer figure."""
 
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import load_scoring
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         "page": "explainer html (inline svg, self-contained) (output)",
     }, argv)
     cfg = load_section(args.params, "evaluate", EvaluateConfig)
-    scoring = load_section(args.params, "scoring", ScoringConfig)
+    scoring = load_scoring(args.params)
     if args.dry_run:
         return print_config({"evaluate": cfg, "scoring": scoring})
     check_inputs(args.inputs)

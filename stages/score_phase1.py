@@ -3,7 +3,7 @@ scoring windows — dense, the router on dense states and as deployed, static pr
 both label-free oracles — and the claims with their intervals. It trains nothing: a new test set or
 baseline reruns this stage alone."""
 
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import load_scoring
 from lookahead.core.cli import cli, parse_stage_args, print_config
 from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         "report": "full report json",
     }, argv)
     keys = load_section(args.params, "phase1", ScoringKeys, partial=True)
-    scoring = load_section(args.params, "scoring", ScoringConfig)
+    scoring = load_scoring(args.params)
     if args.dry_run:
         return print_config({"phase1 (the keys scoring reads)": keys, "scoring": scoring})
     check_inputs(args.inputs)

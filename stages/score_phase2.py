@@ -2,9 +2,9 @@
 stages wrote them — on the scoring windows: the per-position NLLs evaluate pairs, and each one's
 headline and report. It trains nothing: a new test set reruns this stage (and evaluate) alone."""
 
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import load_scoring
 from lookahead.core.cli import cli, parse_stage_args, print_config
-from lookahead.core.config import load_section, to_dict
+from lookahead.core.config import to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{dashed}-report": f"{stage}'s full report json",
         })
     args = parse_stage_args(__doc__, paths, argv)
-    scoring = load_section(args.params, "scoring", ScoringConfig)
+    scoring = load_scoring(args.params)
     if args.dry_run:
         return print_config({"scoring": scoring})
     check_inputs(args.inputs)

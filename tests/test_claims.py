@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from lookahead.artifacts.val_scores import ScoresError, ScoringConfig, load_scores, paired, save_scores, scoring_windows
+from lookahead.artifacts.val_scores import ScoresError, ScoringConfig, WindowsConfig, load_scores, paired, save_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.core.intervals import claim_figures, paired_interval
@@ -69,21 +69,29 @@ def test_scores_pair_seed_by_seed_position_by_position(tmp_path):
         load_scores(tmp_path / "missing.safetensors")
 
 
+NO_CACHE = np.zeros((0, 10), dtype=np.int64)
+"""A context cache without val windows, for streams no cache was drawn from."""
+
+
 def test_scoring_windows_are_a_seeded_choice_of_non_overlapping_val_windows(tmp_path):
     stream = np.arange(1000, dtype=np.int32) % 997
     np.save(tmp_path / "val.npy", stream)
-    cfg = ScoringConfig(windows=20, seed=3)
-    windows = scoring_windows(tmp_path, cfg, context_length=9)  # windows of 10 tokens, every 9: 111 of them
+    cfg = ScoringConfig(roles=WindowsConfig(per_role=20, seed=3))
+    windows = scoring_windows(tmp_path, cfg, context_length=9, cache=NO_CACHE)  # windows of 10 tokens, every 9: 111
     assert windows.shape == (20, 10) and windows.dtype == torch.int64
     starts = windows[:, 0].numpy()
     assert (np.diff(starts) >= 9).all() and (starts % 9 == 0).all()  # in stream order, no target scored twice
     assert all(np.array_equal(w.numpy(), stream[s : s + 10]) for w, s in zip(windows, starts))
-    assert torch.equal(windows, scoring_windows(tmp_path, cfg, 9))
-    assert not torch.equal(windows, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=4), 9))
+    assert torch.equal(windows, scoring_windows(tmp_path, cfg, 9, cache=NO_CACHE))
+    other = ScoringConfig(roles=WindowsConfig(per_role=20, seed=4))
+    assert not torch.equal(windows, scoring_windows(tmp_path, other, 9, cache=NO_CACHE))
     # the bootstrap's seed is its own: another one redraws intervals, never windows
-    assert torch.equal(windows, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, bootstrap_seed=7), 9))
-    with pytest.raises(ConfigError, match="scoring.windows.*only 111"):
-        scoring_windows(tmp_path, ScoringConfig(windows=112), 9)
+    redrawn = ScoringConfig(roles=WindowsConfig(per_role=20, seed=3), bootstrap_seed=7)
+    assert torch.equal(windows, scoring_windows(tmp_path, redrawn, 9, cache=NO_CACHE))
+    with pytest.raises(ConfigError, match="windows.per_role.*only 111"):
+        scoring_windows(tmp_path, ScoringConfig(roles=WindowsConfig(per_role=112)), 9, cache=NO_CACHE)
+    with pytest.raises(ScoresError, match="apart from the context cache"):  # the test set is never chosen without it
+        scoring_windows(tmp_path, cfg, 9)
 
 
 def test_the_init_perturbation_moves_a_seeded_share_by_exactly_one_ulp():
@@ -278,26 +286,62 @@ def test_a_ratio_of_sums_gets_its_window_bootstrap_and_seed_spread():
     assert out["ci_low"] < out["mean"] < out["ci_high"]
 
 
-def test_the_selection_set_is_as_large_as_the_test_set_and_disjoint_from_it(tmp_path):
-    from lookahead.artifacts.val_scores import check_disjoint, scoring_spans
+def test_the_four_roles_are_disjoint_and_no_test_window_borders_another_role(tmp_path):
+    from lookahead.artifacts.val_scores import check_disjoint, scoring_spans, window_roles
 
-    np.save(tmp_path / "val.npy", np.arange(1000, dtype=np.int32) % 997)
-    test = scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3), 9)
-    selection = scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, set="selection"), 9)
-    assert selection.shape == test.shape and not set(selection[:, 0].tolist()) & set(test[:, 0].tolist())
-    assert torch.equal(test, scoring_windows(tmp_path, ScoringConfig(windows=20, seed=3, set="selection"), 9, "test"))
-    spans = {s: scoring_spans(tmp_path, ScoringConfig(windows=20, seed=3, set=s), 9) for s in ("test", "selection")}
-    assert [a for _, a, _ in spans["test"]] == test[:, 0].tolist()
-    # neighbouring windows share their boundary token (stride T, T + 1 tokens): the spans overlap by one token only
-    # where they touch, which check_disjoint counts: the sets are disjoint in windows, not always in boundary tokens
-    inner = {"selection": [(s, a + 1, b - 1) for s, a, b in spans["selection"]]}
-    check_disjoint(inner, spans["test"])
-    with pytest.raises(ScoresError, match="overlap the scoring windows"):
+    stream = np.arange(3000, dtype=np.int32) % 2999  # 333 windows of 10 tokens, every 9
+    np.save(tmp_path / "val.npy", stream)
+    every = torch.from_numpy(stream[: 333 * 9 + 1].astype(np.int64)).unfold(0, 10, 9)
+    cache = every[np.sort(np.random.default_rng(5).choice(333, 12, replace=False))].numpy()
+    roles = WindowsConfig(per_role=20, seed=3)
+    got = {r: scoring_windows(tmp_path, ScoringConfig(roles=roles), 9, r, cache) for r in ("fit", "selection", "test")}
+    index = {r: set((w[:, 0] // 9).tolist()) for r, w in got.items()} | {"cache": set((cache[:, 0] // 9).tolist())}
+    assert all(len(index[r]) == 20 for r in ("fit", "selection", "test")) and len(index["cache"]) == 12
+    names = list(index)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not index[a] & index[b] or {a, b} == {"fit", "cache"} or {a, b} == {"selection", "cache"}, (a, b)
+    others = index["fit"] | index["selection"] | index["cache"]
+    assert not {t + d for t in index["test"] for d in (-1, 0, 1)} & others  # not in, not adjacent to, another role
+    # fit and selection are the old test and selection sets: the windows nothing was chosen on are the new test set
+    old = window_roles(333, roles)
+    assert np.array_equal(old["fit"], np.sort(np.random.default_rng([3, 42]).choice(333, 20, replace=False)))
+    assert torch.equal(got["selection"], scoring_windows(tmp_path, ScoringConfig(roles=roles, set="selection"), 9))
+    spans = {r: scoring_spans(tmp_path, ScoringConfig(roles=roles), 9, r, cache) for r in ("fit", "selection", "test")}
+    assert [a for _, a, _ in spans["test"]] == got["test"][:, 0].tolist()
+    check_disjoint({"fit": spans["fit"], "selection": spans["selection"]}, spans["test"])  # not one token shared
+    with pytest.raises(ScoresError, match=r"the test set itself read val tokens .* \(val window \d+: tokens"):
         check_disjoint({"the test set itself": spans["test"][:1]}, spans["test"])
     with pytest.raises(ConfigError, match="set: must be one of test, selection"):
         ScoringConfig(set="validation")
-    with pytest.raises(ConfigError, match="test and selection sets need 2 x 60"):
-        scoring_windows(tmp_path, ScoringConfig(windows=60), 9)
+    with pytest.raises(ConfigError, match="windows.per_role.*only 333 non-overlapping windows"):
+        scoring_windows(tmp_path, ScoringConfig(roles=WindowsConfig(per_role=170)), 9, "fit")
+    with pytest.raises(ConfigError, match="windows.per_role.*only \\d+ of the val stream's 333 windows"):
+        scoring_windows(tmp_path, ScoringConfig(roles=WindowsConfig(per_role=110)), 9, cache=cache)
+
+
+def test_a_scoring_stage_refuses_a_choice_that_read_a_test_window(tmp_path):
+    from lookahead.artifacts.val_scores import refuse_choices_on_test, scoring_spans
+
+    np.save(tmp_path / "val.npy", np.arange(3000, dtype=np.int32) % 2999)
+
+    class Cache:  # the context cache's val windows: three of the stream's
+        context_length = 9
+
+        def windows(self, split):
+            return np.stack([np.arange(3000, dtype=np.int64)[i * 9 : i * 9 + 10] % 2999 for i in (4, 50, 200)])
+
+    cfg = ScoringConfig(roles=WindowsConfig(per_role=20, seed=3))
+    fit = scoring_spans(tmp_path, cfg, 9, "fit")
+    refuse_choices_on_test(cfg, tmp_path, Cache(), {"static_baselines (fit windows)": fit})
+    test = scoring_spans(tmp_path, cfg, 9, "test", Cache())
+    leaked = ("val", test[3][1] + 2, test[3][1] + 5)  # a chooser that read three tokens of a test window
+    with pytest.raises(ScoresError, match=rf"static_baselines \(fit windows\) read val tokens .* \(val window "
+                                          rf"{test[3][1] // 9}: tokens"):
+        refuse_choices_on_test(cfg, tmp_path, Cache(), {"static_baselines (fit windows)": fit + [leaked]})
+    # scoring the selection set is what choosing is for: nothing to refuse
+    refuse_choices_on_test(ScoringConfig(roles=cfg.roles, set="selection"), tmp_path, Cache(),
+                           {"static_baselines (fit windows)": fit + [leaked]})
 
 
 def test_score_files_record_their_windows_and_refuse_to_pair_other_windows(tmp_path):
@@ -322,8 +366,9 @@ def test_head_importance_reads_no_scoring_window_and_the_check_catches_one_that_
     rng = np.random.default_rng(0)
     for split, n in (("train", 20000), ("val", 4000)):
         np.save(tmp_path / f"{split}.npy", rng.integers(0, 100, n).astype(np.int32))
-    cfg, scoring = probe.ProbeConfig(head_window=32, head_batches=2, head_batch_size=8), ScoringConfig(windows=40)
-    scored = scoring_spans(tmp_path, scoring, 32) + scoring_spans(tmp_path, ScoringConfig(windows=40, set="selection"), 32)
+    cfg, scoring = probe.ProbeConfig(head_window=32, head_batches=2, head_batch_size=8), ScoringConfig(roles=WindowsConfig(per_role=12))
+    scored = [span for role in ("fit", "selection", "test")
+              for span in scoring_spans(tmp_path, scoring, 32, role, np.zeros((0, 33), dtype=np.int64))]
     chosen = probe.importance_spans(cfg, tmp_path, 32)
     assert len(chosen) == len(cfg.seeds) * 2 * 8 and {s for s, _, _ in chosen} == {"train"}
     check_disjoint({"head importance": chosen}, scored)

@@ -34,7 +34,7 @@ def test_every_profile_validates(repo_root):
         configs = validate_all(profile)
         assert set(configs) == {"launch", "corpus", "wordnet", "tokenizer", "base", "probe", "init", "modulator",
                                 "predictor", "runtime", "contexts", "oracle", "phase1", "pairs", "diffusion", "phase2",
-                                "decoder_inputs", "scoring", "evaluate"}
+                                "decoder_inputs", "static_baselines", "windows", "scoring", "evaluate"}
 
 
 def test_default_profile_is_params_yaml(repo_root):

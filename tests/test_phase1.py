@@ -219,9 +219,9 @@ def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(
     pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
     cache = ContextCache(phase_inputs["contexts"])
     windows = torch.from_numpy(cache.windows("train")[:4].astype(np.int64))  # any windows the cache does not eval on
-    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig
 
-    scoring = scoring_set(ScoringConfig(windows=4, batch_size=2, resamples=200), windows, cache, "lm", "cpu")
+    scoring = scoring_set(ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2, resamples=200), windows, cache, "lm", "cpu")
     assert scoring.label == set_label("test", windows)
     metrics, _, module = build_phase1(cfg, pcfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
                                       phase_inputs["heads"], tmp_path / "p.safetensors",

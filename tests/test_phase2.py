@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, Phase2OutputError, load_phase2
-from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
+from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.core.seeds import one_run
@@ -198,7 +198,7 @@ def stream_run(downstream_inputs, tmp_path_factory):
         "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "device": "cpu"}})
     report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out",
-                                  heads_file=i["heads"], scoring=ScoringConfig(windows=8, batch_size=4))
+                                  heads_file=i["heads"], scoring=ScoringConfig(roles=WindowsConfig(per_role=8), batch_size=4))
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "router": router}
 
 
@@ -243,7 +243,8 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     assert report["passes_over_stream"] == pytest.approx(report["train_tokens"] / len(stream))
     assert {"nll", "kl"} <= set(stream_run["result"].train_curve[0])  # distill 0.5: the KL is trained on
     lm = AutoModelForCausalLM.from_pretrained(out / LM_DIR, dtype=torch.float32).eval()
-    windows = scoring_windows(downstream_inputs["tokens"], ScoringConfig(windows=8), cache.context_length)
+    windows = scoring_windows(downstream_inputs["tokens"], ScoringConfig(roles=WindowsConfig(per_role=8)), cache.context_length,
+                              cache=cache)
     assert report["scored_positions"] == 8 * cache.context_length  # the scoring set, not the cache's val windows
     ids = windows[:, :-1]
     with torch.no_grad():
@@ -418,7 +419,7 @@ def test_a_refresh_distils_the_current_lms_greedy_oracle_into_the_routed_heads_o
     router.set_always_on([0])
     router.requires_grad_(False)
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32)
-    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(windows=2), 16)[:, :-1]
+    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(roles=WindowsConfig(per_role=2)), 16, "selection")[:, :-1]
     refresher = Refresher(router, lr=3e-2, steps=1, windows=2)
     shared_row = router.to_gate.weight[0].clone()
     first = [refresher.step(lm, router, "query", ids, None) for _ in range(8)]
@@ -460,7 +461,7 @@ def test_phase2_with_refresh_trains_the_router_from_the_oracle_only(downstream_i
         "eval_batch_size": 2, "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2,
                                          "log_every": 1, "checkpoint_every": 0, "device": "cpu"}})
     report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"],
-                             tmp_path / "out", heads_file=i["heads"], scoring=ScoringConfig(windows=2, batch_size=2))
+                             tmp_path / "out", heads_file=i["heads"], scoring=ScoringConfig(roles=WindowsConfig(per_role=2), batch_size=2))
     before, _ = load_predictor(router)
     after, _ = load_predictor(tmp_path / "out" / PREDICTOR_FILE)
     assert report["refreshes"] == 2 and 0 <= report["refresh_recall_mean"] <= 1 and report["refresh_seconds"] > 0
@@ -488,7 +489,7 @@ def test_softmax_gate_weights_scale_the_kept_routed_heads_by_their_softmax_weigh
     router.set_always_on([0])
     router.cfg = dataclasses.replace(router.cfg, weights="softmax", keep=0.75)
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32).eval()
-    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(windows=2), 16)[:, :-1]
+    ids = scoring_windows(phase_inputs["tokens"], ScoringConfig(roles=WindowsConfig(per_role=2)), 16, "selection")[:, :-1]
     with torch.no_grad():
         logits, (adjacency, g) = Phase2Model(lm, router.eval(), "query")(ids, hard=True)
         routed = g[..., 2:]
@@ -510,7 +511,7 @@ def _added_run(downstream_inputs, tmp_path, **changes):
         "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "device": "cpu"}})
     report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"],
-                             tmp_path / "out", scoring=ScoringConfig(windows=8, batch_size=4))
+                             tmp_path / "out", scoring=ScoringConfig(roles=WindowsConfig(per_role=8), batch_size=4))
     return report, tmp_path / "out"
 
 

@@ -31,7 +31,8 @@ from lookahead.core.report import MAX_HEADLINE, read_headline
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "phase1", "score_phase1",
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "static_baselines",
+          "phase1", "score_phase1",
           "pairs", "diffusion", "phase2", "control", "static_control", "score_phase2", "evaluate")
 TRAINING = ("phase1", "phase2", "control", "static_control")
 """Stages that train and write no headline: a scoring stage writes ``metrics/<stage>.json`` for each."""
@@ -243,7 +244,7 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
 
     from lookahead.artifacts.contexts import ContextCache
     from lookahead.artifacts.probe_heads import head_importance
-    from lookahead.artifacts.val_scores import ScoringConfig, load_scores, scoring_windows
+    from lookahead.artifacts.val_scores import load_scores, load_scoring, scoring_windows
     from lookahead.core.config import load_section
     from lookahead.core.seeds import reseeded
     from lookahead.graph.predictor import PredictorConfig, load_init, load_predictor
@@ -273,7 +274,7 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
         for key in keys:
             assert written[key].shape[0] == 2 and np.abs(scored[key] - written[key][1]).max() <= 1e-5, (stage, key)
 
-    cfg, scoring = load_section(params, "phase2", Phase2Config), load_section(params, "scoring", ScoringConfig)
+    cfg, scoring = load_section(params, "phase2", Phase2Config), load_scoring(params)
     cache = ContextCache(data / "contexts")
     batches = final_batches(cfg, scoring, data / "tokens", cache, "cpu")
     lm = base_lm(models / "control_seeds" / "seed1")
@@ -290,7 +291,7 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
     cfg1 = reseeded(load_section(params, "phase1", Phase1Config), 1)
     base = AutoModelForCausalLM.from_pretrained(models / "base", dtype=torch.float32)
     importance = head_importance(data / "probe" / "heads.safetensors")
-    windows = scoring_set(scoring, scoring_windows(data / "tokens", scoring, cache.context_length), cache,
+    windows = scoring_set(scoring, scoring_windows(data / "tokens", scoring, cache.context_length, cache=cache), cache,
                           load_section(params, "predictor", PredictorConfig).input, "cpu")
     seed1 = json.loads((path / "metrics" / "phase1_report.json").read_text())["per_seed"][1]
     for file, twin in (("seeds/predictor_seed1.safetensors", False), ("twins/twin_seed1.safetensors", True)):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.val_scores import ScoringConfig, load_scores, scoring_windows
+from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, load_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
 from lookahead.core.report import write_report
@@ -45,7 +45,7 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
     cfg = Phase1Config(seeds=2, eval_batch_size=2, oracle="greedy", static_twin=True, random_draws=2,
                        train=TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, device="cpu"))
     pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
-    runtime, scoring_cfg = RuntimeConfig(skip="query"), ScoringConfig(windows=4, batch_size=2, resamples=200)
+    runtime, scoring_cfg = RuntimeConfig(skip="query"), ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2, resamples=200)
     router = tmp_path / "predictor.safetensors"
     training, _, _ = train_phase1_seeds(cfg, pcfg, i["base"], i["contexts"], i["init"], i["heads"], router,
                                         tmp_path / "seeds", tmp_path / "twins", runtime_cfg=runtime)
@@ -62,7 +62,8 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
                                 scores_file=tmp_path / "scores.safetensors")
 
     cache = ContextCache(i["contexts"])
-    scoring = scoring_set(scoring_cfg, scoring_windows(i["tokens"], scoring_cfg, cache.context_length), cache, "lm", "cpu")
+    scoring = scoring_set(scoring_cfg, scoring_windows(i["tokens"], scoring_cfg, cache.context_length, cache=cache), cache,
+                          "lm", "cpu")
     memory, _, _ = build_phase1(cfg, pcfg, i["base"], i["contexts"], i["init"], i["heads"], tmp_path / "again.safetensors",
                                 runtime_cfg=runtime, scoring=scoring)
     assert (tmp_path / "again.safetensors").read_bytes() == router.read_bytes()  # the same training
@@ -108,7 +109,7 @@ def test_score_phase2_scores_the_saved_phase2_model_as_the_trained_one(downstrea
     cfg = _phase2_cfg(**changes)
     training, _, module = train_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"],
                                        tmp_path / "out", heads_file=i["heads"])
-    scoring = ScoringConfig(windows=4, batch_size=2)
+    scoring = ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2)
     batches = final_batches(cfg, scoring, i["tokens"], module.cache, "cpu")
     label = final_label(cfg, scoring, i["tokens"], module.cache)
     memory = score_phase2(training, module, batches, label)
@@ -131,7 +132,7 @@ def test_score_phase2_scores_a_saved_control_as_the_trained_one(downstream_input
     mask = StaticMask(torch.tensor([[0.3, 0.1], [0.05, 0.2]]), 0.5, "query") if static else None
     stage = "static_control" if static else "control"
     training, _, module = train_control(cfg, i["base"], i["tokens"], i["contexts"], tmp_path / "out", mask=mask)
-    scoring = ScoringConfig(windows=4, batch_size=2)
+    scoring = ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2)
     batches = final_batches(cfg, scoring, i["tokens"], module.cache, "cpu")
     label = final_label(cfg, scoring, i["tokens"], module.cache)
     memory = score_control(training, module, batches, label)

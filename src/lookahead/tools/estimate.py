@@ -255,6 +255,20 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      note=f"greedy to {keep} of {heads} heads (per_round {orc.per_round}, candidates "
                           f"{orc.candidates or 'all'}): {removals} forwards per window"))
 
+    sb = configs["static_baselines"]
+    # importance: a forward and backward over the fit windows; the greedy static mask: a forward over its search
+    # windows per trial (every head still on, or the lazy search's candidates); both masks at every count on selection
+    steps_sb = heads - min(sb.min_keep, heads)
+    trials = (heads + sum(min(sb.candidates, heads - s) for s in range(1, steps_sb)) if sb.candidates
+              else sum(heads - s for s in range(steps_sb)))
+    search = min(sb.fit_windows or configs["windows"].per_role, configs["windows"].per_role)
+    sb_tokens = (trials * search + 2 * (heads + 1) * configs["windows"].per_role) * t
+    out.append(Stage("static_baselines", frozen=arch.params, forward_tokens=sb_tokens,
+                     flops=fwd * sb_tokens + 3 * fwd * configs["windows"].per_role * t, weights=lm_w,
+                     activations=4.0 * sb.batch_size * t * arch.vocab,
+                     note=f"greedy static mask: {trials} trial forwards over {search} fit windows; "
+                          f"{2 * (heads + 1)} masks on {configs['windows'].per_role} selection windows"))
+
     # the router: an MLP from the context features to rank-r node factors
     ctx_dim = {"cache": 384 if cx.encoder == "minilm" else 1024, "lm": 2 * arch.hidden, "embedding": arch.hidden,
                "layer": arch.hidden}[pred.input]
@@ -270,16 +284,16 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
                      note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
 
-    sc = configs["scoring"]
+    sc, per_role = configs["scoring"], configs["windows"].per_role
     # every seed's router: on dense states, as deployed (about one forward), its inputs shuffled, random heads,
     # its static twin; once: dense, static pruning at the router's heads and at its MACs (two counts), and the
     # oracles at K — leave-one-out (L·H + 1 forwards) and greedy (the oracle stage's search)
     oracle_rows = {"greedy": removals + 1 + heads + 1, "loo": heads + 1, "none": 0}[p1.oracle]
     s1_rows = p1.seeds * (3 + p1.random_draws + (1 if p1.static_twin else 0)) + 4 + oracle_rows
-    s1_tokens = s1_rows * sc.windows * t
+    s1_tokens = s1_rows * per_role * t
     out.append(Stage("score_phase1", frozen=arch.params + router, forward_tokens=s1_tokens, flops=p1_fwd * s1_tokens,
                      weights=lm_w + 4.0 * router, activations=4.0 * sc.batch_size * t * arch.vocab,
-                     note=f"{p1.seeds} seeds' routers and twins, ~{s1_rows} forwards per window over {sc.windows} windows"))
+                     note=f"{p1.seeds} seeds' routers and twins, ~{s1_rows} forwards per window over {per_role} windows"))
 
     pa = configs["pairs"]
     if pa.target == "eps_good":
@@ -318,17 +332,17 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                          note=f"{p2.seeds} seeds; phase 2's settings"))
 
     s2_rows = p2.seeds * (3 + 1 + 2)  # phase 2 dense, hard, deployed; the control dense; the static control both
-    s2_tokens = s2_rows * sc.windows * t
+    s2_tokens = s2_rows * per_role * t
     out.append(Stage("score_phase2", frozen=arch.params + router, forward_tokens=s2_tokens, flops=fwd * s2_tokens,
                      weights=lm_w + 4.0 * router, activations=4.0 * sc.batch_size * t * arch.vocab,
                      note=f"{p2.seeds} seeds x 3 LMs (phase 2, both controls), one at a time"))
 
     ev = configs["evaluate"]
     rows_ev = 12 + 2 * ev.diffusion_samples + ev.random_draws  # dense, routed, controls, static, samples, random draws
-    e_tokens = ev.seeds * rows_ev * (sc.windows + cx.val_sequences) * t
+    e_tokens = ev.seeds * rows_ev * (per_role + cx.val_sequences) * t
     out.append(Stage("evaluate", frozen=3 * arch.params, forward_tokens=e_tokens, flops=fwd * e_tokens,
                      weights=3 * lm_w, activations=4.0 * ev.eval_batch_size * t * arch.vocab,
-                     note=f"{ev.seeds} seeds x ~{rows_ev} rows over {sc.windows + cx.val_sequences} windows; "
+                     note=f"{ev.seeds} seeds x ~{rows_ev} rows over {per_role + cx.val_sequences} windows; "
                           "three LMs loaded (base, phase 2, control)"))
 
     for st in out:  # a checkpointed step runs each trained token's forward once more

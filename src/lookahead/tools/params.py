@@ -36,6 +36,8 @@ SECTIONS: dict[str, str] = {
     "diffusion": "lookahead.pipeline.diffusion.config:DiffusionConfig",
     "phase2": "lookahead.pipeline.phase2.config:Phase2Config",
     "decoder_inputs": "lookahead.pipeline.phase2.config:DecoderInputs",
+    "static_baselines": "lookahead.pipeline.static_baselines:StaticBaselinesConfig",
+    "windows": "lookahead.artifacts.val_scores:WindowsConfig",
     "scoring": "lookahead.artifacts.val_scores:ScoringConfig",
     "evaluate": "lookahead.pipeline.evaluate.config:EvaluateConfig",
 }

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.oracle_targets import OracleTargets
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig, save_scores, scoring_windows
+from lookahead.artifacts.val_scores import ScoringConfig, refuse_choices_on_test, save_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
@@ -167,6 +167,7 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     importance = head_importance(heads_file)
     oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
+    refuse_choices_on_test(scoring_cfg, tokens_dir, cache)
     scoring = None
     runs = []
     for offset in tqdm(range(cfg.seeds), desc="score_phase1 seeds", unit="seed", disable=cfg.seeds <= 1):
@@ -185,7 +186,7 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
             module.search = scoring_search(module.search, c)
             modules.append(module)
         if scoring is None:
-            scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length), cache,
+            scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length, cache=cache), cache,
                                   modules[0].model.cfg.input, device)
         runs.append(score_phase1(per_seed[offset], modules[0], modules[0].model, scoring,
                                  modules[1] if len(modules) > 1 else None))

@@ -86,7 +86,7 @@ def final_batches(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: 
     if cfg.windows == "cache":
         rows = np.arange(len(cache.windows("val")))
         return list(val_batches(cache, rows, scoring.batch_size, device))
-    windows = scoring_windows(tokens_dir, scoring, cache.context_length)
+    windows = scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache)
     return [(w, None) for w in batches(windows, scoring.batch_size, device)]
 
 
@@ -94,7 +94,7 @@ def final_label(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: Co
     """The :func:`lookahead.artifacts.val_scores.set_label` of :func:`final_batches`' windows."""
     if cfg.windows == "cache":
         return set_label("cache-val", cache.windows("val"))
-    return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length))
+    return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache))
 
 
 def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:

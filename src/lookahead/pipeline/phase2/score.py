@@ -18,7 +18,7 @@ from tqdm import tqdm
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
 from lookahead.artifacts.probe_heads import head_importance
-from lookahead.artifacts.val_scores import ScoringConfig
+from lookahead.artifacts.val_scores import ScoringConfig, refuse_choices_on_test
 from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
@@ -154,6 +154,7 @@ def score_phase2_seeds(models: dict[str, tuple], training: dict[str, dict], base
     from lookahead.graph.predictor import load_init
 
     cache = ContextCache(contexts_dir)
+    refuse_choices_on_test(scoring, tokens_dir, cache)
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     reports = {}

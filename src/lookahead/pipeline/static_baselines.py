@@ -1,0 +1,197 @@
+"""The static_baselines stage (docs/pipeline.md): the strongest static head masks one can find on
+held-out text, fitted on the val stream's **fit** windows and compared on its **selection** windows
+(:mod:`lookahead.artifacts.val_scores`: never on test). Its layout and what reads it:
+:mod:`lookahead.artifacts.static_baselines`.
+
+- importance ranked on the fit windows: E|dL/dmask_h| (Michel et al. 2019; the probe measures the
+  same on train windows, and the probe's ranking keeps its other jobs: the router's initial bias
+  and phase 2's shared heads);
+- a greedy static mask on the fit windows: from every head on, drop one at a time the head whose
+  removal raises the NLL over the fit windows' positions least (the first on a tie), down to
+  ``min_keep`` heads. One nested pass gives every count's mask: N(N+1)/2 − K(K+1)/2 evaluations
+  (136 at 16 heads). ``candidates`` c > 0 is the lazy search the greedy oracle validated: after the
+  first step, a step tries only the c heads still on whose latest measured cost is lowest;
+  ``fit_windows`` caps the windows the search reads (the first in stream order): both for 64+ heads.
+
+Static masks run in ``full`` skip (a head off for every token has no query, key, value or output),
+the mode their MACs are counted in. Deterministic: the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from lookahead.artifacts.static_baselines import META_FILE, METHODS, TENSORS_FILE
+from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, batches, scoring_spans, scoring_windows
+from lookahead.core.atomic import atomic_dir
+from lookahead.core.config import to_dict
+from lookahead.core.devices import resolve_device
+from lookahead.core.errors import require
+from lookahead.core.windows import set_label
+from lookahead.graph.nodes import baseline_graph, static_gates
+from lookahead.graph.plan import execute
+from lookahead.lm.nll import causal_lm_nll, token_nll
+
+SKIP = "full"
+"""The skip mode static masks run in (and their MACs are counted in)."""
+
+
+@dataclasses.dataclass
+class StaticBaselinesConfig:
+    """How the static masks are searched (the windows: params.yaml's ``windows`` section)."""
+
+    min_keep: int = 0
+    """The greedy search stops at this many heads (every count from it to L·H gets a greedy mask;
+    below it the greedy ranking keeps its last heads in node order)."""
+    candidates: int = 0
+    """Heads tried per greedy step after the first, those of lowest latest cost (a lazy search; 0: every head still on)."""
+    fit_windows: int = 64
+    """Fit windows the greedy search reads, the first in stream order (0: all; importance reads all)."""
+    batch_size: int = 16
+    """Windows per forward pass."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` = CUDA when available."""
+
+    def __post_init__(self) -> None:
+        for name in ("min_keep", "candidates", "fit_windows"):
+            require(getattr(self, name) >= 0, name, f"must be >= 0; got {getattr(self, name)}")
+        require(self.batch_size >= 1, "batch_size", f"must be >= 1; got {self.batch_size}")
+
+
+def gradient_importance(lm, windows: list[torch.Tensor]) -> torch.Tensor:
+    """E|dL/dmask_h| (L, H) over batches of windows (B, T+1): the mean over batches of each head
+    mask's gradient magnitude at mask = 1 (as :func:`lookahead.semantics.heads.probe_heads`)."""
+    from lookahead.semantics.heads import HeadMasks, attention_layers
+
+    n_layers, n_heads = len(attention_layers(lm)), lm.config.num_attention_heads
+    grads = torch.zeros(n_layers, n_heads)
+    for batch in windows:
+        mask = torch.ones(n_layers, n_heads, requires_grad=True, device=batch.device)
+        with HeadMasks(lm, n_heads, mask):
+            loss = causal_lm_nll(lm, batch)
+        (grad,) = torch.autograd.grad(loss, mask)
+        grads += grad.abs().cpu()
+    return grads / len(windows)
+
+
+@torch.no_grad()
+def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor) -> float:
+    """Mean NLL over every position of batches of windows (B, T+1) with only the heads ``on``
+    (L·H,) bool running, for every token (:data:`SKIP`)."""
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    gates = torch.cat([torch.ones(1), on.float().cpu()])
+    adjacency = baseline_graph(gates, n_layers, n_heads, SKIP)
+    total, count = 0.0, 0
+    for batch in windows:
+        ids = batch[:, :-1]
+        nll = token_nll(execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), SKIP), batch[:, 1:])
+        total, count = total + nll.double().sum().item(), count + nll.numel()
+    return total / count
+
+
+def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidates: int = 0,
+                   progress: bool = True) -> tuple[torch.Tensor, list[float]]:
+    """The greedy static mask search (module docstring) as a ranking (L, H): a head's value is the
+    step at which it was dropped (L·H for the ``min_keep`` never dropped), so that the top k of the
+    ranking is the search's mask at k heads. Also the fit NLL after each drop."""
+    from tqdm.auto import tqdm
+
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    total = n_layers * n_heads
+    require(min_keep <= total, "min_keep", f"must be <= the model's {total} heads; got {min_keep}")
+    on = torch.ones(total, dtype=torch.bool)
+    cost = torch.full((total,), float("inf"), dtype=torch.float64)
+    rank = torch.full((total,), float(total))
+    path = []
+    steps = total - min_keep
+    with tqdm(total=steps, desc="static_baselines: greedy mask (heads dropped)", unit="head", disable=not progress) as bar:
+        for step in range(steps):
+            alive = on.nonzero().flatten()
+            if candidates and step > 0:  # the lazy search: the cheapest by their latest cost, in node order on a tie
+                alive = alive[torch.argsort(cost[alive], stable=True)[:candidates]]
+            for head in alive.tolist():
+                trial = on.clone()
+                trial[head] = False
+                cost[head] = mask_nll(lm, windows, trial)
+            drop = int(alive[torch.argmin(cost[alive])])  # argmin returns the first of equal minima
+            on[drop] = False
+            rank[drop] = float(step)
+            path.append(float(cost[drop]))
+            cost[drop] = float("inf")
+            bar.update(1)
+    return rank.view(n_layers, n_heads), path
+
+
+def selection_curve(lm, windows: list[torch.Tensor], ranking: torch.Tensor, progress: bool = True) -> torch.Tensor:
+    """(L·H + 1,) float64: the mean NLL on ``windows`` keeping each count k = 0 … L·H of ``ranking``'s top heads."""
+    from tqdm.auto import tqdm
+
+    total = ranking.numel()
+    return torch.tensor([mask_nll(lm, windows, static_gates(ranking, k)[1:].bool())
+                         for k in tqdm(range(total + 1), desc="static_baselines: selection", unit="mask",
+                                       disable=not progress)], dtype=torch.float64)
+
+
+# metrics/static_baselines.json (lookahead.core.report); every count's figures stay in the report
+HEADLINE = ("heads", "stronger_at_half", "selection_nll_importance_at_half", "selection_nll_greedy_at_half",
+            "greedy_stronger_counts", "fit_set", "selection_set")
+
+
+def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, context_length: int, base_dir, tokens_dir,
+                           out_dir) -> dict:
+    """Fit both static masks on the fit windows, compare them on the selection windows and write
+    the stage's directory atomically; return its report."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(cfg.device, "static_baselines.device")
+    lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().to(device)
+    total = lm.config.num_hidden_layers * lm.config.num_attention_heads
+    require(cfg.min_keep <= total, "min_keep", f"must be <= the model's {total} heads; got {cfg.min_keep}")
+    scoring = ScoringConfig(roles=roles, batch_size=cfg.batch_size)
+    fit = scoring_windows(tokens_dir, scoring, context_length, "fit")
+    selection = scoring_windows(tokens_dir, scoring, context_length, "selection")
+    fit_batches = batches(fit, cfg.batch_size, device)
+    search = fit[: cfg.fit_windows] if cfg.fit_windows else fit
+    timings = {}
+    tic = time.perf_counter()
+    rankings = {"importance": gradient_importance(lm, fit_batches)}
+    timings["importance_seconds"] = time.perf_counter() - tic
+    tic = time.perf_counter()
+    rankings["greedy"], path = greedy_ranking(lm, batches(search, cfg.batch_size, device), cfg.min_keep, cfg.candidates)
+    timings["greedy_seconds"] = time.perf_counter() - tic
+    tic = time.perf_counter()
+    selection_batches = batches(selection, cfg.batch_size, device)
+    curves = {m: selection_curve(lm, selection_batches, rankings[m]) for m in METHODS}
+    timings["selection_seconds"] = time.perf_counter() - tic
+    stronger = torch.stack([curves[m] for m in METHODS]).argmin(0)  # the first (importance) on a tie
+    spans = {"static_baselines (fit windows)": scoring_spans(tokens_dir, scoring, context_length, "fit"),
+             "static_baselines (selection windows)": scoring_spans(tokens_dir, scoring, context_length, "selection")}
+    labels = {"fit_set": set_label("fit", fit), "search_set": set_label("fit", search),
+              "selection_set": set_label("selection", selection)}
+    with atomic_dir(out_dir) as tmp:
+        save_file({**{m: rankings[m].float().contiguous() for m in METHODS},
+                   **{f"selection_nll_{m}": curves[m].contiguous() for m in METHODS},
+                   "stronger": stronger.to(torch.uint8).contiguous()}, str(Path(tmp) / TENSORS_FILE))
+        meta = {"config": to_dict(cfg), "windows": to_dict(roles), "skip": SKIP, **labels,
+                "n_layers": lm.config.num_hidden_layers, "n_heads": lm.config.num_attention_heads,
+                "spans": {k: [list(s) for s in v] for k, v in spans.items()}}
+        (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    half = total // 2
+    return {"heads": total, "stronger_at_half": METHODS[int(stronger[half])],
+            "selection_nll_importance_at_half": float(curves["importance"][half]),
+            "selection_nll_greedy_at_half": float(curves["greedy"][half]),
+            "greedy_stronger_counts": int((stronger == METHODS.index("greedy")).sum()), **labels,
+            "greedy_fit_nll_path": path,
+            "by_heads_kept": [{"heads_kept": k, "stronger": METHODS[int(stronger[k])],
+                               **{f"selection_nll_{m}": float(curves[m][k]) for m in METHODS}}
+                              for k in range(total + 1)],
+            "greedy_search": {"min_keep": cfg.min_keep, "candidates": cfg.candidates,
+                              "windows": len(search), "exact": cfg.candidates == 0},
+            **timings}
