@@ -28,7 +28,7 @@ from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import static_mask
+from lookahead.pipeline.phase2.static_mask import static_mask
 
 OLD_WINDOWS = 32  # the context cache's val windows, what the final figures scored before
 
@@ -83,7 +83,7 @@ def main() -> None:
     p1, meta1 = load_predictor("models/phase1/predictor.safetensors")
     p2, meta2 = load_predictor("models/phase2/predictor.safetensors")
     skip1, skip2 = meta1["runtime"]["skip"], meta2["runtime"]["skip"]
-    mask = static_mask("data/probe/heads.safetensors", "metrics/phase2_pruning.json")
+    mask = static_mask("data/static_baselines", "metrics/phase2_pruning.json")
     importance = head_importance("data/probe/heads.safetensors")
     tensors, _ = load_init("models/init/init.safetensors")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
         "base": "base model directory (input)",
         "contexts": "context cache directory (input)",
         "init": "init safetensors (input)",
-        "heads": "probe head statistics (input)",
+        "static-baselines": "the static baselines' masks (input: the static rows', the stronger on selection)",
         "predictor": "phase-1 predictor safetensors (input)",
         "diffusion": "diffusion head directory (input)",
         "phase2": "phase-2 directory (input)",
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         return print_config({"evaluate": cfg, "scoring": scoring})
     check_inputs(args.inputs)
     with stage_run("evaluate", {"evaluate": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
-        evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.heads, args.predictor,
+        evaluation = build_evaluate(cfg, args.base, args.contexts, args.init, args.static_baselines, args.predictor,
                                     args.diffusion, args.phase2, args.control, args.static_control, scoring,
                                     {"phase1": args.phase1_scores, "phase2": args.phase2_scores, "control": args.control_scores,
                                      "static_control": args.static_control_scores})

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
         "contexts": "context cache directory (input)",
         "tokens": "token streams directory (input: the scoring set's val windows)",
         "init": "init safetensors (input: the geometric features)",
-        "heads": "probe head statistics (input: static pruning's importance)",
+        "heads": "probe head statistics (input: the router's importance)",
+        "static-baselines": "the static baselines' masks (input: static pruning's, the stronger on selection)",
         "oracle": "oracle targets directory (input: the greedy oracle's search settings)",
         "router": "phase 1's primary router, safetensors (input: its training config is the seeds')",
         "seeds-dir": "the other seeds' routers (input)",
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg, training = scoring_config(args.router, keys, args.training)
     with stage_run("score_phase1", {"phase1": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         report = score_phase1_seeds(cfg, args.base, args.contexts, args.init, args.heads, args.router, args.seeds_dir,
-                                    args.twins_dir, training, scoring, args.tokens, args.oracle, args.scores)
+                                    args.twins_dir, training, scoring, args.tokens, args.oracle, args.scores,
+                                    args.static_baselines)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
 
 

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": "token streams directory (input: the scoring set's val windows)",
         "contexts": "context cache directory (input: its val windows with windows: cache)",
         "init": "init safetensors (input: the geometric features)",
-        "heads": "probe head statistics (input: the static control's importance)",
+        "static-baselines": "the static baselines' masks (input: the static control's, the stronger on selection)",
         "predictor": "phase-1 predictor safetensors (input: decoder diffusion's gate kind)",
         "diffusion": "decoder diffusion: the diffusion head directory (input: dvc.yaml passes decoder_inputs.weights)",
     }
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("score_phase2", {"scoring": to_dict(scoring)}) as run:
         reports = score_phase2_seeds({s: (arg(s), arg(s, "seeds")) for s in HEADLINES},
                                      {s: read_training(arg(s, "training")) for s in HEADLINES}, args.base, args.tokens,
-                                     args.contexts, args.init, args.heads, args.predictor, args.diffusion, scoring,
+                                     args.contexts, args.init, args.static_baselines, args.predictor, args.diffusion, scoring,
                                      {s: arg(s, "scores") for s in HEADLINES})
         for stage, report in reports.items():  # in MLflow under the stage's name: one run holds all three
             write_metrics(report, HEADLINES[stage], arg(stage, "metrics"), arg(stage, "report"))

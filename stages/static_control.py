@@ -1,5 +1,5 @@
 """DVC stage `static_control`: the base LM trained with phase 2's optimiser, steps and windows (in
-the same order) under static importance pruning at phase 2's final active-head fraction — the fair
+the same order) under static pruning at phase 2's final active-head fraction (the stronger static baseline there) — the fair
 baseline of learned per-token routing: "static pruning + continued pretraining"; every seed's LM kept
 for `score_phase2`."""
 
@@ -9,7 +9,8 @@ from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_report
 from lookahead.core.tracking import stage_run
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import control_config, static_mask, train_control_seeds, write_control_reports
+from lookahead.pipeline.phase2.control import control_config, train_control_seeds, write_control_reports
+from lookahead.pipeline.phase2.static_mask import static_mask
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         "base": "base model directory (input)",
         "tokens": "token streams directory (input: the train stream)",
         "contexts": "context cache directory (input: its val windows)",
-        "heads": "probe head statistics safetensors (input: importance)",
+        "static-baselines": "the static baselines' masks (input: the stronger on selection at phase 2's fraction)",
         "pruning": "phase 2's final active-head fraction and skip mode, json (input)",
         "out": "static-control LM directory (output)",
         "seeds-dir": "the other seeds' models, seed<i>/ as --out (output: what scoring reads)",
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         return print_config({"phase2 (the keys the static control reads)": control_config(cfg)})
     check_inputs(args.inputs)
-    mask = static_mask(args.heads, args.pruning)
+    mask = static_mask(args.static_baselines, args.pruning)
     with stage_run("static_control", {"phase2": control_config(cfg, mask)}) as run:
         training, result = train_control_seeds(cfg, args.base, args.tokens, args.contexts, args.out, args.seeds_dir,
                                                args.checkpoints, tracker=run, mask=mask)

@@ -118,11 +118,13 @@ def save_tiny_lm(path, tokenizer, hidden: int = 32, n_layers: int = 2, n_heads: 
 @pytest.fixture(scope="session")
 def phase_inputs(tiny_tokenizer, tmp_path_factory):
     """The inputs of phase 1 and pairs for a tiny random 2 x 2-head LM: model directory, token
-    streams, a context cache (the `base` encoder), an init file and head statistics."""
+    streams, a context cache (the `base` encoder), an init file, head statistics and the static baselines."""
     from safetensors.torch import save_file
 
+    from lookahead.artifacts.val_scores import WindowsConfig
     from lookahead.graph.nodes import n_nodes
     from lookahead.pipeline.contexts import ContextsConfig, build_contexts
+    from lookahead.pipeline.static_baselines import StaticBaselinesConfig, build_static_baselines
 
     d = tmp_path_factory.mktemp("phase_inputs")
     base = save_tiny_lm(d / "base", tiny_tokenizer)
@@ -138,8 +140,10 @@ def phase_inputs(tiny_tokenizer, tmp_path_factory):
                "U0": 0.3 * torch.randn(n, 2, generator=gen), "V0": 0.3 * torch.randn(n, 2, generator=gen)},
               str(d / "init.safetensors"), metadata={"config": '{"n_layers": 2}'})
     save_file({"importance": torch.tensor([[0.3, 0.1], [0.05, 0.2]])}, str(d / "heads.safetensors"))
+    build_static_baselines(StaticBaselinesConfig(fit_windows=2, batch_size=4, device="cpu"), WindowsConfig(per_role=4), 12,
+                           base, d / "tokens", d / "static_baselines")
     return {"base": base, "tokens": d / "tokens", "contexts": d / "contexts", "init": d / "init.safetensors",
-            "heads": d / "heads.safetensors", "root": d}
+            "heads": d / "heads.safetensors", "static_baselines": d / "static_baselines", "root": d}
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> str:
@@ -386,7 +390,7 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     from lookahead.pipeline.phase2.run import build_control, build_phase2
     from lookahead.pipeline.phase2.common import save_seed_scores
     from lookahead.pipeline.phase2.config import Phase2Config
-    from lookahead.pipeline.phase2.control import static_mask
+    from lookahead.pipeline.phase2.static_mask import static_mask
 
     d = tmp_path_factory.mktemp("phase2")
     cfg = from_dict(Phase2Config, {
@@ -400,7 +404,7 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     control, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "control", d / "ckpt")
     write_pruning(d / "out", d / "pruning.json")
     static, _ = build_control(cfg, i["base"], i["tokens"], i["contexts"], d / "static", d / "ckpt",
-                              mask=static_mask(i["heads"], d / "pruning.json"))
+                              mask=static_mask(i["static_baselines"], d / "pruning.json"))
     scores = {name: d / f"{name}.safetensors" for name in ("phase2", "control", "static_control")}
     for name, run in (("phase2", report), ("control", control), ("static_control", static)):
         save_seed_scores(scores[name], [run])  # one seed's per-position NLLs, as the stages write them

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.static_baselines import StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
@@ -124,7 +125,7 @@ def evaluation(downstream_inputs, phase2_run):
     i = downstream_inputs
     cfg = from_dict(EvaluateConfig, {"eval_batch_size": 2, "diffusion_samples": 3, "random_draws": 2, "timing_rounds": 1,
                                      "causality_windows": 1, "causality_cuts": 2, "explainer_tokens": 6})
-    return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
+    return cfg, build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["static_baselines"], i["predictor"], i["diffusion"],
                                phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"],
                                scoring=ScoringConfig(resamples=200), scores=phase2_run["scores"])
 
@@ -150,12 +151,13 @@ def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phas
     assert table["diffusion_best_of_k"]["nll"] <= table["diffusion_sample"]["nll"] + 1e-6
     # static pruning keeps round(fraction * 4) heads: the point of the whole-head curve at that count
     k = round(report["phase2_active_head_fraction"] * 4)
-    curve = static_pruning_curve(control, [windows], load_file_importance(downstream_inputs["heads"]))
+    ranking = StaticBaselines(downstream_inputs["static_baselines"]).ranking(k)  # the stronger static baseline at k
+    curve = static_pruning_curve(control, [windows], ranking)
     assert table["static_pruning"]["nll"] == pytest.approx(curve[k]["nll"], rel=1e-5)
     assert table["static_pruning"]["active_head_fraction"] == pytest.approx(k / 4)
     # the static control: its LM under the same k heads, which is what its stage measured
     static = AutoModelForCausalLM.from_pretrained(phase2_run["static_control_dir"], dtype=torch.float32).eval()
-    curve = static_pruning_curve(static, [windows], load_file_importance(downstream_inputs["heads"]))
+    curve = static_pruning_curve(static, [windows], ranking)
     assert table["static_control"]["nll"] == pytest.approx(curve[k]["nll"], rel=1e-5)
     assert table["static_control"]["nll"] == pytest.approx(phase2_run["static_control"]["val_nll"], rel=1e-5)
     assert table["static_control"]["active_head_fraction"] == pytest.approx(k / 4)
@@ -201,7 +203,7 @@ def test_a_decoder_that_peeks_fails_the_stage(downstream_inputs, phase2_run, mon
     cfg = EvaluateConfig(eval_batch_size=4, diffusion_samples=1, random_draws=1, timing_rounds=1, causality_windows=1,
                          causality_cuts=1)
     with pytest.raises(EvaluateError, match="causality check failed"):
-        build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["heads"], i["predictor"], i["diffusion"],
+        build_evaluate(cfg, i["base"], i["contexts"], i["init"], i["static_baselines"], i["predictor"], i["diffusion"],
                        phase2_run["out"], phase2_run["control_dir"], phase2_run["static_control_dir"])
 
 

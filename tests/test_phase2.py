@@ -28,7 +28,8 @@ from lookahead.pipeline.phase2.run import build_phase2
 from lookahead.pipeline.phase2.score import CONTROL_HEADLINE, HEADLINE, STATIC_HEADLINE
 from lookahead.pipeline.phase2.common import Phase2Error
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import ControlModule, StaticMask, static_mask
+from lookahead.pipeline.phase2.control import ControlModule, StaticMask
+from lookahead.pipeline.phase2.static_mask import static_mask
 from lookahead.pipeline.phase2.model import Phase2Model, plain_parameters, scale_learning_rate
 from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.train.data import load_stream
@@ -342,7 +343,7 @@ def test_stream_and_static_control_inputs_are_refused_with_the_fix(downstream_in
         build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], i["predictor"], i["diffusion"], tmp_path / "o",
                      heads_file=i["heads"])
     with pytest.raises(Phase2OutputError, match="run `dvc repro phase2`"):
-        static_mask(i["heads"], tmp_path / "pruning.json")
+        static_mask(i["static_baselines"], tmp_path / "pruning.json")
 
 
 def test_budget_warmup_anneals_the_kept_fraction_from_every_head_to_the_target(downstream_inputs, tmp_path):

@@ -244,6 +244,7 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
 
     from lookahead.artifacts.contexts import ContextCache
     from lookahead.artifacts.probe_heads import head_importance
+    from lookahead.artifacts.static_baselines import StaticBaselines
     from lookahead.artifacts.val_scores import load_scores, load_scoring, scoring_windows
     from lookahead.core.config import load_section
     from lookahead.core.seeds import reseeded
@@ -255,7 +256,8 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
     from lookahead.pipeline.phase1.module import Phase1Module
     from lookahead.pipeline.phase2.common import base_lm, final_batches
     from lookahead.pipeline.phase2.config import Phase2Config
-    from lookahead.pipeline.phase2.control import ControlModule, StaticPruned, static_mask
+    from lookahead.pipeline.phase2.control import ControlModule, StaticPruned
+    from lookahead.pipeline.phase2.static_mask import static_mask
     from lookahead.pipeline.phase2.model import Phase2Model
     from lookahead.pipeline.phase2.module import Phase2Module
 
@@ -279,7 +281,7 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
     batches = final_batches(cfg, scoring, data / "tokens", cache, "cpu")
     lm = base_lm(models / "control_seeds" / "seed1")
     same(ControlModule(lm, cache, cfg).score(lm, batches), "control", ("dense",))
-    mask = static_mask(data / "probe" / "heads.safetensors", path / "metrics" / "phase2_pruning.json")
+    mask = static_mask(data / "static_baselines", path / "metrics" / "phase2_pruning.json")
     lm = base_lm(models / "static_control_seeds" / "seed1")
     same(ControlModule(lm, cache, cfg, mask=mask).score(StaticPruned(lm, mask), batches), "static_control", ("dense", "hard"))
     tensors, _ = load_init(models / "init" / "init.safetensors")
@@ -292,7 +294,8 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
     base = AutoModelForCausalLM.from_pretrained(models / "base", dtype=torch.float32)
     importance = head_importance(data / "probe" / "heads.safetensors")
     windows = scoring_set(scoring, scoring_windows(data / "tokens", scoring, cache.context_length, cache=cache), cache,
-                          load_section(params, "predictor", PredictorConfig).input, "cpu")
+                          load_section(params, "predictor", PredictorConfig).input, "cpu",
+                          StaticBaselines(data / "static_baselines"))
     seed1 = json.loads((path / "metrics" / "phase1_report.json").read_text())["per_seed"][1]
     for file, twin in (("seeds/predictor_seed1.safetensors", False), ("twins/twin_seed1.safetensors", True)):
         router, meta = load_predictor(models / "phase1" / file)

@@ -11,9 +11,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.static_baselines import StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, load_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
@@ -29,9 +29,10 @@ from lookahead.pipeline.phase1.score import SEEDED, score_phase1_seeds, scoring_
 from lookahead.pipeline.phase2.build import train_phase2
 from lookahead.pipeline.phase2.common import final_batches, final_label
 from lookahead.pipeline.phase2.config import Phase2Config
-from lookahead.pipeline.phase2.control import ControlModule, StaticMask, train_control
+from lookahead.pipeline.phase2.control import ControlModule, train_control
 from lookahead.pipeline.phase2.module import Phase2Module
 from lookahead.pipeline.phase2.score import control_model, load_phase2_model, score_control, score_phase2
+from lookahead.pipeline.phase2.static_mask import mask_at
 from lookahead.train.loop import TrainConfig
 from tests.test_phase2 import lm_router
 
@@ -59,11 +60,11 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
     read = dataclasses.replace(read, random_draws=2)
     report = score_phase1_seeds(read, i["base"], i["contexts"], i["init"], i["heads"], router, tmp_path / "seeds",
                                 tmp_path / "twins", training_read, scoring_cfg, i["tokens"],
-                                scores_file=tmp_path / "scores.safetensors")
+                                scores_file=tmp_path / "scores.safetensors", static_dir=i["static_baselines"])
 
     cache = ContextCache(i["contexts"])
     scoring = scoring_set(scoring_cfg, scoring_windows(i["tokens"], scoring_cfg, cache.context_length, cache=cache), cache,
-                          "lm", "cpu")
+                          "lm", "cpu", StaticBaselines(i["static_baselines"]))
     memory, _, _ = build_phase1(cfg, pcfg, i["base"], i["contexts"], i["init"], i["heads"], tmp_path / "again.safetensors",
                                 runtime_cfg=runtime, scoring=scoring)
     assert (tmp_path / "again.safetensors").read_bytes() == router.read_bytes()  # the same training
@@ -129,7 +130,7 @@ def test_score_phase2_scores_the_saved_phase2_model_as_the_trained_one(downstrea
 def test_score_phase2_scores_a_saved_control_as_the_trained_one(downstream_inputs, tmp_path, static):
     i = downstream_inputs
     cfg = _phase2_cfg()
-    mask = StaticMask(torch.tensor([[0.3, 0.1], [0.05, 0.2]]), 0.5, "query") if static else None
+    mask = mask_at(i["static_baselines"], 0.5, "query") if static else None
     stage = "static_control" if static else "control"
     training, _, module = train_control(cfg, i["base"], i["tokens"], i["contexts"], tmp_path / "out", mask=mask)
     scoring = ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2)
@@ -137,10 +138,10 @@ def test_score_phase2_scores_a_saved_control_as_the_trained_one(downstream_input
     label = final_label(cfg, scoring, i["tokens"], module.cache)
     memory = score_control(training, module, batches, label)
 
-    lm, read_cfg, read_mask = control_model(tmp_path / "out", stage, i["heads"])
+    lm, read_cfg, read_mask = control_model(tmp_path / "out", stage, i["static_baselines"])
     assert (read_mask is not None) == static and read_cfg.train == cfg.train and read_cfg.windows == cfg.windows
     if static:
-        assert read_mask.heads() == mask.heads() and read_mask.skip == "query"
+        assert read_mask.heads() == mask.heads() and read_mask.skip == "query" and read_mask.source == mask.source
     _same(score_control(training, ControlModule(lm, module.cache, read_cfg, mask=read_mask), batches, label), memory)
 
 

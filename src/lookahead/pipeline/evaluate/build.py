@@ -36,13 +36,13 @@ import torch
 from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.static_baselines import StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.core.intervals import SE, claim_keys
 from lookahead.core.seeds import seed_summary, seeded_headline
 from lookahead.core.windows import set_label
 from lookahead.graph.router_inputs import router_context
-from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_pruning_curve
+from lookahead.graph.scoring import GeoLookup, interpolate_curve, static_token_nll
 from lookahead.pipeline.evaluate.causality import causality_check
 from lookahead.pipeline.evaluate.claims import CLAIMS, best_of_k_claim, trained_claims
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
@@ -105,7 +105,7 @@ def check_causality(cfg: EvaluateConfig, d: Decoders, cache: ContextCache, geo: 
     return causality
 
 
-def row_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, device) -> list[RowSpec]:
+def row_specs(cfg: EvaluateConfig, d: Decoders, static: StaticBaselines, device) -> list[RowSpec]:
     """The table's rows before the baselines, in the table's order (adding a row: README)."""
     specs = [
         RowSpec("dense_base", d.base, None),
@@ -118,7 +118,8 @@ def row_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, device
                 best_of="diffusion_best_of_k", skip=d.skip),
         RowSpec("phase2_hard", d.lm2, d.phase2_hard, skip=d.skip),
         RowSpec("dense_control", d.control, None),
-        RowSpec("static_control", d.static_control, static_topologies(importance, d.static_fraction, device, d.skip),
+        RowSpec("static_control", d.static_control, static_topologies(static.at_fraction(d.static_fraction),
+                                                                       d.static_fraction, device, d.skip),
                 skip=d.skip),
     ]
     if d.predictor2 is not None and not d.value_residual:
@@ -137,12 +138,14 @@ def null_best_of_k(cfg: EvaluateConfig, d: Decoders, fraction: float, seed: int,
                    best_of="random_best_of_k", skip=d.skip)
 
 
-def baseline_specs(cfg: EvaluateConfig, d: Decoders, importance: torch.Tensor, fraction: float, seed: int,
+def baseline_specs(cfg: EvaluateConfig, d: Decoders, static: StaticBaselines, fraction: float, seed: int,
                    device) -> list[RowSpec]:
-    """Static pruning and random per-position heads at ``fraction``, on the control and on the phase-2 LM."""
+    """Static pruning (the stronger static baseline) and random per-position heads at ``fraction``, on
+    the control and on the phase-2 LM."""
     s, baselines = d.shapes, []
     for suffix, lm in (("", d.control), ("_phase2", d.lm2)):
-        baselines += [RowSpec(f"static_pruning{suffix}", lm, static_topologies(importance, fraction, device, d.skip),
+        baselines += [RowSpec(f"static_pruning{suffix}", lm, static_topologies(static.at_fraction(fraction), fraction,
+                                                                              device, d.skip),
                               skip=d.skip),
                       RowSpec(f"random_heads{suffix}", lm, random_topologies(s.n_layers, s.n_heads, fraction,
                                                                               cfg.random_draws, seed, device, d.skip),
@@ -183,7 +186,21 @@ def add_timings(cfg: EvaluateConfig, timed: list[RowSpec], results: dict, cache:
             row["cuda_tokens_per_s_over_dense"] = speed["cuda"].get(name)
 
 
-def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads_file, predictor_file, diffusion_dir,
+@torch.no_grad()
+def stronger_static_curve(lm, windows: list[torch.Tensor], static: StaticBaselines, skip: str) -> list[dict]:
+    """NLL of ``lm`` under static pruning at every head count k = 0 … L·H, each count's stronger static
+    baseline (:meth:`StaticBaselines.ranking`; as :func:`lookahead.graph.scoring.static_pruning_curve`
+    does for one ranking). Rows of k, fraction, nll and the mask's name."""
+    total = int(np.prod(static.shape))
+    rows = []
+    for k in range(total + 1):
+        nll = torch.cat([static_token_nll(lm, w, static.ranking(k), k, skip).flatten() for w in windows])
+        rows.append({"heads_kept": k, "active_head_fraction": k / total, "nll": nll.double().mean().item(),
+                     "mask": static.method(k)})
+    return rows
+
+
+def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, static_dir, predictor_file, diffusion_dir,
                    phase2_dir, control_dir, static_control_dir, scoring: ScoringConfig | None = None,
                    scores: dict | None = None) -> Evaluation:
     """Score every row, time the hard ones, check causality, judge the claims; raise
@@ -204,13 +221,14 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
     rows = np.arange(n_val if cfg.eval_sequences == 0 else min(cfg.eval_sequences, n_val))
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float()).to(device)
-    importance = head_importance(heads_file)
-    d = load_decoders(cfg, cache, importance, base_dir, heads_file, predictor_file, diffusion_dir, phase2_dir,
-                      control_dir, static_control_dir, device)
+    static = StaticBaselines(static_dir)
+    d = load_decoders(cfg, cache, base_dir, predictor_file, diffusion_dir, phase2_dir, control_dir, static_control_dir,
+                      device)
+    static.check(d.shapes.n_layers, d.shapes.n_heads, f"the base LM {base_dir}")
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     causality = check_causality(cfg, d, cache, geo, tokenizer, base_dir, device)
 
-    specs = row_specs(cfg, d, importance, device)
+    specs = row_specs(cfg, d, static, device)
     best = {}  # best-of rows' per-position NLLs, seed by seed: the best-of-K claim
     results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device, per_token=best)
     fraction = results["phase2_hard"]["active_head_fraction"]
@@ -218,7 +236,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
         raise EvaluateError(f"the static control was trained at active-head fraction {d.static_fraction:.4f} but the "
                             f"phase-2 row runs at {fraction:.4f}: rerun `dvc repro static_control`")
     diffusion_fraction = results["diffusion_sample"]["active_head_fraction"]
-    baselines = baseline_specs(cfg, d, importance, fraction, cfg.seed, device)
+    baselines = baseline_specs(cfg, d, static, fraction, cfg.seed, device)
     baselines.append(null_best_of_k(cfg, d, diffusion_fraction, cfg.seed, device))
     results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device, per_token=best))
     per_seed = [seeded_figures(results)]
@@ -230,7 +248,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, heads
                                                   rows, cfg.eval_batch_size, device, per_token=best_per_seed[-1])))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
-    static_curve = static_pruning_curve(d.control, windows, importance, d.skip)
+    static_curve = stronger_static_curve(d.control, windows, static, d.skip)
     add_timings(cfg, [spec for spec in specs + baselines if spec.topologies is not None], results, cache, geo, rows,
                 device)
 

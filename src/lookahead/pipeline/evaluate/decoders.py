@@ -61,8 +61,8 @@ class Decoders:
     value_residual: bool = False  # phase 2 trained with value residual: its row runs the stock forward with it
 
 
-def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Tensor, base_dir, heads_file,
-                  predictor_file, diffusion_dir, phase2_dir, control_dir, static_control_dir, device) -> Decoders:
+def load_decoders(cfg: EvaluateConfig, cache: ContextCache, base_dir, predictor_file, diffusion_dir, phase2_dir,
+                  control_dir, static_control_dir, device) -> Decoders:
     """Load every LM and decoder; refuse shapes or context sizes that do not fit together."""
     from lookahead.artifacts.phase2 import LM_DIR, PREDICTOR_FILE, load_phase2
     from lookahead.graph.denoiser import denoiser_input, load_denoiser, sampling_settings
@@ -74,10 +74,9 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, importance: torch.Te
                                                                           static_control_dir))
     static_fraction = _static_fraction(static_control_dir)
     s = Shapes.of(base)
-    if tuple(importance.shape) != (s.n_layers, s.n_heads) or (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
-        raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} heads), head statistics {heads_file} "
-                            f"{tuple(importance.shape)} and phase 2 ({phase2['n_layers']} x {phase2['n_heads']}) disagree: "
-                            "rerun `dvc repro`")
+    if (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
+        raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} heads) and phase 2 ({phase2['n_layers']} x "
+                            f"{phase2['n_heads']}) disagree: rerun `dvc repro`")
     predictor1, meta = load_predictor(predictor_file)
     denoiser, dmeta = load_denoiser(diffusion_dir)
     check_context_dim(predictor1, meta, cache.dim, base, EvaluateError, predictor_file)

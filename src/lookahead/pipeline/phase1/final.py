@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from lookahead.artifacts.contexts import ContextCache
+from lookahead.artifacts.static_baselines import METHODS, StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig, batches, paired
 from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
@@ -53,18 +54,34 @@ class ScoringSet:
     label: str = ""
     """The windows' :func:`lookahead.artifacts.val_scores.set_label`."""
     shared: dict = dataclasses.field(default_factory=dict)
-    """``dense`` and (``static``, K), (``loo``, K), (``greedy``, K) → per-position NLLs or gates of the frozen LM."""
+    """``dense``, (``static``, its gates), (``loo``, K), (``greedy``, K) → per-position NLLs or gates of the frozen LM."""
+    static: StaticBaselines | None = None
+    """The static baselines' masks (the stronger on selection at each head count); None: the probe's
+    importance (train windows), as in tests that build no static_baselines directory."""
+
+    def static_ranking(self, module, keep: int, method: str | None = None) -> torch.Tensor:
+        """(L, H): the ranking whose top ``keep`` heads static pruning keeps (``method``: that static
+        baseline's, of :data:`lookahead.artifacts.static_baselines.METHODS`; None: the stronger)."""
+        if self.static is None:
+            return module.importance
+        return self.static.ranking(keep) if method is None else self.static.rankings[method]
+
+    def static_source(self, keep: int) -> str:
+        """Which mask static pruning keeps at ``keep`` heads."""
+        return "probe importance (train windows)" if self.static is None else f"{self.static.method(keep)} (fit windows)"
 
 
-def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, router_input: str, device) -> ScoringSet:
-    """The scoring windows in batches (or, for a router that reads the cache, the cache's val windows)."""
+def scoring_set(cfg: ScoringConfig, windows: torch.Tensor, cache: ContextCache, router_input: str, device,
+                static: StaticBaselines | None = None) -> ScoringSet:
+    """The scoring windows in batches (or, for a router that reads the cache, the cache's val windows);
+    ``static``: the static baselines' masks (:attr:`ScoringSet.static`)."""
     if router_input == "cache":
         rows = np.arange(len(cache.windows("val")))
         out = [tuple(x.to(device) for x in cache.batch("val", rows[i : i + cfg.batch_size]))
                for i in range(0, len(rows), cfg.batch_size)]
-        return ScoringSet(cfg, out, cache.context_length, set_label("cache-val", cache.windows("val")))
+        return ScoringSet(cfg, out, cache.context_length, set_label("cache-val", cache.windows("val")), static=static)
     return ScoringSet(cfg, [(w, None) for w in batches(windows, cfg.batch_size, device)], windows.shape[1] - 1,
-                      set_label(cfg.set, windows))
+                      set_label(cfg.set, windows), static=static)
 
 
 def _cat(parts: list[torch.Tensor]) -> np.ndarray:
@@ -96,12 +113,15 @@ def _over(module, scoring: ScoringSet, gates_of) -> np.ndarray:
 
 
 @torch.no_grad()
-def static_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
-    """Per-position NLL (P,) of static pruning keeping the ``keep`` most important heads (probe importance)."""
-    if ("static", keep) not in scoring.shared:
-        scoring.shared["static", keep] = _cat([static_token_nll(module.lm, w, module.importance, keep, module.skip)
+def static_scores(module, scoring: ScoringSet, keep: int, method: str | None = None) -> np.ndarray:
+    """Per-position NLL (P,) of static pruning keeping ``keep`` heads: the stronger static mask at that
+    count on the selection windows (:attr:`ScoringSet.static`), or ``method``'s."""
+    ranking = scoring.static_ranking(module, keep, method)
+    mask = tuple(static_gates(ranking, keep).tolist())
+    if ("static", mask) not in scoring.shared:  # one forward per distinct mask
+        scoring.shared["static", mask] = _cat([static_token_nll(module.lm, w, ranking, keep, module.skip)
                                                for w, _ in scoring.batches])
-    return scoring.shared["static", keep]
+    return scoring.shared["static", mask]
 
 
 @torch.no_grad()
@@ -196,6 +216,7 @@ def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=Non
     fraction = on.double().mean().item()
     keep = round(fraction * n)
     out = {"dense": scoring.shared["dense"], "hard": hard, "static": static_scores(module, scoring, keep),
+           "static_source": scoring.static_source(keep),
            "active_head_fraction": fraction, "keep": keep, "deployed": deployed_nll(module, model, scoring),
            "random": random_heads_scores(module.lm, [w for w, _ in scoring.batches], keep / n, module.n_layers,
                                          module.n_heads, module.cfg.random_draws, module.cfg.train.seed, module.skip),
@@ -206,11 +227,13 @@ def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=Non
         out["equal_macs_heads"] = equal_macs_heads(module.lm.config, n, (scoring.window + 1) / 2,
                                                    deployed_macs_over_dense(fraction))
         out["static_equal_macs"] = static_at(module, scoring, out["equal_macs_heads"])
+    if scoring.static is not None:  # both static baselines, the stronger on selection being "static"
+        out.update({f"static_{m}": static_scores(module, scoring, keep, m) for m in METHODS})
     if module.cfg.oracle != "none" and 0 < keep < n:
         out["loo"] = loo_scores(module, scoring, keep)
     if module.cfg.oracle == "greedy" and 0 < keep < n:
         out["greedy"], greedy_on = greedy_scores(module, scoring, keep)
-        static_on = static_gates(module.importance, keep)[1:].bool()
+        static_on = static_gates(scoring.static_ranking(module, keep), keep)[1:].bool()
         out["recall"] = (greedy_on & on).sum(-1).double().mean().item() / keep
         out["static_recall"] = (greedy_on & static_on).sum(-1).double().mean().item() / keep
     return out
@@ -237,6 +260,8 @@ def seed_figures(scored: dict) -> dict:
         "context_shuffle_dnll": None if "shuffled" not in scored else mean("shuffled") - hard,
         "equal_macs_static_heads": scored.get("equal_macs_heads"),
         "static_pruning_at_equal_macs_nll": mean("static_equal_macs"),
+        "static_pruning_mask": scored["static_source"],
+        **{f"static_{m}_nll": mean(f"static_{m}") for m in METHODS},
     }
 
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.oracle_targets import OracleTargets
 from lookahead.artifacts.probe_heads import head_importance
+from lookahead.artifacts.static_baselines import StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig, refuse_choices_on_test, save_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
@@ -53,7 +54,8 @@ the claims' spreads and intervals in the sibling files); every other figure, and
 ``_sd``, is in the report."""
 
 
-TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "static_equal_macs")
+TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "static_equal_macs", "static_importance",
+             "static_greedy")
 """The per-position NLLs a seed's report carries to the score file (those measured)."""
 
 
@@ -144,7 +146,7 @@ def scoring_search(search: dict, cfg: Phase1Config) -> dict:
 
 def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, heads_file, router_file, seeds_dir,
                        twins_dir, training: dict, scoring_cfg: ScoringConfig, tokens_dir, oracle_dir=None,
-                       scores_file=None) -> dict:
+                       scores_file=None, static_dir=None) -> dict:
     """The ``score_phase1`` stage: every seed's router (and static twin) as
     :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote them, read back and scored on the
     scoring windows of ``tokens_dir``'s val stream
@@ -154,7 +156,8 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     NLLs go to ``scores_file`` (:func:`lookahead.artifacts.val_scores.save_scores`: ``dense`` (P,), the
     others (seeds, P), the seed-independent ones at each seed's head count). ``cfg``: the router's
     training config, as its file records it, with the scoring stage's own keys
-    (``random_draws``, ``oracle``) set from params."""
+    (``random_draws``, ``oracle``) set from params. ``static_dir``: the static_baselines stage's masks,
+    which static pruning keeps (None: the probe's importance ``heads_file``)."""
     from transformers import AutoModelForCausalLM
 
     per_seed = training["per_seed"]
@@ -167,7 +170,10 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     importance = head_importance(heads_file)
     oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
-    refuse_choices_on_test(scoring_cfg, tokens_dir, cache)
+    static = StaticBaselines(static_dir) if static_dir is not None else None
+    if static is not None:
+        static.check(lm.config.num_hidden_layers, lm.config.num_attention_heads, f"the base LM {base_dir}")
+    refuse_choices_on_test(scoring_cfg, tokens_dir, cache, static.spans if static is not None else None)
     scoring = None
     runs = []
     for offset in tqdm(range(cfg.seeds), desc="score_phase1 seeds", unit="seed", disable=cfg.seeds <= 1):
@@ -187,7 +193,7 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
             modules.append(module)
         if scoring is None:
             scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length, cache=cache), cache,
-                                  modules[0].model.cfg.input, device)
+                                  modules[0].model.cfg.input, device, static)
         runs.append(score_phase1(per_seed[offset], modules[0], modules[0].model, scoring,
                                  modules[1] if len(modules) > 1 else None))
     tokens = [r.pop("token_nll") for r in runs]

@@ -2,10 +2,12 @@
 same windows in the same order so that every comparison with phase 2 is at equal tokens:
 
 - ``control``: the base LM trained dense (no topology, NLL alone) — "the same LM trained longer";
-- ``static_control``: the base LM trained under static importance pruning at phase 2's final
-  active-head fraction (the probe's most important heads, the same mask at every token and step,
-  phase 2's skip mode and ``distill``) — "static pruning + continued pretraining", the fair
-  baseline of "learned per-token routing + continued pretraining".
+- ``static_control``: the base LM trained under static pruning at phase 2's final active-head
+  fraction (the stronger static baseline at that head count: importance or the greedy static mask,
+  fitted on the fit windows and chosen on the selection windows,
+  :mod:`lookahead.artifacts.static_baselines`; the same mask at every token and step, phase 2's
+  skip mode and ``distill``) — "static pruning + continued pretraining", the fair baseline of
+  "learned per-token routing + continued pretraining".
 
 (Separate stages rather than one: under ``accelerate launch`` the shared loop's worker processes exit
 when a training run ends, so one stage runs one training.)"""
@@ -20,7 +22,6 @@ import torch
 from torch import nn
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.probe_heads import head_importance
 from lookahead.core.atomic import write_csv
 from lookahead.core.config import to_dict
 from lookahead.core.devices import eval_mode
@@ -40,28 +41,22 @@ from lookahead.train.loop import TrainResult, train
 
 @dataclasses.dataclass(frozen=True)
 class StaticMask:
-    """What the static control prunes: the probe's head importance (L, H), the active-head
-    fraction (phase 2's final one) and the runtime's skip mode (phase 2's)."""
+    """What the static control prunes: a ranking of the heads (L, H) whose top round(fraction · L·H)
+    it keeps (``importance``: the stronger static baseline's at that count, or any head ranking in
+    tests), the active-head fraction (phase 2's final one), the runtime's skip mode (phase 2's) and
+    which ranking it is (``source``)."""
 
     importance: torch.Tensor
     fraction: float
     skip: str
+    source: str = "a given ranking"
 
     def heads(self) -> list[int]:
-        """The heads kept (0 … L·H − 1): the round(fraction · L·H) most important."""
+        """The heads kept (0 … L·H − 1): the round(fraction · L·H) ranked highest."""
         return static_gates(self.importance, round(self.fraction * self.importance.numel()))[1:].nonzero().flatten().tolist()
 
     def config(self) -> dict:
-        return {"active_head_fraction": self.fraction, "skip": self.skip, "heads": self.heads()}
-
-
-def static_mask(heads_file, pruning_file) -> StaticMask:
-    """The static control's mask: the probe's importance (``heads_file``) at the phase-2 run's final
-    active-head fraction and skip mode (``pruning_file``: :func:`lookahead.artifacts.phase2.write_pruning`)."""
-    from lookahead.artifacts.phase2 import phase2_pruning
-
-    fraction, skip = phase2_pruning(pruning_file)
-    return StaticMask(head_importance(heads_file), fraction, skip)
+        return {"active_head_fraction": self.fraction, "skip": self.skip, "heads": self.heads(), "source": self.source}
 
 
 class StaticPruned(nn.Module):
@@ -184,7 +179,7 @@ def train_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     teacher = teacher_lm(cfg, base_dir) if mask is not None else None
     lm = base_lm(base_dir)
     if mask is not None and tuple(mask.importance.shape) != (lm.config.num_hidden_layers, lm.config.num_attention_heads):
-        raise Phase2Error(f"head statistics {tuple(mask.importance.shape)} and the base model "
+        raise Phase2Error(f"the static mask's ranking {tuple(mask.importance.shape)} and the base model "
                           f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) disagree: rerun `dvc repro`")
     module = ControlModule(lm, cache, cfg, stream, mask, teacher)
     stage = "control" if mask is None else "static_control"

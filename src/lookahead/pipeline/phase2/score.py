@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
-from lookahead.artifacts.probe_heads import head_importance
 from lookahead.artifacts.val_scores import ScoringConfig, refuse_choices_on_test
 from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
@@ -29,6 +28,7 @@ from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
 from lookahead.pipeline.phase2.common import base_lm, decoder_sampler, final_batches, final_label, save_seed_scores
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import ControlModule, StaticMask
+from lookahead.pipeline.phase2.static_mask import mask_at
 from lookahead.pipeline.phase2.model import Phase2Model, connectivity_weights, weight_summary
 from lookahead.pipeline.phase2.module import Phase2Module
 
@@ -119,17 +119,17 @@ def load_phase2_model(model_dir, base_dir, predictor_file, diffusion_dir) -> tup
     return Phase2Model(lm, predictor, config["skip"], connectivity, value_residual, None, reference), cfg, sampler
 
 
-def control_model(model_dir, stage: str, heads_file) -> tuple[object, Phase2Config, StaticMask | None]:
-    """A control seed's LM (the static control's under its mask: the heads its training kept, with the
-    probe's importance ``heads_file``) and the keys of ``phase2`` it trained with."""
+def control_model(model_dir, stage: str, static_dir) -> tuple[object, Phase2Config, StaticMask | None]:
+    """A control seed's LM (the static control's under its mask: the heads its training kept, the
+    stronger static baseline of ``static_dir`` at its fraction) and the keys of ``phase2`` it trained with."""
     saved = json.loads((Path(model_dir) / "lookahead_config.json").read_text(encoding="utf-8"))[stage]
     names = {f.name for f in dataclasses.fields(Phase2Config)}
     cfg = from_dict(Phase2Config, {k: v for k, v in saved.items() if k in names})
     lm = base_lm(model_dir)
     if "mask" not in saved:
         return lm, cfg, None
-    mask = StaticMask(head_importance(heads_file), saved["mask"]["active_head_fraction"], saved["mask"]["skip"])
-    require(mask.heads() == saved["mask"]["heads"], "heads", f"{heads_file} ranks other heads first than the static "
+    mask = mask_at(static_dir, saved["mask"]["active_head_fraction"], saved["mask"]["skip"])
+    require(mask.heads() == saved["mask"]["heads"], "heads", f"{static_dir} ranks other heads first than the static "
             f"control in {model_dir} kept: rerun `dvc repro static_control`")
     return lm, cfg, mask
 
@@ -145,7 +145,7 @@ def read_training(path) -> dict:
 
 
 def score_phase2_seeds(models: dict[str, tuple], training: dict[str, dict], base_dir, tokens_dir, contexts_dir,
-                       init_file, heads_file, predictor_file, diffusion_dir, scoring: ScoringConfig,
+                       init_file, static_dir, predictor_file, diffusion_dir, scoring: ScoringConfig,
                        scores_files: dict[str, Path] | None = None) -> dict[str, dict]:
     """The ``score_phase2`` stage: for each of :data:`STAGES`, every seed's model (``models[stage]``:
     (its output directory, its seeds directory)) read back and scored on the final val set with its
@@ -167,7 +167,7 @@ def score_phase2_seeds(models: dict[str, tuple], training: dict[str, dict], base
                 model, cfg, sampler = load_phase2_model(model_dir, base_dir, predictor_file, diffusion_dir)
                 module = Phase2Module(model, cache, geo, dataclasses.replace(cfg, refresh_every=0), sampler)
             else:
-                lm, cfg, mask = control_model(model_dir, stage, heads_file)
+                lm, cfg, mask = control_model(model_dir, stage, static_dir)
                 module = ControlModule(lm, cache, cfg, mask=mask)
             require(cfg.seeds == len(per_seed), "seeds", f"{model_dir} was trained over {cfg.seeds} seeds, its training "
                     f"report holds {len(per_seed)}: rerun `dvc repro {stage}`")
