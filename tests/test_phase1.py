@@ -210,7 +210,7 @@ def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(
     recall, the twin and the claims — each checked against a plain recomputation."""
     from lookahead.core.windows import set_label
     from lookahead.graph.cost import macs_per_token
-    from lookahead.graph.nodes import static_gates
+    from lookahead.graph.nodes import baseline_graph, static_gates
     from lookahead.graph.oracle import greedy_gates
     from lookahead.pipeline.phase1.final import claims, scoring_set
 
@@ -235,6 +235,14 @@ def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(
         greedy = greedy_gates(lm, ids, 2, 2, 2, "query")
     np.testing.assert_allclose(tokens["dense"], dense, atol=1e-5)
     assert metrics["dense_nll"] == pytest.approx(dense.mean(), abs=1e-5)
+    # static pruning runs as a pruned model (no Q, K, V or O for a pruned head anywhere), whatever the router's
+    # skip mode: the plain reference forward in full skip over the probe's top 2 heads (no static_baselines here)
+    from tests.reference_head_graph import reference_forward
+
+    gates = static_gates(module.importance, 2)
+    logits = reference_forward(lm, ids, baseline_graph(gates, 2, 2, "full"), gates, "full")
+    np.testing.assert_allclose(tokens["static"], token_nll(logits, windows[:, 1:]).flatten().numpy(), atol=1e-5)
+    assert metrics["static_pruning_mask"] == "probe importance (train windows)"
     gain = tokens["static"].mean() - tokens["greedy"].mean()  # the greedy oracle's gain (None below 0)
     assert metrics["greedy_capture"] == (None if gain <= 0 else pytest.approx(
         (tokens["static"].mean() - tokens["hard"].mean()) / gain))
@@ -242,10 +250,10 @@ def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(
     static_recall = (greedy[..., 1:].reshape(-1, 4).bool() & on_static).sum(-1).double().mean().item() / 2
     assert metrics["static_recall_at_k"] == pytest.approx(static_recall)
     assert metrics["static_twin_gap"] == pytest.approx(metrics["static_twin_hard_nll"] - metrics["hard_nll"])
-    # static pruning at the deployed router's MACs per token, in full skip: its head count pays for them
+    # static pruning at the deployed router's MACs per token, counted as pruned heads: its head count pays for them
     k = metrics["equal_macs_static_heads"]
     ctx = (windows.shape[1] - 1 + 1) / 2
-    assert macs_per_token(lm.config, ctx, k / 4, "full") / macs_per_token(lm.config, ctx, 1.0, "full") == pytest.approx(
+    assert macs_per_token(lm.config, ctx, k / 4, "static") / macs_per_token(lm.config, ctx, 1.0, "static") == pytest.approx(
         metrics["deployed_macs_over_dense"], rel=1e-6)
     w = k - math.floor(k)  # the interpolation between whole head counts
     from lookahead.pipeline.phase1.final import static_scores

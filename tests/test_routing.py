@@ -349,6 +349,11 @@ def test_per_token_macs_of_a_router_and_its_inputs():
     assert macs_per_token(cfg, 5, 1.0, "query") == dense
     assert macs_per_token(cfg, 5, 0.5, "query") == 4 * (2 * 64 + 0.5 * (2 * 64 + 2 * 5 * 8) + 3 * 8 * 12) + 8 * 61
     assert macs_per_token(cfg, 5, 0.5, "full") == 4 * (0.5 * 2 * 64 + 0.5 * (2 * 64 + 2 * 2.5 * 8) + 3 * 8 * 12) + 8 * 61
+    # half the heads pruned: no Q, K, V or O for them at any token, and the kept half attends all 5 keys
+    assert macs_per_token(cfg, 5, 0.5, "static") == 4 * (0.5 * 2 * 64 + 0.5 * (2 * 64 + 2 * 5 * 8) + 3 * 8 * 12) + 8 * 61
+    assert macs_per_token(cfg, 5, 1.0, "static") == dense and macs_per_token(cfg, 5, 1.0, "full") == dense
+    with pytest.raises(ValueError, match="mode must be one of full, query, static"):
+        macs_per_token(cfg, 5, 0.5, "pruned")
     layer = layer_router(4, 4, 8)
     assert router_macs(layer) == 4 * (8 * 8 + 8 * 4)
     lm_router = StructurePredictor(PredictorConfig(hidden=8, input="lm", geo_features=False), 4, 4, 16)

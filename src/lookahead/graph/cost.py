@@ -8,14 +8,22 @@ embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token).
 from __future__ import annotations
 
 
+MODES = ("full", "query", "static")
+"""How heads are off: per token in a skip mode (``full``, ``query``: lookahead.graph.runtime), or for every token (``static``)."""
+
+
 def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
     """MACs of one token's forward with a share ``on`` of heads running, attending ``context`` keys
-    (prefill: (T + 1) / 2 on average; generation: T). ``full``: an off head has no query, key,
-    value or output, and a head's keys are its running positions; ``query``: every key and value
-    exists. ``cfg``: a transformers OLMo2 config."""
+    (prefill: (T + 1) / 2 on average; generation: T). A head off *for this token* (routing):
+    ``full``, it has no query, key, value or output there, and a running head's keys are the
+    positions it runs at (a share ``on`` of them); ``query``, every key and value exists. A head off
+    *for every token* (``static``: pruning): it has no query, key, value or output anywhere, and a
+    kept head runs at every position, so it attends every key. ``cfg``: a transformers OLMo2 config."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     d, ffn = cfg.hidden_size, cfg.intermediate_size
     keys = context * (on if mode == "full" else 1.0)
-    kv = 2 * d * d * (on if mode == "full" else 1.0)
+    kv = 2 * d * d * (1.0 if mode == "query" else on)
     attention = on * (2 * d * d + 2 * keys * d)  # q and o projections, QK and AV of the running heads
     return cfg.num_hidden_layers * (kv + attention + 3 * d * ffn) + d * cfg.vocab_size
 

@@ -4,8 +4,10 @@ router that reads the context cache, whose encodings exist only for the cache's 
 cache's val windows, labelled so.
 
 Per seed, on those windows: the frozen LM dense; the router's hard gates on a dense pass's states
-and as deployed (its inputs from its own routed states); static importance pruning at the router's
-head count and at its deployed MACs; random heads (exactly K per position); the leave-one-out and
+and as deployed (its inputs from its own routed states); static pruning — the stronger static
+baseline on the selection windows at each head count (:mod:`lookahead.artifacts.static_baselines`),
+run as a pruned model runs (:data:`STATIC_SKIP`) — at the router's head count and at its deployed
+MACs, and both static baselines at the router's count; random heads (exactly K per position); the leave-one-out and
 the greedy label-free oracles at K; the router's and a static mask's recall of the greedy oracle's
 heads; the routing statistics of the hard gates; and the router's inputs shuffled across positions.
 What no seed changes (dense, static pruning, the oracles) is computed once, in :attr:`ScoringSet.shared`.
@@ -13,9 +15,9 @@ What no seed changes (dense, static pruning, the oracles) is computed once, in :
 The claims with intervals (:mod:`lookahead.core.intervals`) pair these per-position NLLs seed by
 seed: ``router_minus_static_pruning`` (the router on a dense pass's states: a dense forward *and*
 the routed one, about twice dense MACs), ``deployed_minus_static_pruning`` (the router as deployed,
-at the same head count) and ``deployed_minus_static_at_equal_macs`` (static pruning in its cheapest
-skip mode, ``full``, keeping as many heads as the deployed router's MACs per token pay for,
-interpolated between whole head counts); ``greedy_capture`` gets the interval of its ratio.
+at the same head count) and ``deployed_minus_static_at_equal_macs`` (static pruning keeping as
+many heads as the deployed router's MACs per token pay for, its own MACs counted as they run — a
+pruned head costs nothing, a kept one attends every key — interpolated between whole head counts); ``greedy_capture`` gets the interval of its ratio.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
 from lookahead.graph.scoring import capture, random_heads_scores, shuffled, static_token_nll
 from lookahead.lm.nll import token_nll
+
+
+STATIC_SKIP = "full"
+"""The skip mode static pruning runs in: a pruned head has no query, key, value or output at any
+token (what a pruned model computes, and what its MACs count: :data:`STATIC_MODE`), whatever
+``runtime.skip`` the router runs in."""
+STATIC_MODE = "static"
+"""How static pruning's MACs are counted (:func:`lookahead.graph.cost.macs_per_token`)."""
 
 
 @dataclasses.dataclass
@@ -119,7 +129,7 @@ def static_scores(module, scoring: ScoringSet, keep: int, method: str | None = N
     ranking = scoring.static_ranking(module, keep, method)
     mask = tuple(static_gates(ranking, keep).tolist())
     if ("static", mask) not in scoring.shared:  # one forward per distinct mask
-        scoring.shared["static", mask] = _cat([static_token_nll(module.lm, w, ranking, keep, module.skip)
+        scoring.shared["static", mask] = _cat([static_token_nll(module.lm, w, ranking, keep, STATIC_SKIP)
                                                for w, _ in scoring.batches])
     return scoring.shared["static", mask]
 
@@ -148,18 +158,20 @@ def loo_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
 
 
 def equal_macs_heads(lm_config, n_heads_total: int, context: float, macs_over_dense: float) -> float:
-    """The head count (fractional) static pruning keeps under ``full`` skip at ``macs_over_dense``
-    of a dense forward's MACs per token (:func:`lookahead.graph.cost.macs_per_token`, monotone in
-    the share of heads on; bisection); every head where the budget reaches dense."""
+    """The head count (fractional) static pruning keeps at ``macs_over_dense`` of a dense forward's
+    MACs per token, counted as it runs (:func:`lookahead.graph.cost.macs_per_token`, ``static``: a
+    pruned head costs nothing, a kept one attends every key; monotone in the share kept: bisection);
+    every head where the budget reaches dense."""
     if macs_over_dense >= 1.0:
         return float(n_heads_total)
-    dense = macs_per_token(lm_config, context, 1.0, "full")
+    dense = macs_per_token(lm_config, context, 1.0, STATIC_MODE)
     lo, hi = 0.0, 1.0
-    if macs_per_token(lm_config, context, 0.0, "full") / dense >= macs_over_dense:
+    if macs_per_token(lm_config, context, 0.0, STATIC_MODE) / dense >= macs_over_dense:
         return 0.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if macs_per_token(lm_config, context, mid, "full") / dense < macs_over_dense else (lo, mid)
+        below = macs_per_token(lm_config, context, mid, STATIC_MODE) / dense < macs_over_dense
+        lo, hi = (mid, hi) if below else (lo, mid)
     return (lo + hi) / 2 * n_heads_total
 
 
