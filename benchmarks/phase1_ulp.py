@@ -115,7 +115,7 @@ def main() -> None:
         figures["per_seed_ratio_unperturbed"] = [run[key] for run in committed["per_seed"]]
         figures["per_seed_ratio_perturbed"] = [run[key] for run in metrics["per_seed"]]
     for key in ("increase_over_static_increase", "deployed_increase_over_static_increase", "greedy_capture",
-                "oracle_capture", "hard_nll_increase"):
+                "loo_oracle_capture", "hard_nll_increase"):
         before, after, sd = reference.get(key), metrics.get(key), committed.get(f"{key}_sd")
         figures.update({f"{key}_unperturbed": before, f"{key}_perturbed": after,
                         f"{key}_change": None if None in (before, after) else after - before, f"{key}_seed_sd": sd})

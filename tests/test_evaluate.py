@@ -171,7 +171,7 @@ def test_table_rows_are_the_models_they_name(evaluation, downstream_inputs, phas
     for name, row in table.items():
         assert 0.0 <= row["active_head_fraction"] <= 1.0 and len(row["active_head_fraction_per_layer"]) == 2, name
         assert row["ppl"] == pytest.approx(np.exp(row["nll"]))
-    assert table["dense_base"]["attention_flops_over_dense"] == 1.0
+    assert table["dense_base"]["attention_only_flops_over_dense"] == 1.0
     assert table["phase2_hard"]["tokens_per_s_over_dense"] > 0
     assert report["causality_max_change"] <= cfg.causality_tolerance
 

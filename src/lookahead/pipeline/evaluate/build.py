@@ -62,7 +62,7 @@ SEEDED_ROWS = ("diffusion_sample", "diffusion_best_of_k", "random_heads", "rando
 # (static_pruning_nll and diffusion_sample_nll: in the report and the table)
 HEADLINE = (*seeded_headline(("dense_base_nll", "dense_control_nll", "static_control_nll", "phase1_hard_nll",
                               "phase2_hard_nll", "phase2_active_head_fraction", "diffusion_best_of_k_nll",
-                              "random_best_of_k_nll", "attention_flops_over_dense", "causality_max_change"),
+                              "random_best_of_k_nll", "attention_only_flops_over_dense", "causality_max_change"),
                              ["dense_control_nll", "static_control_nll", "phase1_hard_nll", "phase2_hard_nll",
                               *[f"{name}_nll" for name in SEEDED_ROWS]])[:-1],
             *[key for claim in CLAIMS for key in claim_keys(claim) if not key.endswith(SE)], "seeds", "window_set",
@@ -300,7 +300,7 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
         "random_heads_nll": table["random_heads"]["nll"],
         **seed_summary(per_seed, [f"{name}_nll" for name in SEEDED_ROWS]),
         "per_seed": per_seed,
-        "attention_flops_over_dense": p2["attention_flops_over_dense"],
+        "attention_only_flops_over_dense": p2["attention_only_flops_over_dense"],
         # a timing (metrics/evaluate_timing.json); None where the phase-2 row is the stock forward (value residual)
         "hard_tokens_per_s_over_dense": p2.get("tokens_per_s_over_dense"),
         "causality_max_change": causality["max_change"],

@@ -50,7 +50,7 @@ def table_markdown(report: dict) -> str:
         per_layer = " ".join(f"{f:.2f}" for f in row["active_head_fraction_per_layer"])
         lines.append(f"| `{name}` | {lm} | {topology} | {_num(row['nll'])} | {_num(row['ppl'], 1)} | "
                      f"{_num(row['active_head_fraction'])} | {_num(row['active_edge_fraction'])} | {per_layer} | "
-                     f"{_num(row['attention_flops_over_dense'])} |")
+                     f"{_num(row['attention_only_flops_over_dense'])} |")
     c = report["causality"]
     lines += [
         "",

@@ -104,13 +104,13 @@ class RowTotals:
             ones = [1.0] * s.n_layers
             return {**out, "active_head_fraction": 1.0, "active_head_fraction_per_layer": ones,
                     "active_edge_fraction": 1.0, "active_edge_fraction_per_layer": ones,
-                    "attention_flops_over_dense": 1.0, "mixing_flops_over_dense": 0.0}
+                    "attention_only_flops_over_dense": 1.0, "mixing_flops_over_dense": 0.0}
         allowed = torch.tensor([s.n_heads * (1 + layer * s.n_heads) for layer in range(s.n_layers)], dtype=torch.float64)
         heads = (self.heads / (n * s.n_heads)).tolist()
         edges = (self.edges / (n * allowed)).tolist()
         return {**out, "active_head_fraction": float(np.mean(heads)), "active_head_fraction_per_layer": heads,
                 "active_edge_fraction": float(self.edges.sum() / (n * allowed.sum())), "active_edge_fraction_per_layer": edges,
-                "attention_flops_over_dense": self.flops / self.dense_flops,
+                "attention_only_flops_over_dense": self.flops / self.dense_flops,
                 "mixing_flops_over_dense": self.mixing / self.dense_flops}
 
 

@@ -9,7 +9,7 @@ baseline on the selection windows at each head count (:mod:`lookahead.artifacts.
 run as a pruned model runs (:data:`STATIC_SKIP`) — at the router's head count and at its deployed
 MACs, and both static baselines at the router's count; random heads (exactly K per position); the leave-one-out and
 the greedy label-free oracles at K; the router's and a static mask's recall of the greedy oracle's
-heads; the routing statistics of the hard gates; and the router's inputs shuffled across positions.
+heads (per position, so that their difference gets an interval); the routing statistics of the hard gates; and the router's inputs shuffled across positions.
 What no seed changes (dense, static pruning, the oracles) is computed once, in :attr:`ScoringSet.shared`.
 
 The claims with intervals (:mod:`lookahead.core.intervals`) pair these per-position NLLs seed by
@@ -17,7 +17,9 @@ seed: ``router_minus_static_pruning`` (the router on a dense pass's states: a de
 the routed one, about twice dense MACs), ``deployed_minus_static_pruning`` (the router as deployed,
 at the same head count) and ``deployed_minus_static_at_equal_macs`` (static pruning keeping as
 many heads as the deployed router's MACs per token pay for, its own MACs counted as they run — a
-pruned head costs nothing, a kept one attends every key — interpolated between whole head counts); ``greedy_capture`` gets the interval of its ratio.
+pruned head costs nothing, a kept one attends every key — interpolated between whole head counts); ``oracle_recall_minus_static_recall`` (claimed above 0);
+``greedy_capture`` — the router as it runs (as deployed where it can be, else its hard gates), with
+``dense_state_greedy_capture`` the router on a dense pass's states beside it — gets the interval of its ratio.
 """
 
 from __future__ import annotations
@@ -246,8 +248,8 @@ def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=Non
     if module.cfg.oracle == "greedy" and 0 < keep < n:
         out["greedy"], greedy_on = greedy_scores(module, scoring, keep)
         static_on = static_gates(scoring.static_ranking(module, keep), keep)[1:].bool()
-        out["recall"] = (greedy_on & on).sum(-1).double().mean().item() / keep
-        out["static_recall"] = (greedy_on & static_on).sum(-1).double().mean().item() / keep
+        out["recall"] = ((greedy_on & on).sum(-1).double() / keep).numpy()  # per position (P,)
+        out["static_recall"] = ((greedy_on & static_on).sum(-1).double() / keep).numpy()
     return out
 
 
@@ -258,16 +260,18 @@ def seed_figures(scored: dict) -> dict:
     greedy, loo = mean("greedy"), mean("loo")
     increase, static_increase = hard - dense, static - dense
     deployed = mean("deployed")
+    runs = hard if deployed is None else deployed  # the router as it runs: hard where it has no routed-state variant
     return {
         "dense_nll": dense, "hard_nll": hard, "deployed_nll": deployed, "static_pruning_nll": static,
-        "random_heads_nll": mean("random"), "oracle_nll": loo, "greedy_oracle_nll": greedy,
+        "random_heads_nll": mean("random"), "loo_oracle_nll": loo, "greedy_oracle_nll": greedy,
         "active_head_fraction": scored["active_head_fraction"], "oracle_heads_kept": scored["keep"],
         "hard_nll_increase": increase, "static_pruning_nll_increase": static_increase,
         "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
         "deployed_increase_over_static_increase": None if deployed is None or static_increase <= 0
         else (deployed - dense) / static_increase,
-        "oracle_capture": capture(static, hard, loo), "greedy_capture": capture(static, hard, greedy),
-        "oracle_recall_at_k": scored.get("recall"), "static_recall_at_k": scored.get("static_recall"),
+        "loo_oracle_capture": capture(static, runs, loo), "greedy_capture": capture(static, runs, greedy),
+        "dense_state_greedy_capture": capture(static, hard, greedy),
+        "oracle_recall_at_k": mean("recall"), "static_recall_at_k": mean("static_recall"),
         "dynamic_fraction": scored["dynamic_fraction"], "gate_entropy_bits": scored["gate_entropy_bits"],
         "context_shuffle_dnll": None if "shuffled" not in scored else mean("shuffled") - hard,
         "equal_macs_static_heads": scored.get("equal_macs_heads"),
@@ -281,6 +285,8 @@ CLAIMS = (("router_minus_static_pruning", "hard", "static"),
           ("deployed_minus_static_pruning", "deployed", "static"),
           ("deployed_minus_static_at_equal_macs", "deployed", "static_equal_macs"))
 """Phase 1's paired claims: (name, A, B) of per-position NLLs, A − B claimed below 0."""
+RECALL_CLAIM = ("oracle_recall_minus_static_recall", "recall", "static_recall")
+"""The router's recall of the greedy oracle's heads minus the static mask's, per position: claimed above 0."""
 
 
 def claims(scores: dict[str, np.ndarray], scoring: ScoringSet) -> dict:
@@ -292,15 +298,17 @@ def claims(scores: dict[str, np.ndarray], scoring: ScoringSet) -> dict:
     cfg = scoring.cfg
     out = {k: None for name, _, _ in CLAIMS for k in claim_keys(name)}  # null where not measured
     out.update(greedy_capture_ci_low=None, greedy_capture_ci_high=None)
-    for name, a, b in CLAIMS:
+    out.update({k: None for k in claim_keys(RECALL_CLAIM[0])})
+    for name, a, b in (*CLAIMS, RECALL_CLAIM):
         if a in scores and b in scores:
             interval = paired_interval(paired(scores[a], scores[b], name), scoring.window, cfg.resamples,
                                        cfg.confidence, cfg.bootstrap_seed)
             out.update(claim_figures(name, interval))
             out[f"{name}_interval"] = interval
     gain = np.atleast_2d(scores["static"] - scores["greedy"]).mean(1) if "greedy" in scores else None
+    runs = scores["deployed"] if "deployed" in scores else scores["hard"]  # as greedy_capture: the router as it runs
     if gain is not None and (gain > 0).all():  # as greedy_capture: no ratio where the oracle gains nothing
-        ratio = ratio_interval(scores["static"] - scores["hard"], scores["static"] - scores["greedy"], scoring.window,
+        ratio = ratio_interval(scores["static"] - runs, scores["static"] - scores["greedy"], scoring.window,
                                cfg.resamples, cfg.confidence, cfg.bootstrap_seed)
         out.update({"greedy_capture_ci_low": ratio["ci_low"], "greedy_capture_ci_high": ratio["ci_high"],
                     "greedy_capture_interval": ratio})

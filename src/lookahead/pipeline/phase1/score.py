@@ -30,33 +30,35 @@ from lookahead.graph.oracle import routing_stats
 from lookahead.graph.predictor import StructurePredictor, load_init, load_predictor, seed_router_name, twin_router_name
 from lookahead.graph.scoring import GeoLookup, capture
 from lookahead.pipeline.phase1.config import Phase1Config, ScoringKeys
-from lookahead.pipeline.phase1.final import CLAIMS, ScoringSet, claims, routed, score_final, scoring_set, seed_figures
+from lookahead.pipeline.phase1.final import CLAIMS, RECALL_CLAIM, ScoringSet, claims, routed, score_final, scoring_set, seed_figures
 from lookahead.pipeline.phase1.module import CACHE_KEYS, Phase1Module
 
 
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
 # and the research figures over seeds (lookahead.core.seeds): the mean, then `_sd`
 SEEDED = ("hard_nll", "deployed_nll", "active_head_fraction", "random_heads_nll", "hard_nll_increase",
-          "increase_over_static_increase", "deployed_increase_over_static_increase", "oracle_capture",
-          "greedy_capture", "oracle_recall_at_k", "static_recall_at_k", "dynamic_fraction", "context_shuffle_dnll",
-          "static_twin_gap", "equal_macs_static_heads")
+          "increase_over_static_increase", "deployed_increase_over_static_increase", "loo_oracle_capture",
+          "greedy_capture", "dense_state_greedy_capture", "oracle_recall_at_k", "static_recall_at_k", "dynamic_fraction",
+          "context_shuffle_dnll", "static_twin_gap", "equal_macs_static_heads")
 # every figure scores one set of windows: the scoring set (test or selection; the cache's val windows
 # for a router that reads the cache), recorded as `window_set`; soft_nll, active_edge_fraction,
 # gate_entropy_bits, the NLL ratios and the periodic evaluation's figures (`cache_val`) are in the report
-HEADLINE = ("dense_nll", "hard_nll", "hard_nll_sd", "deployed_nll", "deployed_nll_sd", "active_head_fraction",
-            "static_pruning_nll", "random_heads_nll", "oracle_nll", "greedy_oracle_nll",
+HEADLINE = ("dense_nll", "hard_nll", "deployed_nll", "deployed_nll_sd", "active_head_fraction",
+            "static_pruning_nll", "static_importance_nll", "static_greedy_nll", "static_pruning_mask",
+            "random_heads_nll", "loo_oracle_nll", "greedy_oracle_nll",
             "greedy_capture", "greedy_capture_sd", f"greedy_capture{CI_LOW}", f"greedy_capture{CI_HIGH}",
-            "oracle_recall_at_k", "oracle_recall_at_k_sd", "static_recall_at_k", "dynamic_fraction",
-            "context_shuffle_dnll", "static_twin_gap",
-            *[k for name, _, _ in CLAIMS for k in claim_keys(name) if not k.endswith(SE)], "seeds", "window_set")
+            "oracle_recall_at_k", "context_shuffle_dnll", "static_twin_gap",
+            *[k for name, _, _ in (*CLAIMS, RECALL_CLAIM) for k in claim_keys(name) if not k.endswith(SE)],
+            "window_set")
 """The headline (36 keys at most; `dvc metrics show metrics/phase1.json` within 400 characters:
 the claims' spreads and intervals in the sibling files); every other figure, and every other
 ``_sd``, is in the report."""
 
 
 TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "static_equal_macs", "static_importance",
-             "static_greedy")
-"""The per-position NLLs a seed's report carries to the score file (those measured)."""
+             "static_greedy", "recall", "static_recall")
+"""The per-position figures a seed's report carries to the score file (those measured): NLLs, and the
+router's and the static mask's recall of the greedy oracle's heads."""
 
 
 def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredictor, scoring: ScoringSet | None,
@@ -77,16 +79,19 @@ def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredi
         scored = score_final(module, predictor, scoring,
                              None if cost is None else lambda fraction: cost(fraction)["total_over_dense"])
     metrics = {k: training[k] for k in (*CACHE_KEYS, "cache_val", "scored_positions", "window_set")}
-    if scored is not None:  # every headline figure on the scoring set
+    if scored is not None:  # every figure on the scoring set: the cache's val windows' figures stay under cache_val
+        metrics = {k: v for k, v in metrics.items() if k not in CACHE_KEYS}
         metrics.update(seed_figures(scored))
         metrics.update({"scored_positions": len(scored["hard"]), "window_set": scoring.label,
                         "token_nll": {k: scored[k] for k in TOKEN_NLL if scored.get(k) is not None}})
     else:  # the cache's val windows alone: the greedy oracle there
-        metrics.update({"greedy_oracle_nll": None, "greedy_capture": None, "deployed_nll": None})
+        metrics.update({"greedy_oracle_nll": None, "greedy_capture": None, "dense_state_greedy_capture": None,
+                        "deployed_nll": None})
         if cfg.oracle == "greedy":
             greedy = module.greedy_oracle_nll(training["oracle_heads_kept"])
-            metrics.update({"greedy_oracle_nll": greedy,
-                            "greedy_capture": capture(training["static_pruning_nll"], training["hard_nll"], greedy)})
+            metrics.update({"greedy_oracle_nll": greedy, "dense_state_greedy_capture": capture(
+                training["static_pruning_nll"], training["hard_nll"], greedy)})
+            metrics["greedy_capture"] = metrics["dense_state_greedy_capture"]  # no deployed router on the cache's windows
         increase, static_increase = (metrics[k] - metrics["dense_nll"] for k in ("hard_nll", "static_pruning_nll"))
         metrics.update({"hard_nll_increase": increase, "static_pruning_nll_increase": static_increase,
                         "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,

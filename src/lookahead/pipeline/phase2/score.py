@@ -22,6 +22,7 @@ from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.core.seeds import seeded_headline, with_spread
+from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
@@ -37,19 +38,23 @@ from lookahead.pipeline.phase2.module import Phase2Module
 # (lookahead.core.seeds); dense_nll and hard_nll score the
 # final val set (scored_positions), the start_ figures and soft_nll (in the report) the cache's val windows
 SEEDED = ("dense_nll", "hard_nll", "deployed_nll", "soft_nll", "active_head_fraction")
-HEADLINE = seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "deployed_nll", "active_head_fraction",
-                            "start_active_head_fraction", "scored_positions", "train_steps", "train_tokens",
-                            "passes_over_cache", "passes_over_stream", "parameters_added"), SEEDED)
+HEADLINE = (*seeded_headline(("base_val_nll", "start_hard_nll", "dense_nll", "hard_nll", "deployed_nll",
+                              "active_head_fraction", "start_active_head_fraction", "scored_positions", "train_steps",
+                              "train_tokens", "passes_over_cache", "passes_over_stream", "parameters_added"), SEEDED),
+            "window_set", "cache_window_set")
 
 # metrics/control.json and metrics/static_control.json (lookahead.core.report)
 DATA_KEYS = ("train_steps", "train_tokens", "passes_over_cache", "passes_over_stream")
 CONTROL_SEEDED = ("val_nll",)
 # val_nll and dense_nll score the final val set (scored_positions); base_val_nll and start_val_nll the
 # cache's val windows (the periodic evaluation's, like phase 2's start_ figures)
-CONTROL_HEADLINE = seeded_headline(("base_val_nll", "val_nll", "scored_positions", *DATA_KEYS), CONTROL_SEEDED)
+CONTROL_HEADLINE = (*seeded_headline(("base_val_nll", "val_nll", "scored_positions", *DATA_KEYS), CONTROL_SEEDED),
+                    "window_set", "cache_window_set")
 STATIC_SEEDED = ("val_nll", "dense_nll")
-STATIC_HEADLINE = seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", "scored_positions",
-                                   *DATA_KEYS), STATIC_SEEDED)
+STATIC_HEADLINE = (*seeded_headline(("start_val_nll", "val_nll", "dense_nll", "active_head_fraction", "scored_positions",
+                                     *DATA_KEYS), STATIC_SEEDED), "mask", "window_set", "cache_window_set")
+"""Each headline names both window sets it holds: ``window_set`` (the scoring set: ``dense_nll``,
+``hard_nll``, ``val_nll``...) and ``cache_window_set`` (the cache's val windows: ``base_``/``start_`` figures)."""
 
 STAGES = ("phase2", "control", "static_control")
 """The training stages whose models this stage scores, in the order it scores them."""
@@ -57,7 +62,7 @@ STAGES = ("phase2", "control", "static_control")
 _PHASE2_ORDER = ("decoder", "base_val_nll", "start_hard_nll", "start_active_head_fraction", "dense_nll", "hard_nll",
                  "deployed_nll", "soft_nll", "active_head_fraction", "scored_positions", "window_set", "router",
                  "added_parameters", "parameters_added", "hard_minus_dense", "connectivity_weights",
-                 "scored_active_head_fraction", "cache_val")
+                 "scored_active_head_fraction", "cache_window_set", "cache_val")
 """A phase-2 seed's report, key by key, before its data figures (the training report's order)."""
 
 
@@ -78,6 +83,7 @@ def score_phase2(training: dict, module: Phase2Module, batches: list, window_set
                                  else None),
         "scored_active_head_fraction": scored["active_head_fraction"],
     }
+    figures["cache_window_set"] = set_label("cache-val", module.cache.windows("val"))
     report = {k: figures[k] if k in figures else training[k] for k in _PHASE2_ORDER}
     report.update({k: v for k, v in training.items() if k not in report})  # the data report, the refresher's
     report["token_nll"] = {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored}
@@ -93,9 +99,12 @@ def score_control(training: dict, module: ControlModule, batches: list, window_s
         report = {"base_val_nll": training["base_val_nll"], "val_nll": final["dense"]}
     else:
         report = {"start_val_nll": training["start_val_nll"], "val_nll": final["hard"], "dense_nll": final["dense"]}
+    if module.mask is not None:
+        report["mask"] = module.mask.source  # which static baseline it trained under
     report.update({k: v for k, v in training.items() if k not in report and k != "cache_val"})
     return {**report, "scored_positions": len(scored["dense"]), "window_set": window_set,
-            "cache_val": training["cache_val"], "token_nll": scored}
+            "cache_window_set": set_label("cache-val", module.cache.windows("val")), "cache_val": training["cache_val"],
+            "token_nll": scored}
 
 
 def load_phase2_model(model_dir, base_dir, predictor_file, diffusion_dir) -> tuple[Phase2Model, Phase2Config, object]:
