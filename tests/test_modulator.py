@@ -330,3 +330,19 @@ def test_an_interrupted_field_training_resumes_to_the_same_weights(tiny, stage_i
     assert train(resumed, cfg.train, stage="test", checkpoint_dir=tmp_path / "b").resumed_from == 2
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_the_modulator_scores_the_test_windows_and_draws_its_curve_on_selection(phase_inputs):
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, scoring_windows
+    from lookahead.pipeline.modulator.build import modulator_windows
+    from lookahead.pipeline.modulator.config import ModulatorConfig, ModulatorError
+
+    i, roles = phase_inputs, WindowsConfig(per_role=4)
+    cache = ContextCache(i["contexts"])
+    windows = modulator_windows(ModulatorConfig(eval_tokens=24), roles, i["tokens"], i["contexts"])
+    scoring = ScoringConfig(roles=roles)
+    assert torch.equal(windows["test"], scoring_windows(i["tokens"], scoring, 12, "test", cache))
+    assert torch.equal(windows["curve"], scoring_windows(i["tokens"], scoring, 12, "selection")[:2])  # 24 tokens
+    with pytest.raises(ModulatorError, match="seq_len is 8, but the test windows hold 12 tokens"):
+        modulator_windows(ModulatorConfig(seq_len=8), roles, i["tokens"], i["contexts"])

@@ -156,7 +156,7 @@ HEADLINE = {
 SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "token_spearman_gain_pct",
           "alpha_mean")
 HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds",
-            "alpha_per_layer": "alpha_per_layer"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
+            "alpha_per_layer": "alpha_per_layer", "window_set": "window_set"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
 
 
 def new_modulator(cfg: ModulatorConfig, init: dict, geo_scale: float, layers: list[int], hidden: int):
@@ -197,13 +197,36 @@ def field_validity(lm, modulator, val_windows: torch.Tensor, batch_size: int) ->
     return (total / len(val_windows)).tolist()
 
 
+def modulator_windows(cfg: ModulatorConfig, roles, tokens_dir, contexts_dir) -> dict[str, torch.Tensor]:
+    """The val windows the modulator reads (:mod:`lookahead.artifacts.val_scores`): ``test``, every test
+    window (its NLL before and after, the claim's), and ``curve``, the first selection windows holding
+    ``cfg.eval_tokens`` tokens (0: all; its periodic validation curve). Windows of the context cache's
+    length, which the test set is chosen apart from."""
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.artifacts.val_scores import ScoringConfig, scoring_windows
+
+    cache = ContextCache(contexts_dir)
+    if cfg.seq_len and cfg.seq_len != cache.context_length:
+        raise ModulatorError(f"modulator.seq_len is {cfg.seq_len}, but the test windows hold {cache.context_length} "
+                             "tokens (the context cache's windows): set it to 0")
+    scoring = ScoringConfig(roles=roles)
+    test = scoring_windows(tokens_dir, scoring, cache.context_length, "test", cache)
+    curve = scoring_windows(tokens_dir, scoring, cache.context_length, "selection")
+    if cfg.eval_tokens:
+        curve = curve[: max(1, cfg.eval_tokens // cache.context_length)]
+    return {"test": test, "curve": curve}
+
+
 def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
                     init_file, out_dir, checkpoint_root=None, tracker=None,
-                    base_measures: dict | None = None) -> tuple[dict, TrainResult | None, list[dict]]:
+                    base_measures: dict | None = None,
+                    windows: dict[str, torch.Tensor] | None = None) -> tuple[dict, TrainResult | None, list[dict]]:
     """Measure the base model, train the modulator, measure the modulated model; write
     ``out_dir/modulator.safetensors``. Returns (report, training result or None, α curve rows).
     ``base_measures``, when given, holds the base model's measures across calls (they depend on no
-    seed): filled by the first call, read by the next."""
+    seed): filled by the first call, read by the next. ``windows``: :func:`modulator_windows` (the
+    stage's: the test set scored, the selection set's curve); None: the first ``eval_tokens`` of the
+    val stream for both (tests of a stream with no context cache)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -229,7 +252,12 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     context = lm.config.max_position_embeddings
     if cfg.seq_len > context:
         raise ModulatorError(f"modulator.seq_len is {cfg.seq_len} but the base model's context is {context} tokens")
-    val_windows = data.eval_windows(data.load_stream(tokens_dir, "val"), cfg.seq_len or context, cfg.eval_tokens)
+    if windows is None:
+        val_windows = data.eval_windows(data.load_stream(tokens_dir, "val"), cfg.seq_len or context, cfg.eval_tokens)
+        windows, labels = {"test": val_windows, "curve": val_windows}, ("val-start", "val-start")
+    else:
+        labels = ("test", "selection")
+    val_windows = windows["test"]
     device = torch.device(resolve_device(cfg.train.device, "modulator.train.device"))
     lm.to(device)
 
@@ -249,11 +277,13 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     result = None
     if cfg.trains:
         gloss_cv = gloss_cv_monitor(tokenizer, anchors, acfg) if cfg.kind == "field" else None
-        module = ModulatorModule(modulator, lm, data.load_stream(tokens_dir, "train"), val_windows, cfg, gloss_cv)
+        module = ModulatorModule(modulator, lm, data.load_stream(tokens_dir, "train"), windows["curve"], cfg, gloss_cv)
         ckpt = checkpoint_dir(checkpoint_root, "modulator", {"modulator": to_dict(cfg), "geo_scale": geo_scale},
                               [Path(base_dir) / "model.safetensors", init_file, Path(tokens_dir) / "train.npy"])
         result = train(module, cfg.train, stage="modulator", checkpoint_dir=ckpt, tracker=tracker)
-        result.eval_curve.insert(0, {"step": 0, "val_nll": nll_before})
+        with torch.no_grad():  # the curve's windows: the base LM's NLL there before training
+            start = nll_before if windows["curve"] is val_windows else evaluate_nll(lm, windows["curve"], cfg.eval_batch_size)
+        result.eval_curve.insert(0, {"step": 0, "val_nll": start})
         modulator = module.model
         curve += [row for r in result.train_curve for row in alpha_rows(r["step"], r)]
     elif not is_main_process():
@@ -284,7 +314,7 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
         "alpha_per_layer": alphas,
         "cv_band": [lo, hi], "cv_in_band": bool(lo <= cv_after <= hi), "validity_mean": None,
         "layers": layers, "geo_scale": geo_scale, "val_tokens": int(val_windows[:, 1:].numel()),
-        "window_set": set_label("val-start", val_windows),
+        "window_set": set_label(labels[0], val_windows), "curve_window_set": set_label(labels[1], windows["curve"]),
         "trained": cfg.trains, "before": before, "after": after,
     }
     if cfg.kind == "field":
@@ -305,12 +335,12 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
 
 
 def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, tokens_dir, wordnet_dir, wordnet_path,
-                          init_file, out_dir, checkpoint_root=None,
-                          tracker=None) -> tuple[dict, TrainResult | None, list[dict]]:
+                          init_file, out_dir, checkpoint_root=None, tracker=None,
+                          windows: dict[str, torch.Tensor] | None = None) -> tuple[dict, TrainResult | None, list[dict]]:
     """:func:`build_modulator`, then ``cfg.seeds - 1`` more trainings on other seeds (their
     modulators discarded): the report carries the :data:`SEEDED` figures' mean and sd. The base
     model is measured once, for every seed."""
     base_measures: dict = {}
     return over_seeds(cfg, "modulator", SEEDED, lambda c, scratch: build_modulator(
         c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator" if scratch else out_dir,
-        checkpoint_root, None if scratch else tracker, base_measures))
+        checkpoint_root, None if scratch else tracker, base_measures, windows))
