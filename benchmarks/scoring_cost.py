@@ -1,5 +1,5 @@
 """What the scoring set costs each stage (issue 41): the final figures of phase 1, phase 2 and both
-controls score ``scoring.windows`` val windows (256 at the default: 32 768 positions) instead of
+controls score ``windows.per_role`` test windows (256 at the default: 32 768 positions) instead of
 the context cache's 32, every seed. One process, the default run's outputs (``dvc repro`` first),
 side by side: each stage's final-scoring passes timed on the scoring set and on 32 windows, times
 the stage's seeds. Prints one JSON line: seconds per stage on each set and the difference.

@@ -254,7 +254,7 @@ def phase1_figures(rev: str | None, scoring, window: int) -> dict:
         phase1 = load_scores(score_file(rev, "data/val_nll/phase1.safetensors", Path(tmp)))
     # ratio: the deployed router's NLL increase over static pruning's, both over dense (ratio of sums, CI)
     dense, static, deployed = (phase1[k] for k in ("dense", "static", "deployed"))
-    ratio = ratio_interval(deployed - dense, static - dense, window, scoring.resamples, scoring.confidence, scoring.seed)
+    ratio = ratio_interval(deployed - dense, static - dense, window, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
     out.update(deployed_ratio=ratio["mean"], deployed_ratio_ci_low=ratio["ci_low"], deployed_ratio_ci_high=ratio["ci_high"])
     # no per-position scores: intervals over the seeds alone (Student-t)
     for key in ("static_twin_gap", "context_shuffle_dnll"):
