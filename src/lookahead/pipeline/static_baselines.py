@@ -128,14 +128,22 @@ def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidate
     return rank.view(n_layers, n_heads), path
 
 
-def selection_curve(lm, windows: list[torch.Tensor], ranking: torch.Tensor, progress: bool = True) -> torch.Tensor:
-    """(L·H + 1,) float64: the mean NLL on ``windows`` keeping each count k = 0 … L·H of ``ranking``'s top heads."""
+def selection_curve(lm, windows: list[torch.Tensor], ranking: torch.Tensor, progress: bool = True,
+                    seen: dict | None = None) -> torch.Tensor:
+    """(L·H + 1,) float64: the mean NLL on ``windows`` keeping each count k = 0 … L·H of ``ranking``'s
+    top heads. ``seen``: {mask: NLL} shared between calls, so that a mask two rankings share (every
+    head, none, and any other they agree on) is scored once."""
     from tqdm.auto import tqdm
 
-    total = ranking.numel()
-    return torch.tensor([mask_nll(lm, windows, static_gates(ranking, k)[1:].bool())
-                         for k in tqdm(range(total + 1), desc="static_baselines: selection", unit="mask",
-                                       disable=not progress)], dtype=torch.float64)
+    seen = {} if seen is None else seen
+    out = []
+    for k in tqdm(range(ranking.numel() + 1), desc="static_baselines: selection", unit="mask", disable=not progress):
+        on = static_gates(ranking, k)[1:].bool()
+        key = tuple(on.tolist())
+        if key not in seen:
+            seen[key] = mask_nll(lm, windows, on)
+        out.append(seen[key])
+    return torch.tensor(out, dtype=torch.float64)
 
 
 # metrics/static_baselines.json (lookahead.core.report); every count's figures stay in the report
@@ -168,7 +176,8 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
     timings["greedy_seconds"] = time.perf_counter() - tic
     tic = time.perf_counter()
     selection_batches = batches(selection, cfg.batch_size, device)
-    curves = {m: selection_curve(lm, selection_batches, rankings[m]) for m in METHODS}
+    seen: dict = {}
+    curves = {m: selection_curve(lm, selection_batches, rankings[m], seen=seen) for m in METHODS}
     timings["selection_seconds"] = time.perf_counter() - tic
     stronger = torch.stack([curves[m] for m in METHODS]).argmin(0)  # the first (importance) on a tie
     spans = {"static_baselines (fit windows)": scoring_spans(tokens_dir, scoring, context_length, "fit"),
@@ -194,4 +203,5 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
                               for k in range(total + 1)],
             "greedy_search": {"min_keep": cfg.min_keep, "candidates": cfg.candidates,
                               "windows": len(search), "exact": cfg.candidates == 0},
+            "selection_masks_scored": len(seen),
             **timings}

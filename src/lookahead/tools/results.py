@@ -262,12 +262,21 @@ def decode_section(runtime: dict | None) -> list[str]:
     return out + [""]
 
 
-def head_scaling_section(path: Path) -> list[str]:
+def head_scaling_section(path: Path, default_window_set: str | None = None) -> list[str]:
     """The head-scaling study's points (``metrics/head_scaling_report.json``, scripts/head_scaling.py): each
-    claim with its 95 % interval at every shape, and the trend's value at 256 heads."""
+    claim with its 95 % interval at every shape, and the trend's value at 256 heads; where the study was
+    scored on other windows than the default run (``default_window_set``), under which rules."""
     if not path.is_file():
         return []
     study = json.loads(path.read_text(encoding="utf-8"))
+    sets = sorted({r.get("window_set") for r in study["points"] if r.get("window_set")})
+    if sets and default_window_set and sets != [default_window_set]:
+        scored = (f"Scored on: {', '.join(f'`{w}`' for w in sets)} — under earlier rules: the windows that were the "
+                  "test set before window roles (now the *fit* set, [reproducibility](reproducibility.md#window-roles)), "
+                  "static pruning by the probe's importance on train windows and its MACs counted per token; not "
+                  "comparable with the tables above until the points are rescored under this page's rules.")
+    else:
+        scored = scored_on(*sets)
     keys = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
             "phase2_minus_static_control", "phase2_minus_control")
 
@@ -288,7 +297,8 @@ def head_scaling_section(path: Path) -> list[str]:
            f"The research chain at each model shape (`{HEAD_SCALING}`, written by `make head-scaling`; what each point "
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
-           "on the same test windows (the default's corpus and tokenizer); the trend is a weighted line in log₂(heads) evaluated at 256 heads.", ""]
+           "on the same test windows (the default's corpus and tokenizer); the trend is a weighted line in log₂(heads) evaluated at 256 heads.", "",
+           scored, ""]
     return out + table(("shape", "heads", "oracle", "phase 1: deployed − static", "at equal MACs", "greedy capture",
                         "phase 2 − static control", "phase 2 − dense control"), rows) + [""]
 
@@ -447,7 +457,7 @@ def render(root: Path) -> str:
     for section in (phase1_section(m), phase2_section(m), decoders_section(m), modulator_section(m),
                     speed_section(runtime), decode_section(runtime)):
         lines += section + [""]
-    lines += head_scaling_section(root / HEAD_SCALING)
+    lines += head_scaling_section(root / HEAD_SCALING, m["phase1"].values.get("window_set"))
     lines += gpu_section(root / GPU)
     lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)
