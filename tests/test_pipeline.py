@@ -31,7 +31,7 @@ from lookahead.core.report import MAX_HEADLINE, read_headline
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 
 pytestmark = pytest.mark.slow
-STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "modulator", "contexts", "oracle", "static_baselines",
+STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "modulator", "oracle", "static_baselines",
           "phase1", "score_phase1",
           "pairs", "diffusion", "phase2", "control", "static_control", "score_phase2", "evaluate")
 TRAINING = ("phase1", "phase2", "control", "static_control")
