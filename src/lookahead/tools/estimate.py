@@ -228,20 +228,21 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      activations=4.0 * pr.head_batch_size * pr.head_window * arch.vocab))
     out.append(Stage("init", note="CPU (eigendecomposition of the WordNet matrix)"))
 
-    mt = mod.train
-    seq = mod.seq_len or t
-    m_tokens = mod.seeds * mt.steps * mt.batch_size * seq
-    out.append(Stage("modulator", trained=arch.layers * arch.hidden * 2.0, frozen=arch.params, train_tokens=m_tokens,
-                     forward_tokens=m_tokens + 2 * mod.seeds * mod.eval_tokens,
-                     flops=2 * fwd * m_tokens + 2 * mod.seeds * mod.eval_tokens * fwd, weights=lm_w,
-                     **trained("modulator", mt, mt.batch_size, seq),
-                     note=f"{mod.seeds} seeds; the LM frozen, gradients through it"))
-
     cx = configs["contexts"]
     enc = _encoder_params(cx.encoder, arch)
     c_tokens = (cx.train_sequences + cx.val_sequences) * t
     out.append(Stage("contexts", frozen=enc, forward_tokens=c_tokens, flops=2 * enc * c_tokens, weights=4.0 * enc,
                      activations=4.0 * cx.batch_size * t * 1024, note=f"encoder {cx.encoder}"))
+
+    per_role = configs["windows"].per_role  # windows of each role: fit, selection, test
+    mt = mod.train
+    seq = mod.seq_len or t
+    m_tokens = mod.seeds * mt.steps * mt.batch_size * seq
+    out.append(Stage("modulator", trained=arch.layers * arch.hidden * 2.0, frozen=arch.params, train_tokens=m_tokens,
+                     forward_tokens=m_tokens + mod.seeds * (mod.eval_tokens + 2 * per_role * t),
+                     flops=2 * fwd * m_tokens + mod.seeds * (mod.eval_tokens + 2 * per_role * t) * fwd, weights=lm_w,
+                     **trained("modulator", mt, mt.batch_size, seq),
+                     note=f"{mod.seeds} seeds; the LM frozen, gradients through it"))
 
     orc = configs["oracle"]
     keep = max(1, round(pred.keep * (nodes - 1)))
@@ -284,7 +285,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                      **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
                      note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
 
-    sc, per_role = configs["scoring"], configs["windows"].per_role
+    sc = configs["scoring"]
     # every seed's router: on dense states, as deployed (about one forward), its inputs shuffled, random heads,
     # its static twin; once: dense, static pruning at the router's heads and at its MACs (two counts), and the
     # oracles at K — leave-one-out (L·H + 1 forwards) and greedy (the oracle stage's search)

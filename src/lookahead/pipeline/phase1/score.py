@@ -97,7 +97,10 @@ def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredi
                         "increase_over_static_increase": increase / static_increase if static_increase > 0 else None,
                         "deployed_increase_over_static_increase": None,
                         "oracle_heads_kept": training["oracle_heads_kept"],
-                        "static_recall_at_k": None, "equal_macs_static_heads": None})  # scoring-set figures
+                        "static_recall_at_k": None, "equal_macs_static_heads": None,  # scoring-set figures
+                        "loo_oracle_nll": metrics["oracle_nll"], "loo_oracle_capture": metrics["oracle_capture"],
+                        "static_pruning_mask": "probe importance (train windows)",
+                        "static_importance_nll": None, "static_greedy_nll": None})
     metrics.update({"init_soft_nll_minus_dense": training["init_soft_nll_minus_dense"], "static_twin_gap": None,
                     "train_steps": training["train_steps"]})
     if "train_tokens_per_s" in training:  # a timing: not in the training report read back from its file
