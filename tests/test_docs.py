@@ -208,8 +208,9 @@ def test_a_rerun_on_another_machine_leaves_the_consistency_set_green(tmp_path):
             check(clone)
         except AssertionError:
             failed.append(check.__name__)
-    assert set(failed) >= {"results_page_is_a_fresh_render", "head_scaling_default_point_is_the_default_run",
-                           "head_scaling_page_is_a_fresh_render"}, failed
+    # (head_scaling_default_point_is_the_default_run compares figures only while the study and the default run
+    # share a window set; scored under earlier rules, it checks the page's statement of them, which no rewrite moves)
+    assert set(failed) >= {"results_page_is_a_fresh_render", "head_scaling_page_is_a_fresh_render"}, failed
 
 
 def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
@@ -217,12 +218,12 @@ def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
         shutil.copytree(root, tmp_path, dirs_exist_ok=True)
     assert results.main(["--repo", str(tmp_path), "--check"]) == 0
     phase1 = json.loads((tmp_path / "metrics/phase1.json").read_text())
-    phase1["hard_nll"] += 0.01
+    phase1["deployed_nll"] += 0.01
     (tmp_path / "metrics/phase1.json").write_text(json.dumps(phase1))
     assert results.main(["--repo", str(tmp_path), "--check"]) == 1
     assert "stale: docs/results.md" in capsys.readouterr().err
     assert results.main(["--repo", str(tmp_path)]) == 0 and results.main(["--repo", str(tmp_path), "--check"]) == 0
-    assert f"| `hard_nll` | {phase1['hard_nll']:.3f} ± " in (tmp_path / "docs/results.md").read_text()
+    assert f"| `deployed_nll` | {phase1['deployed_nll']:.3f} ± " in (tmp_path / "docs/results.md").read_text()
     # a changed interval flips a verdict in the README's summary too
     ci = json.loads((tmp_path / "metrics/evaluate_ci.json").read_text()) if (tmp_path / "metrics/evaluate_ci.json").exists() \
         else json.loads((tmp_path / "metrics/evaluate.json").read_text())
