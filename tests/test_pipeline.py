@@ -135,7 +135,7 @@ def test_repro_then_only_changed_stage_reruns_then_run_cache_restores(repo, pipe
     for claim in ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs"):
         assert phase1[f"{claim}_ci_low"] <= phase1[claim] <= phase1[f"{claim}_ci_high"], claim
     assert phase1["greedy_capture"] is None or phase1["greedy_capture_ci_low"] <= phase1["greedy_capture"]
-    assert 0 <= phase1["static_recall_at_k"] <= 1 and report["phase1"]["equal_macs_static_heads"] > 2
+    assert 0 <= report["phase1"]["static_recall_at_k"] <= 1 and report["phase1"]["equal_macs_static_heads"] > 2
     seed1 = path / "models" / "phase1" / "seeds" / "predictor_seed1.safetensors"
     assert seed1.is_file() and digest(seed1) != digest(path / "models" / "phase1" / "predictor.safetensors")
     assert report["phase2"]["router"].endswith("phase1/predictor.safetensors")  # seed 0's; seed 1 read seed1
