@@ -49,7 +49,7 @@ HEADLINE = ("dense_nll", "hard_nll", "deployed_nll", "deployed_nll_sd", "active_
             "greedy_capture", "greedy_capture_sd", f"greedy_capture{CI_LOW}", f"greedy_capture{CI_HIGH}",
             "oracle_recall_at_k",
             *[k for name, _, _ in (*CLAIMS, RECALL_CLAIM) for k in claim_keys(name) if not k.endswith(SE)],
-            "window_set")
+            "seeds", "window_set")
 """The headline (36 keys at most; `dvc metrics show metrics/phase1.json` within 400 characters — so
 ``context_shuffle_dnll``, ``static_twin_gap``, ``static_pruning_mask`` (the stronger mask's name: also
 ``metrics/static_baselines.json``'s ``stronger_at_half``) and the routing statistics stay in the report:
