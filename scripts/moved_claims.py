@@ -33,6 +33,8 @@ CLAIMS = (
     ("evaluate", "phase2_minus_control", True, "phase 2 − dense control"),
     ("evaluate", "phase2_minus_static_control", True, "phase 2 − static control"),
 )
+STEPS = ("before", "fresh test set", "stronger static baseline", "MACs as they run", "names", "lazy scoring oracle")
+"""The columns, in the order the rules were added (a collected step of another name goes after them)."""
 FIGURES = (("phase1", "static_pruning_nll"), ("phase1", "static_importance_nll"), ("phase1", "static_greedy_nll"),
            ("phase1", "static_pruning_mask"), ("phase1", "equal_macs_static_heads"), ("phase1", "window_set"),
            ("evaluate", "static_control_nll"), ("evaluate", "window_set"))
@@ -71,7 +73,7 @@ def cell(claim: dict | None, below: bool | None, reference: float | None = None)
 
 def render() -> None:
     data = json.loads(DATA.read_text(encoding="utf-8"))
-    steps = list(data["steps"])
+    steps = [s for s in STEPS if s in data["steps"]] + [s for s in data["steps"] if s not in STEPS]
     head = "| claim | " + " | ".join(steps) + " |"
     rows = [head, "|" + " --- |" * (len(steps) + 1)]
     for stage, key, below, label in CLAIMS:

@@ -388,7 +388,7 @@ def phase2_run(downstream_inputs, tmp_path_factory):
     from lookahead.artifacts.phase2 import write_pruning
     from lookahead.core.config import from_dict
     from lookahead.pipeline.phase2.run import build_control, build_phase2
-    from lookahead.pipeline.phase2.common import save_seed_scores
+    from lookahead.pipeline.phase2.score import save_seed_scores
     from lookahead.pipeline.phase2.config import Phase2Config
     from lookahead.pipeline.phase2.static_mask import static_mask
 

@@ -476,7 +476,6 @@ def test_phase2_with_refresh_trains_the_router_from_the_oracle_only(downstream_i
 
 def test_softmax_gate_weights_scale_the_kept_routed_heads_by_their_softmax_weight(phase_inputs, tmp_path):
     from lookahead.graph.gating import softmax_weights
-    from lookahead.graph.router_inputs import router_context
 
     gates = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
     z = torch.tensor([[5.0, 0.0, 9.0, 1.0], [2.0, 3.0, 3.0, -1.0]])

@@ -254,7 +254,8 @@ def assert_every_seeds_models_are_kept(path: Path) -> None:
     from lookahead.pipeline.phase1.config import Phase1Config
     from lookahead.pipeline.phase1.final import routed, scoring_set
     from lookahead.pipeline.phase1.module import Phase1Module
-    from lookahead.pipeline.phase2.common import base_lm, final_batches
+    from lookahead.pipeline.phase2.common import base_lm
+    from lookahead.pipeline.phase2.score import final_batches
     from lookahead.pipeline.phase2.config import Phase2Config
     from lookahead.pipeline.phase2.control import ControlModule, StaticPruned
     from lookahead.pipeline.phase2.static_mask import static_mask

@@ -27,7 +27,7 @@ from lookahead.pipeline.phase1.final import scoring_set
 from lookahead.pipeline.phase1.run import build_phase1
 from lookahead.pipeline.phase1.score import SEEDED, score_phase1_seeds, scoring_config
 from lookahead.pipeline.phase2.build import train_phase2
-from lookahead.pipeline.phase2.common import final_batches, final_label
+from lookahead.pipeline.phase2.score import final_batches, final_label
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import ControlModule, train_control
 from lookahead.pipeline.phase2.module import Phase2Module

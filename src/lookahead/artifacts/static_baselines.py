@@ -71,6 +71,10 @@ class StaticBaselines:
         """(L, H): the ranking whose top ``keep`` heads are the stronger mask at ``keep`` heads."""
         return self.rankings[self.method(keep)]
 
+    def keep_at(self, fraction: float) -> int:
+        """The head count static pruning keeps at ``fraction`` of the heads: ``round(fraction · L·H)``."""
+        return round(fraction * int(np.prod(self.shape)))
+
     def at_fraction(self, fraction: float) -> torch.Tensor:
-        """(L, H): :meth:`ranking` at ``round(fraction · L·H)`` heads (as static pruning rounds it)."""
-        return self.ranking(round(fraction * int(np.prod(self.shape))))
+        """(L, H): :meth:`ranking` at :meth:`keep_at` ``fraction``."""
+        return self.ranking(self.keep_at(fraction))

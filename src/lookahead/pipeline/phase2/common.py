@@ -1,14 +1,12 @@
 """What phase 2 and its two controls (dense, static) share, so that all three train on the same
-windows in the same order and are scored alike: the step's windows (fresh windows of the train
-stream, or the context cache's), the loss over them and the replay windows, distillation from the
-frozen base, the base LM, saving, the data report, and the val set the final figures score.
+windows in the same order: the step's windows (fresh windows of the train stream, or the context
+cache's), the loss over them and the replay windows, distillation from the frozen base, the base LM,
+saving and the data report. The periodic evaluation (the curves, the ``start_`` figures) scores the
+cache's val windows.
 
-Final figures (docs/reproducibility.md): after training, every run scores the ``scoring`` windows of the val
-stream (:mod:`lookahead.artifacts.val_scores`; 32 k positions at the default) — the cache's val
-windows instead with ``windows: cache``, whose routers read the cache's encodings — and keeps the
-per-position NLLs, which the stage writes for every seed and evaluate pairs position by position
-(phase 2 − each control, with an interval). The periodic evaluation (the curves, the ``start_``
-figures) scores the cache's val windows."""
+The final figures' windows (the scoring set, :mod:`lookahead.artifacts.val_scores`) are
+``score_phase2``'s alone (:func:`lookahead.pipeline.phase2.score.final_batches`): no training stage
+imports the scoring windows, so a new test set or window role rescores and retrains nothing."""
 
 from __future__ import annotations
 
@@ -22,9 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead.artifacts.contexts import ContextCache
-from lookahead.artifacts.val_scores import ScoringConfig, batches, save_scores, scoring_windows
 from lookahead.core.errors import LookaheadError
-from lookahead.core.windows import set_label
 from lookahead.lm.nll import token_nll
 from lookahead.pipeline.phase2.config import DECODER_INPUTS, DECODER_MODULES, Phase2Config
 from lookahead.train import data
@@ -76,35 +72,6 @@ def val_batches(cache: ContextCache, rows: np.ndarray, batch_size: int, device) 
     for i in range(0, len(rows), batch_size):
         windows, contexts = cache.batch("val", rows[i : i + batch_size])
         yield windows.to(device), contexts.to(device)
-
-
-def final_batches(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: ContextCache,
-                  device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(windows (B, T+1), contexts (B, T, C) or None) of the val set the final figures score: the
-    scoring windows, or the cache's val windows with ``windows: cache`` (the same in phase 2 and
-    both controls, so that their per-position NLLs pair)."""
-    if cfg.windows == "cache":
-        rows = np.arange(len(cache.windows("val")))
-        return list(val_batches(cache, rows, scoring.batch_size, device))
-    windows = scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache)
-    return [(w, None) for w in batches(windows, scoring.batch_size, device)]
-
-
-def final_label(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: ContextCache) -> str:
-    """The :func:`lookahead.artifacts.val_scores.set_label` of :func:`final_batches`' windows."""
-    if cfg.windows == "cache":
-        return set_label("cache-val", cache.windows("val"))
-    return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache))
-
-
-def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:
-    """Pop each run's ``token_nll`` ({name: (P,)}) and write them, stacked over the runs (seeds, P),
-    to ``path`` (None: not written) with the runs' ``window_set``; return the stacked arrays."""
-    tokens = [run.pop("token_nll") for run in runs]
-    stacked = {name: np.stack([t[name] for t in tokens]) for name in tokens[0]}
-    if path is not None:
-        save_scores(path, stacked, runs[0].get("window_set"))
-    return stacked
 
 
 def top_k_kl(logits: torch.Tensor, ref_logp: torch.Tensor, k: int) -> torch.Tensor:

@@ -142,7 +142,7 @@ class ControlModule:
     @torch.no_grad()
     def score(self, model, batches: list) -> dict[str, np.ndarray]:
         """Per-position NLLs (P,) of the trained LM on the final val set ``batches``
-        (:func:`lookahead.pipeline.phase2.common.final_batches`): ``dense`` and, for the static
+        (:func:`lookahead.pipeline.phase2.score.final_batches`): ``dense`` and, for the static
         control, ``hard`` under its mask (through the execution plan)."""
         out: dict[str, list] = {"dense": [], "hard": []} if self.static else {"dense": []}
         with eval_mode(model):

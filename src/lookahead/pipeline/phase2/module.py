@@ -163,7 +163,7 @@ class Phase2Module:
     @torch.no_grad()
     def score(self, model, batches: list) -> dict[str, np.ndarray]:
         """Per-position NLLs (P,) of the trained LM on the final val set ``batches``
-        (:func:`lookahead.pipeline.phase2.common.final_batches`): dense, and under its decoder's hard
+        (:func:`lookahead.pipeline.phase2.score.final_batches`): dense, and under its decoder's hard
         topologies through the execution plan (the router reading a dense pass's states); where the
         router can run as deployed (:meth:`deployed_router`), ``deployed``: its inputs from the routed
         model's own states, position by position (:func:`lookahead.graph.deployed.self_consistent`);

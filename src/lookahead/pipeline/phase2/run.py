@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from lookahead.artifacts.val_scores import ScoringConfig
 from lookahead.pipeline.phase2.build import train_phase2
-from lookahead.pipeline.phase2.common import final_batches, final_label
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import StaticMask, train_control
-from lookahead.pipeline.phase2.score import score_control, score_phase2
+from lookahead.pipeline.phase2.score import final_batches, final_label, score_control, score_phase2
 from lookahead.train.loop import TrainResult
 
 

@@ -13,11 +13,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
 from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.phase2 import CONFIG_FILE, LM_DIR, PREDICTOR_FILE
-from lookahead.artifacts.val_scores import ScoringConfig, refuse_choices_on_test
+from lookahead.artifacts.val_scores import ScoringConfig, batches, refuse_choices_on_test, save_scores, scoring_windows
 from lookahead.core.config import from_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
@@ -26,12 +28,41 @@ from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
-from lookahead.pipeline.phase2.common import base_lm, decoder_sampler, final_batches, final_label, save_seed_scores
+from lookahead.pipeline.phase2.common import base_lm, decoder_sampler, val_batches
 from lookahead.pipeline.phase2.config import Phase2Config
 from lookahead.pipeline.phase2.control import ControlModule, StaticMask
 from lookahead.pipeline.phase2.static_mask import mask_at
 from lookahead.pipeline.phase2.model import Phase2Model, connectivity_weights, weight_summary
 from lookahead.pipeline.phase2.module import Phase2Module
+
+
+def final_batches(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: ContextCache,
+                  device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(windows (B, T+1), contexts (B, T, C) or None) of the val set the final figures score: the
+    scoring windows, or the cache's val windows with ``windows: cache`` (the same in phase 2 and
+    both controls, so that their per-position NLLs pair)."""
+    if cfg.windows == "cache":
+        rows = np.arange(len(cache.windows("val")))
+        return list(val_batches(cache, rows, scoring.batch_size, device))
+    windows = scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache)
+    return [(w, None) for w in batches(windows, scoring.batch_size, device)]
+
+
+def final_label(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: ContextCache) -> str:
+    """The :func:`lookahead.artifacts.val_scores.set_label` of :func:`final_batches`' windows."""
+    if cfg.windows == "cache":
+        return set_label("cache-val", cache.windows("val"))
+    return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache))
+
+
+def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:
+    """Pop each run's ``token_nll`` ({name: (P,)}) and write them, stacked over the runs (seeds, P),
+    to ``path`` (None: not written) with the runs' ``window_set``; return the stacked arrays."""
+    tokens = [run.pop("token_nll") for run in runs]
+    stacked = {name: np.stack([t[name] for t in tokens]) for name in tokens[0]}
+    if path is not None:
+        save_scores(path, stacked, runs[0].get("window_set"))
+    return stacked
 
 
 # metrics/phase2.json (lookahead.core.report) and their spread over training seeds

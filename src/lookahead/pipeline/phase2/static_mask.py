@@ -4,8 +4,6 @@ that the dense control, which shares :mod:`lookahead.pipeline.phase2.control`, d
 
 from __future__ import annotations
 
-import numpy as np
-
 from lookahead.artifacts.static_baselines import StaticBaselines
 from lookahead.pipeline.phase2.control import StaticMask
 
@@ -22,5 +20,5 @@ def static_mask(static_dir, pruning_file) -> StaticMask:
 def mask_at(static_dir, fraction: float, skip: str) -> StaticMask:
     """The stronger static baseline of ``static_dir`` (the static_baselines stage's) at ``fraction`` of the heads."""
     static = StaticBaselines(static_dir)
-    keep = round(fraction * int(np.prod(static.shape)))
+    keep = static.keep_at(fraction)
     return StaticMask(static.ranking(keep), fraction, skip, f"{static.method(keep)} (fit windows)")
