@@ -51,7 +51,7 @@ class StaticBaselinesConfig:
     below it the greedy ranking keeps its last heads in node order)."""
     candidates: int = 0
     """Heads tried per greedy step after the first, those of lowest latest cost (a lazy search; 0: every head still on)."""
-    fit_windows: int = 64
+    fit_windows: int = 0
     """Fit windows the greedy search reads, the first in stream order (0: all; importance reads all)."""
     batch_size: int = 16
     """Windows per forward pass."""
