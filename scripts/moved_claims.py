@@ -33,7 +33,7 @@ CLAIMS = (
     ("evaluate", "phase2_minus_control", True, "phase 2 − dense control"),
     ("evaluate", "phase2_minus_static_control", True, "phase 2 − static control"),
 )
-STEPS = ("before", "fresh test set", "stronger static baseline", "MACs as they run", "names", "lazy scoring oracle")
+STEPS = ("before", "fresh test set", "stronger static baseline", "MACs as they run", "names", "budget")
 """The columns, in the order the rules were added (a collected step of another name goes after them)."""
 FIGURES = (("phase1", "static_pruning_nll"), ("phase1", "static_importance_nll"), ("phase1", "static_greedy_nll"),
            ("phase1", "static_pruning_mask"), ("phase1", "equal_macs_static_heads"), ("phase1", "window_set"),
