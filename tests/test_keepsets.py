@@ -185,7 +185,9 @@ def test_the_decoders_are_judged_on_the_val_ground_truth(keepset_run):
 
     report, cache, lm, predictor = (keepset_run[k] for k in ("report", "cache", "lm", "predictor"))
     assert headline(keepset_run["dir"] / "pairs") == KEEPSET_HEADLINE
-    assert set(KEEPSET_HEADLINE) - {"seeds"} - {k for k in KEEPSET_HEADLINE if k.endswith("_sd")} <= set(report)
+    from lookahead.core.seeds import one_run
+
+    assert one_run(KEEPSET_HEADLINE) <= set(report)  # the paired claims come with the seeds (decoder_claims)
     for name in SAMPLERS:
         for n in (1, 4, 8):
             assert 0.0 <= report[f"{name}_recall_at_{n}"] <= 1.0
@@ -239,3 +241,37 @@ def test_the_autoregressive_decoder_is_causal(phase_inputs):
     draws = [model.sample(router_context("lm", lm, x, None)[0], torch.Generator().manual_seed(3))[0] for x in (ids, changed)]
     assert torch.equal(draws[0][: t + 1], draws[1][: t + 1])
     assert not torch.equal(router_context("lm", lm, ids, None)[0, t + 2 :], router_context("lm", lm, changed, None)[0, t + 2 :])
+
+
+def test_the_decoders_claims_pair_their_figures_position_by_position(keepset_run):
+    from lookahead.pipeline.diffusion.judge import DECODER_CLAIMS, TOKEN_KEY, decoder_claims
+
+    report = keepset_run["report"]
+    tokens = report[TOKEN_KEY]
+    has = tokens["has_truth"]
+    assert has.any() and len(has) % tokens["window"] == 0
+    for name in ("baseline", "autoregressive", "diffusion", "diffusion_frequency"):
+        # the per-position figures are the summary's: recall over the positions with an ε-good set (0
+        # elsewhere), the label-free best of K over every position
+        assert tokens[f"{name}_recall_at_8"][has].mean() == pytest.approx(report[f"{name}_recall_at_8"], abs=1e-6)
+        assert (tokens[f"{name}_recall_at_8"][~has] == 0).all()
+        assert tokens[f"{name}_best_of_k_label_free_nll"].mean() == pytest.approx(
+            report[f"{name}_best_of_k_label_free_nll"], rel=1e-6)
+    # two "seeds": the run, and the run with the diffusion head's NLLs 0.1 higher everywhere
+    shifted = {k: v + 0.1 if k == "diffusion_best_of_k_label_free_nll" else v for k, v in tokens.items()}
+    runs = [{TOKEN_KEY: tokens}, {TOKEN_KEY: shifted}]
+    decoder_claims(runs)
+    assert all(TOKEN_KEY not in r for r in runs)
+    claims = runs[0]
+    recall = report["diffusion_recall_at_8"] - report["baseline_recall_at_8"]
+    assert claims["diffusion_minus_baseline_recall_at_8"] == pytest.approx(recall, abs=1e-6)
+    assert claims["diffusion_minus_baseline_recall_at_8_sd"] == pytest.approx(0.0, abs=1e-12)
+    nll = report["diffusion_best_of_k_label_free_nll"] - report["diffusion_frequency_best_of_k_label_free_nll"]
+    assert claims["best_of_k_minus_null"] == pytest.approx(nll + 0.05, abs=1e-5)  # float32 NLLs
+    assert claims["best_of_k_minus_null_sd"] == pytest.approx(0.1 / np.sqrt(2), rel=1e-6)
+    for name, _, _ in DECODER_CLAIMS:
+        assert claims[f"{name}_ci_low"] <= claims[name] <= claims[f"{name}_ci_high"], name
+    # two seeds that differ by 0.1: the half-width is at least the normal quantile times the seeds' se
+    # (sd / √2 = 0.05), and the seeds' component enters with its t quantile
+    half = claims["best_of_k_minus_null_ci_high"] - claims["best_of_k_minus_null"]
+    assert half >= 1.96 * 0.05 and half > 1.96 * claims["best_of_k_minus_null_se"]

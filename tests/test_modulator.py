@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from lookahead.core.config import from_dict
 from lookahead.core.errors import ConfigError
-from lookahead.pipeline.modulator.build import build_modulator
+from lookahead.pipeline.modulator.build import build_modulator, nll_claim
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
 from lookahead.pipeline.modulator.model import GeometricModulator, load_modulator
 from tests.conftest import save_tiny_lm
@@ -223,7 +223,17 @@ def test_the_stage_measures_before_and_after_and_trains_only_alpha(tiny, stage_i
     assert [r["step"] for r in alpha_rows if r["series"] == "layer 2"] == [0, 1, 2, 3]
     assert [r["step"] for r in result.eval_curve] == [0, 2, 3]
     assert not list((tmp_path / "ckpt").glob("*/checkpoint.pt"))  # removed after success
-    json.dumps(report)  # the report is plain JSON
+    # the NLL change's interval: the per-position NLLs behind both means, paired on the same windows; two
+    # identical seeds leave only the windows' component, centred on the change in %
+    tokens = report["token_nll"]
+    assert float(tokens["before"].astype(np.float64).mean()) == pytest.approx(report["val_nll_before"], rel=1e-9)
+    assert float(tokens["after"].astype(np.float64).mean()) == pytest.approx(report["val_nll_after"], rel=1e-9)
+    twin = {"token_nll": {k: np.copy(v) for k, v in tokens.items()}}
+    nll_claim([report, twin])
+    low, high = report["val_nll_change_pct_ci_low"], report["val_nll_change_pct_ci_high"]
+    assert low < report["val_nll_change_pct"] < high
+    assert (low + high) / 2 == pytest.approx(report["val_nll_change_pct"], rel=1e-9)
+    json.dumps(report)  # the report is plain JSON once the per-position NLLs are popped
 
 
 def test_a_fixed_alpha_trains_nothing_and_is_measured(tiny, stage_inputs, tmp_path):

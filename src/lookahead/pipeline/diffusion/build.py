@@ -21,13 +21,14 @@ from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.pairs import PAIRS_FILE, PairSet, load_pairs
 from lookahead.core.config import to_dict
 from lookahead.core.inputs import read_safetensors
+from lookahead.core.intervals import SE, claim_keys
 from lookahead.core.seeds import over_seeds, seeded_headline
 from lookahead.graph.denoiser import Denoiser, save_denoiser
 from lookahead.graph.predictor import load_init
 from lookahead.graph.scoring import GeoLookup
 from lookahead.pipeline.diffusion.config import DiffusionConfig
 from lookahead.pipeline.diffusion.decoders import FIGURES, SAMPLERS
-from lookahead.pipeline.diffusion.judge import judge_keep_sets, judge_samplers
+from lookahead.pipeline.diffusion.judge import DECODER_CLAIMS, decoder_claims, judge_keep_sets, judge_samplers
 from lookahead.pipeline.diffusion.module import DiffusionDataError, DiffusionModule, PairFeatures, input_scale
 from lookahead.train.checkpoints import checkpoint_dir
 from lookahead.train.loop import TrainResult, train
@@ -91,12 +92,14 @@ KEEPSET_SEEDED = (*(f"{name}_{fig}" for name in SAMPLERS for fig in FIGURES), "r
                   "recall_at_8", "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8",
                   "sample_nll", "best_of_k_label_free_nll", "null_frequency_best_of_k_nll")
 KEEPSET_HEADLINE = seeded_headline(
-    ("eps_good_per_position", "eps_good_multi_share", "recall_at_1", "recall_at_4", "recall_at_8",
-     "baseline_recall_at_1", "baseline_recall_at_4", "baseline_recall_at_8", "sample_nll", "deterministic_nll",
-     "best_of_k_label_free_nll", "null_frequency_best_of_k_nll", "autoregressive_recall_at_8",
-     "autoregressive_best_of_k_label_free_nll"),
-    KEEPSET_SEEDED + ("autoregressive_recall_at_8", "autoregressive_best_of_k_label_free_nll")) + ("window_set",)
-"""On the pairs' val windows of the context cache (their ε-good keep sets): ``window_set``."""
+    ("eps_good_per_position", "eps_good_multi_share", "recall_at_8", "sample_nll", "deterministic_nll",
+     "best_of_k_label_free_nll", "null_frequency_best_of_k_nll", "autoregressive_best_of_k_label_free_nll"),
+    KEEPSET_SEEDED + ("autoregressive_best_of_k_label_free_nll",)) + (
+    *[k for name, _, _ in DECODER_CLAIMS for k in claim_keys(name) if not k.endswith(SE)], "window_set")
+"""On the pairs' val windows of the context cache (their ε-good keep sets): ``window_set``; the
+decoders' paired claims with their intervals, windows and seeds combined (:func:`decoder_claims`).
+Within 400 characters of `dvc metrics show`, so recall@1 and @4 and the other samplers' recall@8
+(what the claims compare with) are in the report, with their ``_sd``."""
 
 
 def headline(pairs_dir) -> tuple[str, ...]:
@@ -151,4 +154,4 @@ def build_diffusion_seeds(cfg: DiffusionConfig, base_dir, contexts_dir, init_fil
     seeded = KEEPSET_SEEDED if headline(pairs_dir) is KEEPSET_HEADLINE else SEEDED
     return over_seeds(cfg, "diffusion", seeded, lambda c, scratch: build_diffusion(
         c, base_dir, contexts_dir, init_file, predictor_file, pairs_dir, scratch / "diffusion" if scratch else out_dir,
-        checkpoint_root, None if scratch else tracker))
+        checkpoint_root, None if scratch else tracker), gather=decoder_claims)

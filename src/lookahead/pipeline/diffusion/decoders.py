@@ -131,11 +131,25 @@ def figures_of(sets: torch.Tensor, nll: torch.Tensor, kl: torch.Tensor, truth: t
     }
 
 
+TOKEN_FIGURES = ("recall_at_8", "best_of_k_label_free_nll")
+"""The figures the decoders' paired claims read at every val position (:func:`token_figures_of`)."""
+
+
+def token_figures_of(sets: torch.Tensor, nll: torch.Tensor, kl: torch.Tensor, truth: torch.Tensor,
+                     valid: torch.Tensor) -> dict[str, np.ndarray]:
+    """:data:`TOKEN_FIGURES` at every position (P,): recall@8 of the position's ε-good sets (0 where it
+    has none: the claims weigh positions by ``has_truth``) and the NLL of the set of least KL to dense."""
+    return {"recall_at_8": recall_at(sets, truth, valid, ns=(8,))[8].numpy(),
+            "best_of_k_label_free_nll": nll.gather(-1, kl.argmin(-1, keepdim=True))[:, 0].numpy()}
+
+
 def judge(draws: dict[str, Draw], deterministic: torch.Tensor, static: torch.Tensor, scorer: Scorer,
           inputs: torch.Tensor, geo: torch.Tensor | None, truth: torch.Tensor, valid: torch.Tensor,
-          has_truth: torch.Tensor, k: int, samples: int, seed: int) -> dict[str, dict[str, float]]:
+          has_truth: torch.Tensor, k: int, samples: int, seed: int
+          ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, np.ndarray]]]:
     """Every decoder of ``draws`` and its nulls, the deterministic router and the static null, side by
-    side: {sampler: figures}. ``inputs`` (P, C) and ``geo`` (P, G) are the val positions' inputs."""
+    side: ({sampler: figures}, {sampler: :func:`token_figures_of`} for the decoders and their
+    frequency-matched nulls). ``inputs`` (P, C) and ``geo`` (P, G) are the val positions' inputs."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(inputs.shape[0], generator=gen)
     sets: dict[str, torch.Tensor] = {}
@@ -152,14 +166,16 @@ def judge(draws: dict[str, Draw], deterministic: torch.Tensor, static: torch.Ten
         sets[f"{name}_frequency"] = torch.stack([marginal_sets(every, k, gen) for _ in range(samples)], 1)
     sets["router"] = deterministic[:, None]
     sets["static"] = static.expand(inputs.shape[0], 1, -1)
-    out = {}
+    out, tokens = {}, {}
     for name, s in sets.items():
         nll, kl = scorer(s)
         out[name] = figures_of(s, nll, kl, truth, valid, has_truth)
         if name in seconds:
             out[name]["sets_per_s"] = inputs.shape[0] * samples / max(seconds[name], 1e-9)
+        if name in seconds or name.endswith("_frequency"):
+            tokens[name] = token_figures_of(s, nll, kl, truth, valid)
     out["dense"] = {"sample_nll": float(scorer.dense_nll.mean())}
-    return out
+    return out, tokens
 
 
 def truth_sets(rows: np.ndarray, sets: torch.Tensor, positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -74,8 +74,8 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
         deterministic = predictor(val_x, geo_of(predictor.geo_dim, val_g), hard=True)[1][..., 1:] > 0.5
     windows = torch.from_numpy(cache.windows("val")[:n_val].astype(np.int64))
     scorer = Scorer(lm, windows, n_l, n_h, recorded_skip(meta), cfg.eval_batch_size)
-    table = judge(draws, deterministic, static_set(keep[pairs.train], k), scorer, val_x, val_g, truth, valid,
-                  has_truth, k, cfg.eval_samples, cfg.seed)
+    table, tokens = judge(draws, deterministic, static_set(keep[pairs.train], k), scorer, val_x, val_g, truth, valid,
+                          has_truth, k, cfg.eval_samples, cfg.seed)
     counts = valid.sum(-1)[has_truth].float()
     report = {f"{name}_{fig}": value for name, figs in table.items() for fig, value in figs.items()}
     d, b = table["diffusion"], table["baseline"]
@@ -90,8 +90,43 @@ def judge_keep_sets(cfg: DiffusionConfig, module: DiffusionModule, predictor, me
         "val_positions": len(positions), "truth_positions": int(has_truth.sum()),
         "window_set": set_label("cache-val", windows),
         "autoregressive_train_curve": ar_curve, "best_of_k_criterion": "least KL(dense || routed), no label",
+        # per position, for the paired claims over seeds (decoder_claims pops them before the report is written)
+        TOKEN_KEY: {"window": t_len, "has_truth": has_truth.numpy(),
+                    **{f"{name}_{fig}": values for name, figs in tokens.items() for fig, values in figs.items()}},
     })
     return report
+
+
+TOKEN_KEY = "token_figures"
+"""The report key of the per-position figures :func:`judge_keep_sets` leaves for :func:`decoder_claims`."""
+
+DECODER_CLAIMS = (
+    ("diffusion_minus_baseline_recall_at_8", "diffusion_recall_at_8", "baseline_recall_at_8"),
+    ("autoregressive_minus_baseline_recall_at_8", "autoregressive_recall_at_8", "baseline_recall_at_8"),
+    ("best_of_k_minus_null", "diffusion_best_of_k_label_free_nll", "diffusion_frequency_best_of_k_label_free_nll"),
+    ("autoregressive_best_of_k_minus_null", "autoregressive_best_of_k_label_free_nll",
+     "diffusion_frequency_best_of_k_label_free_nll"),
+)
+"""The decoders' paired claims: (name, figure, the figure it is compared with), per position and seed."""
+
+
+def decoder_claims(reports: list[dict]) -> None:
+    """Pop every seed's per-position figures (:data:`TOKEN_KEY`; primary first) and put each of
+    :data:`DECODER_CLAIMS` into the primary report with its interval, windows and seeds combined
+    (:mod:`lookahead.core.intervals`): a recall difference is a ratio over the positions that have an
+    ε-good set (:func:`~lookahead.core.intervals.ratio_interval`), an NLL difference a paired mean over
+    every position (:func:`~lookahead.core.intervals.paired_interval`). Reports without them pass."""
+    from lookahead.core.intervals import claim_figures, paired_interval, ratio_interval
+
+    tokens = [r.pop(TOKEN_KEY, None) for r in reports]
+    if tokens[0] is None:
+        return
+    window, has = tokens[0]["window"], tokens[0]["has_truth"].astype(np.float64)
+    for name, figure, reference in DECODER_CLAIMS:
+        diffs = np.stack([t[figure] - t[reference] for t in tokens]).astype(np.float64)  # (S, P)
+        interval = (ratio_interval(diffs * has, has, window) if figure.endswith("recall_at_8")
+                    else paired_interval(diffs, window))
+        reports[0].update(claim_figures(name, interval))
 
 
 def judge_samplers(cfg: DiffusionConfig, module: DiffusionModule, predictor, meta: dict, lm, cache: ContextCache,

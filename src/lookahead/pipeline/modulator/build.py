@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from lookahead.core.config import to_dict
+from lookahead.core.intervals import CI_HIGH, CI_LOW, SE, claim_keys, ratio_interval
 from lookahead.core.seeds import mean_ci, over_seeds
 from lookahead.core.windows import set_label
-from lookahead.lm.nll import causal_lm_nll, evaluate_nll
+from lookahead.lm.nll import causal_lm_nll, evaluate_nll, position_nll
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
 from lookahead.pipeline.modulator.field import build_field
 from lookahead.pipeline.modulator.model import GeometricModulator, ModulatedLM, save_modulator
@@ -141,6 +142,22 @@ def _gain_pct(before: float, after: float) -> float | None:
     return 100.0 * (after - before) / abs(before) if before else None
 
 
+TOKEN_KEY, NLL_CLAIM = "token_nll", "val_nll_change_pct"
+
+
+def nll_claim(reports: list[dict]) -> None:
+    """Pop every seed's per-position NLLs (:data:`TOKEN_KEY`; primary first) and give the primary
+    report the NLL change's 95 % interval, windows and seeds combined: the change in % is a ratio of
+    sums over the test positions, 100 · Σ(after − before) / Σ before
+    (:func:`~lookahead.core.intervals.ratio_interval`), the same windows resampled for every seed."""
+    tokens = [r.pop(TOKEN_KEY) for r in reports]
+    before = tokens[0]["before"].astype(np.float64)
+    after = np.stack([t["after"] for t in tokens]).astype(np.float64)  # (S, P)
+    interval = ratio_interval(100.0 * (after - before), np.abs(before), tokens[0]["window"])
+    reports[0].update({f"{NLL_CLAIM}{SE}": interval["se"], f"{NLL_CLAIM}{CI_LOW}": interval["ci_low"],
+                       f"{NLL_CLAIM}{CI_HIGH}": interval["ci_high"]})
+
+
 # metrics/modulator.json: these scalars (the CV ratio before and the lemma and token alignments on both
 # sides stay in the report: before.*, after.*) plus `alpha_per_layer` ({"l<i>": α}, or {"l<i>_k<k>": α} per
 # layer per expert for the field modulator: one column each in dvc exp show); `validity_mean` is
@@ -156,6 +173,7 @@ HEADLINE = {
 SEEDED = ("val_nll_after", "val_nll_change_pct", "pearson_gain_pct", "spearman_gain_pct", "token_spearman_gain_pct",
           "alpha_mean")
 HEADLINE = {**HEADLINE, **{f"{key}_sd": f"{key}_sd" for key in SEEDED}, "seeds": "seeds",
+            **{key: key for key in claim_keys(NLL_CLAIM)[2:] if not key.endswith(SE)},  # its interval
             "alpha_per_layer": "alpha_per_layer", "window_set": "window_set"}  # {l<i>: α}: `dvc metrics show` flattens it to alpha_per_layer.l<i>
 
 
@@ -263,11 +281,13 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
 
     if not base_measures:  # no cache, or the first call of several
         before, ctx = alignment(lm, tokenizer, wn, anchors, pairs, path_sim, acfg)
-        measured = {"before": before, "ctx": ctx, "nll_before": evaluate_nll(lm, val_windows, cfg.eval_batch_size)}
+        tokens = position_nll(lm, val_windows, cfg.eval_batch_size)
+        measured = {"before": before, "ctx": ctx, "tokens_before": tokens, "nll_before": float(tokens.double().mean())}
         if base_measures is not None:
             base_measures.update(measured)
         base_measures = measured
-    before, ctx, nll_before = (base_measures[key] for key in ("before", "ctx", "nll_before"))
+    before, ctx, nll_before, tokens_before = (base_measures[key] for key in ("before", "ctx", "nll_before",
+                                                                             "tokens_before"))
     pcs = (ctx.astype(np.float64) - init["pca_mean"].double().numpy()) @ init["pca_components"].double().numpy().T
     geo_scale = float(np.linalg.norm(pcs, axis=1).mean())
 
@@ -292,7 +312,8 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
     modulated = ModulatedLM(lm, modulator)
     with torch.no_grad():
         after, _ = alignment(modulated, tokenizer, wn, anchors, pairs, path_sim, acfg)
-        nll_after = evaluate_nll(modulated, val_windows, cfg.eval_batch_size)
+        tokens_after = position_nll(modulated, val_windows, cfg.eval_batch_size)
+        nll_after = float(tokens_after.double().mean())
     alphas = {key[len("alpha_"):]: a for key, a in modulator.monitor().items() if key.startswith("alpha_")}
 
     config = {"modulator": to_dict(cfg), "base_hidden_size": lm.config.hidden_size, "geo_scale": geo_scale}
@@ -316,6 +337,8 @@ def build_modulator(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir, token
         "layers": layers, "geo_scale": geo_scale, "val_tokens": int(val_windows[:, 1:].numel()),
         "window_set": set_label(labels[0], val_windows), "curve_window_set": set_label(labels[1], windows["curve"]),
         "trained": cfg.trains, "before": before, "after": after,
+        # per position, for the NLL change's interval over seeds (nll_claim pops them before the report is written)
+        TOKEN_KEY: {"window": val_windows.shape[1] - 1, "before": tokens_before.numpy(), "after": tokens_after.numpy()},
     }
     if cfg.kind == "field":
         validity = field_validity(lm, modulator, val_windows, cfg.eval_batch_size)
@@ -343,4 +366,4 @@ def build_modulator_seeds(cfg: ModulatorConfig, acfg: AlignmentConfig, base_dir,
     base_measures: dict = {}
     return over_seeds(cfg, "modulator", SEEDED, lambda c, scratch: build_modulator(
         c, acfg, base_dir, tokens_dir, wordnet_dir, wordnet_path, init_file, scratch / "modulator" if scratch else out_dir,
-        checkpoint_root, None if scratch else tracker, base_measures, windows))
+        checkpoint_root, None if scratch else tracker, base_measures, windows), gather=nll_claim)
