@@ -32,16 +32,6 @@ def evaluate_nll(model, windows: torch.Tensor, batch_size: int, device: torch.de
     return total / count
 
 
-@torch.no_grad()
-def position_nll(model, windows: torch.Tensor, batch_size: int, device: torch.device | None = None) -> torch.Tensor:
-    """NLL (N·T,) float32 on the CPU of every target token of ``windows`` (N, T+1), window by window:
-    what :func:`evaluate_nll` averages, kept per position for paired intervals."""
-    device = device or next(model.parameters()).device
-    with eval_mode(model):
-        return torch.cat([causal_lm_nll(model, windows[i : i + batch_size].to(device), "none").cpu()
-                          for i in range(0, len(windows), batch_size)])
-
-
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position NLL (B, T) of targets (B, T) under logits (B, T, V)."""
     return cross_entropy(logits, targets).view(targets.shape)

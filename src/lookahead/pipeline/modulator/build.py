@@ -17,7 +17,8 @@ from lookahead.core.config import to_dict
 from lookahead.core.intervals import CI_HIGH, CI_LOW, SE, claim_keys, ratio_interval
 from lookahead.core.seeds import mean_ci, over_seeds
 from lookahead.core.windows import set_label
-from lookahead.lm.nll import causal_lm_nll, evaluate_nll, position_nll
+from lookahead.core.devices import eval_mode
+from lookahead.lm.nll import causal_lm_nll, evaluate_nll
 from lookahead.pipeline.modulator.config import AlignmentConfig, ModulatorConfig, ModulatorError
 from lookahead.pipeline.modulator.field import build_field
 from lookahead.pipeline.modulator.model import GeometricModulator, ModulatedLM, save_modulator
@@ -136,6 +137,16 @@ def gloss_encodings(model, tokenizer, anchors: list[dict], acfg: AlignmentConfig
 def gloss_cv(ctx: np.ndarray, acfg: AlignmentConfig, seed: int) -> dict[str, float]:
     """The pentachoron CV of gloss encodings ``ctx`` (and its Gaussian reference), drawn with ``seed``."""
     return geometry.pentachoron_cv(ctx.astype(np.float64), acfg.pentachora, np.random.default_rng([seed, 10]))
+
+
+@torch.no_grad()
+def position_nll(model, windows: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """NLL (N·T,) float32 on the CPU of every target token of ``windows`` (N, T+1), window by window:
+    what :func:`~lookahead.lm.nll.evaluate_nll` averages, kept per position for the NLL change's interval."""
+    device = next(model.parameters()).device
+    with eval_mode(model):
+        return torch.cat([causal_lm_nll(model, windows[i : i + batch_size].to(device), "none").cpu()
+                          for i in range(0, len(windows), batch_size)])
 
 
 def _gain_pct(before: float, after: float) -> float | None:
