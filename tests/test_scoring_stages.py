@@ -44,6 +44,7 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
     scoring stage reads is the router's, with its own keys from params."""
     i = phase_inputs
     cfg = Phase1Config(seeds=2, eval_batch_size=2, oracle="greedy", static_twin=True, random_draws=2,
+                       score_candidates=None,  # the oracle stage's search, which training's own scoring runs
                        train=TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=3, device="cpu"))
     pcfg = PredictorConfig(rank=2, hidden=8, gate="head", budget="topk", keep=0.5, input="lm")
     runtime, scoring_cfg = RuntimeConfig(skip="query"), ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2, resamples=200)
@@ -55,7 +56,7 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
     assert "train_tokens_per_s" not in written["per_seed"][0]  # a timing: beside the report, not in it
     assert json.loads((tmp_path / "training_timing.json").read_text())["per_seed"][0]["train_tokens_per_s"] > 0
 
-    read, training_read = scoring_config(router, ScoringKeys(random_draws=5, oracle="greedy"), tmp_path / "training.json")
+    read, training_read = scoring_config(router, ScoringKeys(random_draws=5, oracle="greedy", score_candidates=None), tmp_path / "training.json")
     assert read == dataclasses.replace(cfg, random_draws=5)  # the router's config, the scoring keys from params
     read = dataclasses.replace(read, random_draws=2)
     report = score_phase1_seeds(read, i["base"], i["contexts"], i["init"], i["heads"], router, tmp_path / "seeds",
@@ -148,7 +149,8 @@ def test_score_phase2_scores_a_saved_control_as_the_trained_one(downstream_input
 def test_the_scoring_keys_of_phase1_leave_what_training_saves_alone_and_set_the_scoring_oracle():
     """``phase1.random_draws`` and the scoring oracle's search are ``score_phase1``'s: the training stage
     trains and saves with them at their defaults (its files never depend on a key DVC does not rerun it
-    for), and the scoring oracle searches as the oracle stage did unless they say otherwise."""
+    for), and the scoring oracle searches as the oracle stage did where they are null, as they say otherwise
+    (by default the lazy search, 8 candidates a round)."""
     from lookahead.core.config import to_dict
     from lookahead.pipeline.phase1.config import without_scoring
     from lookahead.pipeline.phase1.score import scoring_search
@@ -156,9 +158,11 @@ def test_the_scoring_keys_of_phase1_leave_what_training_saves_alone_and_set_the_
     cfg = Phase1Config(random_draws=7, score_per_round=2, score_candidates=4, lambda_edge=0.5)
     trained = without_scoring(cfg)
     assert to_dict(trained) == to_dict(Phase1Config(lambda_edge=0.5))  # the defaults omitted: the same bytes
-    lazy = {"per_round": 1, "candidates": 8}  # the oracle stage's search
-    assert scoring_search(lazy, trained) == lazy and scoring_search({}, trained) == {}
-    assert scoring_search(lazy, cfg) == {"per_round": 2, "candidates": 4}
+    oracle_stage = {"per_round": 1, "candidates": 3}  # the oracle stage's search
+    null = dataclasses.replace(cfg, score_per_round=None, score_candidates=None)
+    assert scoring_search(oracle_stage, null) == oracle_stage and scoring_search({}, null) == {}
+    assert scoring_search(oracle_stage, cfg) == {"per_round": 2, "candidates": 4}
+    assert scoring_search({}, Phase1Config()) == {"candidates": 8}
     assert scoring_search({}, Phase1Config(score_candidates=0)) == {"candidates": 0}
     for key, value in (("score_per_round", 0), ("score_candidates", -1)):
         with pytest.raises(ConfigError, match=key):

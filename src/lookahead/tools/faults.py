@@ -47,6 +47,8 @@ from lookahead.core.inputs import visible_files
 HUGE_INT, HUGE_FLOAT = 10**12, 1e30
 # keys whose negative values are legitimate (the fuzz's out-of-range value is -10**6)
 SIGNED_KEYS = {"predictor.init_bias"}
+# keys whose null is legitimate (the oracle stage's setting) where a profile sets a number
+NULLABLE_KEYS = {"phase1.score_per_round", "phase1.score_candidates"}
 
 
 # --- bad params -----------------------------------------------------------------------------------
@@ -71,6 +73,8 @@ def bad_values(key: str, value: Any) -> dict[str, Any]:
                "huge": HUGE_INT if isinstance(value, int) else HUGE_FLOAT, "nan": math.nan, "inf": math.inf}
         if key in SIGNED_KEYS:
             del bad["out_of_range"]
+        if key in NULLABLE_KEYS:
+            del bad["empty"]
         return bad
     if isinstance(value, str):
         return {"wrong_type": 12345, "empty": ""}

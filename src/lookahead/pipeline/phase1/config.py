@@ -82,8 +82,9 @@ class Phase1Config:
     score_per_round: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
     """The scoring oracle's greedy search (``score_phase1`` only): heads removed per round (None: the
     oracle stage's ``oracle.per_round``, the search phase 1 distils from)."""
-    score_candidates: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
-    """Its candidates tried per round (0: every head; None: the oracle stage's ``oracle.candidates``)."""
+    score_candidates: int | None = dataclasses.field(default=8, metadata=OMIT_DEFAULT)
+    """Its candidates tried per round (0: every head; None: the oracle stage's ``oracle.candidates``):
+    8, the lazy search the default profile scores with (docs/research/head-scaling.md validates it)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=200, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
@@ -158,7 +159,7 @@ class ScoringKeys:
     """As :attr:`Phase1Config.oracle`."""
     score_per_round: int | None = None
     """As :attr:`Phase1Config.score_per_round`."""
-    score_candidates: int | None = None
+    score_candidates: int | None = 8
     """As :attr:`Phase1Config.score_candidates`."""
 
     def __post_init__(self) -> None:
