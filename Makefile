@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling clean
+.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -120,3 +120,11 @@ sweep-depth-width: setup
 # rerun. SCALING_ARGS="--points 4x8,4x16" picks points, "--collect-only" rebuilds the table and figure.
 head-scaling: setup
 	$(BIN)/python scripts/head_scaling.py --commit $(SCALING_ARGS)
+
+# Claims across base LMs (docs/research/base-variance.md): base LMs that differ only in base.train.seed,
+# every stage from the base on for each as the DVC experiment bases-seed<s> (seed 0: the workspace's run
+# where `dvc status` is clean); each base's per-window test NLLs and headlines committed as it finishes
+# (metrics/bases/seed<s>.json), then metrics/bases.json and metrics/bases_report.json. Rerun to resume.
+# BASES_ARGS="--seeds 1" picks bases, "--collect-only" rebuilds the tables.
+bases: setup
+	$(BIN)/python -m lookahead.tools.bases --commit $(BASES_ARGS)

@@ -36,12 +36,13 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lookahead.tools.experiments import (StudyError, commit, fail, output_file, read_json, read_params, run_experiment,
+                                         sh)
 
 POINT_DIR = Path("metrics/head_scaling")
 TABLE = Path("metrics/head_scaling.json")
@@ -79,10 +80,9 @@ class Point:
             return f"lazy greedy (candidates {self.candidates}, per_round {self.per_round})"
         return "exact greedy" if self.per_round == 1 else f"greedy, {self.per_round} heads a step"
 
-    def overrides(self) -> list[str]:
-        values = {"base.arch.n_layers": self.layers, "base.arch.n_heads": self.heads,
-                  "oracle.per_round": self.per_round, "oracle.candidates": self.candidates}
-        return [arg for key, value in values.items() for arg in ("-S", f"{key}={value}")]
+    def overrides(self) -> dict:
+        return {"base.arch.n_layers": self.layers, "base.arch.n_heads": self.heads,
+                "oracle.per_round": self.per_round, "oracle.candidates": self.candidates}
 
 
 # One change at a time: heads per layer at the default's depth and width (hidden 128: the same
@@ -99,65 +99,12 @@ POINTS = (
 DEFAULT = POINTS[0]
 
 
-def sh(*argv: str, capture: bool = True) -> str:
-    proc = subprocess.run(argv, text=True, capture_output=capture)
-    if proc.returncode != 0:
-        sys.exit(f"error: {' '.join(argv)} failed ({proc.returncode})" + (f":\n{proc.stderr}" if capture else ""))
-    return proc.stdout if capture else ""
-
-
-def experiment_rev(name: str) -> str | None:
-    """The newest experiment commit named ``name`` in this clone (DVC writes it when the experiment
-    succeeds), or None."""
-    refs = sh("git", "for-each-ref", "--sort=-committerdate", "--format=%(objectname) %(refname)", "refs/exps")
-    for line in refs.splitlines():
-        sha, ref = line.split(" ", 1)
-        if ref.rsplit("/", 1)[-1] == name:
-            return sha
-    return None
-
-
-def run_point(point: Point, log_dir: Path, name: str | None = None, extra: tuple[str, ...] = (),
+def run_point(point: Point, log_dir: Path, name: str | None = None, extra: dict | None = None,
               targets: tuple[str, ...] = TARGETS, rerun: bool = False) -> tuple[str, dict[str, float]]:
-    """The point's chain as the DVC experiment ``hs-<name>``: its commit and each stage's seconds. An
-    experiment of that name already in this clone (one that succeeded: its figures not yet collected)
-    is used as it is, unless ``rerun``."""
-    name = name or point.name
-    rev = None if rerun else experiment_rev(f"hs-{name}")
-    if rev is not None:
-        print(f"[head-scaling] {name}: experiment hs-{name} found ({rev[:12]}): collecting it", flush=True)
-        return rev, stage_seconds(f"hs-{name}")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # no -f unless rerun: -f (--force) reruns every stage, where a resumed or partial run (the quarter's
-    # base LM, an interrupted point's finished stages) should come back from DVC's run cache
-    cmd = ["dvc", "exp", "run", "--temp", *(["-f"] if rerun else []), "-n", f"hs-{name}", *point.overrides(),
-           *extra, *targets]
-    print(f"[head-scaling] {name}: {' '.join(cmd)}  (log: {log_dir / name}.log)", flush=True)
-    with open(log_dir / f"{name}.log", "w", encoding="utf-8") as log:
-        if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            sys.exit(f"error: experiment hs-{name} failed: see {log_dir / name}.log")
-    rev = experiment_rev(f"hs-{name}")
-    if rev is None:
-        sys.exit(f"error: experiment hs-{name} ran but no experiment ref holds it: see {log_dir / name}.log")
-    return rev, stage_seconds(f"hs-{name}")
-
-
-def stage_seconds(experiment: str) -> dict[str, float]:
-    """Each stage's wall seconds in the experiment, from the MLflow runs its stages logged (the
-    project's store, lookahead.core.tracking: the stage's work, without interpreter start-up); a
-    stage restored from DVC's run cache logs none and is left out. The newest finished run per stage."""
-    from mlflow.tracking import MlflowClient
-
-    from lookahead.core.tracking import TAG_PIPELINE, TAG_ROLE, TAG_STAGE, tracking_uri
-
-    client = MlflowClient(tracking_uri=tracking_uri(Path.cwd()))
-    found = client.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME", "lookahead"))
-    if found is None:
-        return {}
-    runs = client.search_runs([found.experiment_id], max_results=1000, order_by=["attributes.start_time ASC"],
-                              filter_string=f"tags.`{TAG_PIPELINE}` = '{experiment}' and tags.`{TAG_ROLE}` = 'stage' "
-                                            "and attributes.status = 'FINISHED'")
-    return {run.data.tags[TAG_STAGE]: round((run.info.end_time - run.info.start_time) / 1000, 1) for run in runs}
+    """The point's chain as the DVC experiment ``hs-<name>`` (:func:`lookahead.tools.experiments.run_experiment`):
+    its commit and each stage's seconds."""
+    return run_experiment(f"hs-{name or point.name}", {**point.overrides(), **(extra or {})}, log_dir, targets,
+                          rerun, tag="head-scaling")
 
 
 def validate_oracle(point: Point, rev: str, windows: int) -> dict:
@@ -187,31 +134,10 @@ def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
     from lookahead.artifacts.val_scores import scoring_from_params
 
     name = f"{point.name}-keep{round(QUARTER * 100)}"
-    rev, times = run_point(point, log_dir, name, ("-S", f"predictor.keep={QUARTER}"), ("score_phase1",), rerun)
+    rev, times = run_point(point, log_dir, name, {"predictor.keep": QUARTER}, ("score_phase1",), rerun)
     params = read_params(rev)
     out = phase1_figures(rev, scoring_from_params(params), params["base"]["arch"]["context_length"])
     return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
-
-def read_json(rev: str | None, path: str) -> dict:
-    """A JSON file of the workspace (rev None) or of an experiment commit, in git or DVC's cache."""
-    if rev is None:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    from dvc.api import DVCFileSystem
-
-    return json.loads(DVCFileSystem(".", rev=rev).read_text(path, encoding="utf-8"))
-
-
-def score_file(rev: str | None, path: str, tmp: Path) -> Path:
-    """A DVC-tracked file of the workspace (rev None) or of an experiment commit, as a local path."""
-    if rev is None:
-        return Path(path)
-    import dvc.api
-
-    local = tmp / Path(path).name
-    with dvc.api.open(path, rev=rev, mode="rb") as src:
-        local.write_bytes(src.read())
-    return local
-
 
 def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: float = 0.95) -> tuple:
     """Student-t interval over seeds alone (figures without per-position scores):
@@ -222,12 +148,6 @@ def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: 
         return None, None
     interval = combined_interval(mean, 0.0, sd, seeds, confidence)
     return interval["ci_low"], interval["ci_high"]
-
-
-def read_params(rev: str | None) -> dict:
-    import yaml
-
-    return yaml.safe_load(Path("params.yaml").read_text() if rev is None else sh("git", "show", f"{rev}:params.yaml"))
 
 
 PHASE1_CLAIMS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "router_minus_static_pruning",
@@ -251,7 +171,7 @@ def phase1_figures(rev: str | None, scoring, window: int) -> dict:
         out[claim] = report.get(claim)
         out[f"{claim}_ci_low"], out[f"{claim}_ci_high"] = report.get(f"{claim}_ci_low"), report.get(f"{claim}_ci_high")
     with tempfile.TemporaryDirectory() as tmp:
-        phase1 = load_scores(score_file(rev, "data/val_nll/phase1.safetensors", Path(tmp)))
+        phase1 = load_scores(output_file(rev, "data/val_nll/phase1.safetensors", Path(tmp)))
     # ratio: the deployed router's NLL increase over static pruning's, both over dense (ratio of sums, CI)
     dense, static, deployed = (phase1[k] for k in ("dense", "static", "deployed"))
     ratio = ratio_interval(deployed - dense, static - dense, window, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
@@ -283,7 +203,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
            "head_dim": arch["hidden_size"] // point.heads, "changes": point.changes, "oracle": point.oracle,
            "skip": skip, **phase1}
     with tempfile.TemporaryDirectory() as tmp:
-        files = {name: score_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
+        files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
                  for name in ("phase2", "control", "static_control")}
         trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
     # phase 2 against both controls (evaluate's claims, from the same score files)
@@ -296,7 +216,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     from transformers import Olmo2Config
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = Olmo2Config.from_dict(json.loads(score_file(rev, "models/base/config.json", Path(tmp)).read_text()))
+        cfg = Olmo2Config.from_dict(json.loads(output_file(rev, "models/base/config.json", Path(tmp)).read_text()))
     router = (out["phase1_router_macs_over_dense"] or 0.0) * macs_per_token(cfg, (window + 1) / 2, 1.0, skip)
     out["window_at_0_8_dense_macs"] = window_at_macs_ratio(cfg, out["active_head_fraction"], skip, router, 0.8)
     out["stage_seconds"] = times
@@ -517,10 +437,8 @@ def write(rows: list[dict]) -> None:
     print(f"written: {TABLE}, {REPORT}, {CSV}, {FIGURE} and the tables of {PAGE}")
 
 
-def commit(point: Point, path: Path, what: str = "") -> None:
-    sh("git", "add", str(path))
-    sh("git", "commit", "-q", "-m", f"head scaling: point {point.name} ({point.total} heads, {point.oracle})"
-       + (f": {what}" if what else ""), "--", str(path))
+def commit_point(point: Point, path: Path, what: str = "") -> None:
+    commit([path], f"head scaling: point {point.name} ({point.total} heads, {point.oracle})" + (f": {what}" if what else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -562,16 +480,19 @@ def main(argv: list[str] | None = None) -> None:
                         row["oracle_validation_seconds"] = round(time.time() - tic, 1)
                 write_json(path, row)
                 if args.commit:
-                    commit(point, path)
+                    commit_point(point, path)
                 print(f"[head-scaling] {point.name}: done ({path})", flush=True)
             if args.quarter and "off_75" not in row:
                 row["off_75"] = run_quarter(point, Path(args.logs), args.rerun)
                 write_json(path, row)
                 if args.commit:
-                    commit(point, path, "phase 1 at 75 % off")
+                    commit_point(point, path, "phase 1 at 75 % off")
                 print(f"[head-scaling] {point.name}: phase 1 at 75 % off done ({path})", flush=True)
     write(collect())
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except StudyError as error:
+        fail(error)

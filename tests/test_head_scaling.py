@@ -22,8 +22,8 @@ def test_the_family_changes_one_thing_at_a_time_from_16_to_256_heads(study):
     assert [p.total for p in points] == [16, 32, 64, 128, 256]
     for a, b in zip(points, points[1:]):
         assert (a.layers != b.layers) + (a.heads != b.heads) == 1, (a.name, b.name)
-    args = points[2].overrides()
-    assert dict(zip(args[1::2], args[::2])) and "base.arch.n_heads=16" in args and "oracle.candidates=4" in args
+    assert points[2].overrides() == {"base.arch.n_layers": 4, "base.arch.n_heads": 16, "oracle.per_round": 1,
+                                     "oracle.candidates": 4}
     assert points[0].oracle == "exact greedy" and all(p.oracle.startswith("lazy greedy") for p in points[1:])
 
 

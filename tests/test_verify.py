@@ -164,3 +164,30 @@ def test_spreads_and_intervals_in_sibling_files_judge_their_figures(tmp_path):
                   tmp_path / "metrics/b.json", tmp_path / "metrics/b_report.json")
     rows = {r.figure: r for r in verify(tmp_path, "HEAD")}
     assert not rows["b.nll"].within and rows["b.gap"].sign_flipped
+
+
+def test_a_claim_measured_across_base_lms_is_judged_by_its_prediction_interval(repo, capsys):
+    """With `metrics/bases_report.json` committed (``make bases``), a fresh run's claim lands within
+    mean ± t(B − 1) · sqrt(sd_bases² (1 + 1/B) + its se²), however far from the committed run's own interval."""
+    from scipy import stats
+
+    write(repo, "b", {"nll": 4.0, **claim(-0.009, -0.012, -0.006), "gap_se": 0.0015})
+    bases = {"bases": 3, "claims": {"gap": {"stage": "b", "across": {"mean": -0.02, "sd": 0.01}}}}
+    (repo / "metrics" / "bases_report.json").write_text(json.dumps(bases))
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "bases"], cwd=repo, check=True)
+    half = stats.t.ppf(0.975, 2) * (0.01 ** 2 * (1 + 1 / 3) + 0.002 ** 2) ** 0.5
+    inside = -0.02 + 0.95 * half  # intervals apart from the committed run's, inside the prediction
+    write(repo, "b", {"nll": 4.0, **claim(inside, inside - 0.004, inside + 0.004), "gap_se": 0.002})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.prediction == pytest.approx((-0.02 - half, -0.02 + half)) and row.within and row.committed == -0.02
+    assert main(["--repo", str(repo)]) == 0
+    outside = -0.02 - 1.05 * half
+    write(repo, "b", {"nll": 4.0, **claim(outside, outside - 0.004, outside + 0.004), "gap_se": 0.002})
+    assert main(["--repo", str(repo)]) == 1
+    assert "OUTSIDE THE PREDICTION" in capsys.readouterr().out
+    # one base measures no spread: the committed run's interval judges it, as before
+    (repo / "metrics" / "bases_report.json").write_text(json.dumps({**bases, "bases": 1}))
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "one base"], cwd=repo, check=True)
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.prediction is None and row.basis == "interval"

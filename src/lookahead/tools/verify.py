@@ -16,6 +16,11 @@ compared with the same figure at the revision, within a tolerance:
   committed interval excludes 0 and the value here lies on the other side of 0) or where the two
   runs' intervals do not overlap (the difference of the two estimates is outside what both intervals
   together allow). One failing claim makes the command exit 1;
+- a claim the committed run measured **across base LMs** (``metrics/bases_report.json``,
+  ``make bases``: at least 2 bases) by its prediction interval for one fresh run instead — the mean
+  over bases ± t(B − 1) · sqrt(sd_bases² (1 + 1/B) + the run's own se²)
+  (:func:`lookahead.tools.bases.prediction_interval`): a fresh run trains its own base LM, and the
+  committed run's interval is conditional on one. Outside it, the command exits 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
   docs/reproducibility.md) and are not research claims.
@@ -45,6 +50,7 @@ from lookahead.core.report import SIBLINGS, read_headline, sibling_path
 SD_SUFFIX = "_sd"
 LOW, HIGH = "_ci_low", "_ci_high"  # a claim's interval (lookahead.core.intervals): part of its row
 NOT_FIGURES = {"seeds"}  # how many seeds: part of the config, not a result
+BASES_REPORT = "metrics/bases_report.json"  # the claims across base LMs (lookahead.tools.bases), where committed
 
 
 @dataclass
@@ -61,6 +67,8 @@ class Row:
     committed_interval: tuple[float, float] | None = None
     here_interval: tuple[float, float] | None = None
     """A claim's intervals (basis `interval`)."""
+    prediction: tuple[float, float] | None = None
+    """Where a fresh run's claim should land, from the claim across base LMs (basis `prediction`)."""
 
     @property
     def difference(self) -> float | None:
@@ -70,7 +78,7 @@ class Row:
 
     @property
     def claim(self) -> bool:
-        return self.basis == "interval"
+        return self.basis in ("interval", "prediction")
 
     @property
     def sign_flipped(self) -> bool:
@@ -82,6 +90,8 @@ class Row:
 
     @property
     def within(self) -> bool:
+        if self.prediction is not None:
+            return _number(self.here) and self.prediction[0] <= float(self.here) <= self.prediction[1]
         if self.claim:
             if self.committed_interval is None or self.here_interval is None or not _number(self.here):
                 return False  # a claim without its interval on one side cannot be judged
@@ -166,6 +176,12 @@ def render(rows: list[Row]) -> str:
     header = ("figure", "committed", "here", "difference", "tolerance", "")
     lines = [header]
     for row in rows:
+        if row.prediction is not None:
+            verdict = "agrees" if row.within else "OUTSIDE THE PREDICTION"
+            lines.append((row.figure, f"{_fmt(row.committed)} (across bases)",
+                          f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}", _fmt(row.difference),
+                          f"prediction {_fmt_interval(row.prediction)}", verdict))
+            continue
         if row.claim:
             verdict = "agrees" if row.within else ("SIGN FLIPPED" if row.sign_flipped else "INTERVALS APART")
             committed = f"{_fmt(row.committed)} {_fmt_interval(row.committed_interval)}"
@@ -185,6 +201,11 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, 
     the workspace ``against`` (its files stand for the committed run)."""
     rows: list[Row] = []
     files = metrics_files(repo)
+    if against is not None:
+        report = Path(against) / BASES_REPORT
+        bases = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
+    else:
+        bases = read_at_revision(repo, rev, BASES_REPORT)
     for relpath in headline_files(files):
         path = repo / relpath
         if against is not None:
@@ -195,7 +216,31 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, 
             committed = _merged([read_at_revision(repo, rev, name) for name in (relpath, *siblings)])
         if committed is None or not path.is_file():  # a stage the revision, or this run, does not have
             continue
-        rows += compare(committed, read_headline(path), Path(relpath).stem, sd_factor, rel_tol, floor)
+        here = read_headline(path)
+        rows += predicted(compare(committed, here, Path(relpath).stem, sd_factor, rel_tol, floor), here,
+                          Path(relpath).stem, bases)
+    return rows
+
+
+def predicted(rows: list[Row], here: dict, stage: str, bases: dict | None) -> list[Row]:
+    """``rows`` with each claim that the committed run measured across base LMs (``bases``: its
+    ``metrics/bases_report.json``, at least 2 bases) judged by its prediction interval for one fresh
+    run (:func:`lookahead.tools.bases.prediction_interval`, the run's own ``_se`` added): a fresh run
+    trains its own base LM, so the committed run's interval, conditional on one base, is not where it
+    must land. The committed figure shown is the mean over bases."""
+    claims = (bases or {}).get("claims", {})
+    if not bases or bases.get("bases", 0) < 2:
+        return rows
+    from lookahead.tools.bases import prediction_interval
+
+    for row in rows:
+        name = row.figure.split(".", 1)[1]
+        across = claims.get(name, {}).get("across")
+        if not row.claim or across is None or claims[name].get("stage") != stage or not _number(row.here):
+            continue
+        row.committed, row.basis = across["mean"], "prediction"
+        row.prediction = prediction_interval(across["mean"], across["sd"], bases["bases"],
+                                             float(here.get(f"{name}_se") or 0.0))
     return rows
 
 
