@@ -43,6 +43,7 @@ from pathlib import Path
 
 from lookahead.tools.experiments import (StudyError, commit, fail, output_file, read_json, read_params, run_experiment,
                                          sh)
+from lookahead.tools.verdicts import interval_cell
 
 POINT_DIR = Path("metrics/head_scaling")
 TABLE = Path("metrics/head_scaling.json")
@@ -289,12 +290,6 @@ def headline(study: dict) -> dict:
     }
 
 
-def _cell(value, low=None, high=None, digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    return f"{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]" if low is not None else f"{value:+.{digits}f}"
-
-
 def markdown(study: dict) -> str:
     """The page's tables, rendered from ``metrics/head_scaling_report.json`` (a test compares them)."""
     rows = study["points"]
@@ -311,13 +306,13 @@ def markdown(study: dict) -> str:
               "|---|" + "---|" * len(CLAIMS)]
     for r in rows:
         lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
-            _cell(r.get(k), r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high")) for k, _ in CLAIMS) + " |")
+            interval_cell(r.get(k), r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high")) for k, _ in CLAIMS) + " |")
     trends = study["trend_at_256_heads"]
     lines.append("| trend at 256 heads | " + " | ".join(
-        _cell(t["predicted"], t["predicted_ci_low"], t["predicted_ci_high"]) if (t := trends.get(k)) else "–"
+        interval_cell(t["predicted"], t["predicted_ci_low"], t["predicted_ci_high"]) if (t := trends.get(k)) else "–"
         for k, _ in CLAIMS) + " |")
     lines.append("| slope per doubling of heads | " + " | ".join(
-        _cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
+        interval_cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
               t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
     quarter = [r for r in rows if r.get("off_75")]
     if quarter:
@@ -331,7 +326,7 @@ def markdown(study: dict) -> str:
             lines.append(f"| {r['n_layers']} × {r['n_heads']} | {q['heads_kept']} | {q['phase1_dense_nll']:.3f} | "
                          f"{q['phase1_static_pruning_nll']:.3f} | {q['phase1_deployed_nll']:.3f} | "
                          f"{q['phase1_greedy_oracle_nll']:.3f} | "
-                         + " | ".join(_cell(q.get(k), q.get(f"{k}_ci_low"), q.get(f"{k}_ci_high"))
+                         + " | ".join(interval_cell(q.get(k), q.get(f"{k}_ci_low"), q.get(f"{k}_ci_high"))
                                       for k, _ in CLAIMS if k in keys) + " |")
     checked = [r for r in rows if r.get("oracle_validation")]
     if checked:
@@ -344,8 +339,8 @@ def markdown(study: dict) -> str:
                 x = v[name]
                 lines.append(f"| {r['n_layers']} × {r['n_heads']} | {v['windows']} | {v['exact_nll']:.3f} | "
                              f"{v['static_nll']:.3f} | {name} | {x['trials_per_window']} ({v['exact_trials_per_window']}) | "
-                             f"{x['speedup']:.1f}× | {_cell(x['nll_minus_exact'], *x['nll_minus_exact_ci'], digits=4)} | "
-                             f"{_cell(x['capture'], *x['capture_ci'])} | {x['recall_of_exact']:.3f} |")
+                             f"{x['speedup']:.1f}× | {interval_cell(x['nll_minus_exact'], *x['nll_minus_exact_ci'], digits=4)} | "
+                             f"{interval_cell(x['capture'], *x['capture_ci'])} | {x['recall_of_exact']:.3f} |")
     times = [r for r in rows if r.get("stage_seconds")]
     if times:
         stages = [s for s in STAGES if any(s in r["stage_seconds"] for r in times)]

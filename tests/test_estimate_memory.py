@@ -70,7 +70,7 @@ def test_the_gpu_check_runs_its_plan_without_dvc_mlflow_or_nltk(repo_root, tmp_p
     assert {"phase1", "phase2"} == set(result["training"])
     assert result["training"]["phase2"]["checkpoint_activations"] and result["training"]["phase2"]["accumulate"] == 2
     # the results page shows a committed record (benchmarks/results/gpu.json) where there is one
-    from lookahead.tools.results import gpu_section
+    from lookahead.tools.results_runtime import gpu_section
 
     (tmp_path / "gpu.json").write_text(proc.stdout.strip().splitlines()[-1] + "\n")
     page = "\n".join(gpu_section(tmp_path / "gpu.json"))

@@ -50,6 +50,16 @@ def num(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
+def interval_cell(value: float | None, low: float | None = None, high: float | None = None, digits: int = 3) -> str:
+    """A signed figure with its interval, ``+0.123 [+0.100, +0.146]`` (``–`` where not measured): the
+    one format of an interval in the page's and the studies' tables."""
+    if value is None:
+        return "–"
+    if low is None or high is None:
+        return f"{value:+.{digits}f}"
+    return f"{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
 def claim_verdict(interval: tuple[float, float], below: bool, reference: float = 0.0) -> str:
     """A paired difference's interval against ``reference``, claimed ``below`` it (else above)."""
     low, high = interval
