@@ -233,7 +233,24 @@ def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):
     assert results.main(["--repo", str(tmp_path), "--check"]) == 1
     results.main(["--repo", str(tmp_path)])
     summary = (tmp_path / "README.md").read_text().split(results.BEGIN)[1].split(results.END)[0]
-    assert "phase 2 − static control" in summary and "[-0.020, -0.010]: holds (claimed < 0)" in summary
+    assert "phase 2 − static control" in summary and "[-0.020, -0.010] (this base LM): holds (claimed < 0)" in summary
+    # the claims across base LMs: a section of the page and the README's lead line, from the bases' report
+    import numpy as np
+
+    from lookahead.artifacts.val_scores import ScoringConfig
+    from lookahead.tools import bases
+    from tests.test_bases import synthetic
+
+    rng = np.random.default_rng(0)
+    report = bases.tables([synthetic(s, -0.1, 0.02, 0.05, 0.01, rng=rng) for s in range(3)], ScoringConfig(resamples=100))
+    (tmp_path / "metrics" / "bases_report.json").write_text(json.dumps(report))
+    assert results.main(["--repo", str(tmp_path), "--check"]) == 1
+    results.main(["--repo", str(tmp_path)])
+    across = report["claims"]["deployed_minus_static_pruning"]["across"]
+    page = (tmp_path / "docs/results.md").read_text()
+    assert "## Across base LMs" in page and f"{across['mean']:+.3f} [{across['ci_low']:+.3f}, {across['ci_high']:+.3f}]" in page
+    lead = (tmp_path / "README.md").read_text().split(results.BEGIN)[1].split(results.END)[0].strip().splitlines()[0]
+    assert lead.startswith("- **Across 3 base LMs**") and f"router as deployed − static pruning {across['mean']:+.3f}" in lead
 
 
 @pytest.mark.parametrize("interval, below, verdict", [
