@@ -20,11 +20,16 @@ stages restored from DVC's run cache. Stage times come from the MLflow runs the 
 (lookahead.core.tracking), grouped by experiment name. ``--quarter`` adds phase 1 at 75 % off
 (an oracle + phase 1 experiment per point, ``predictor.keep=0.25``).
 
-    metrics/head_scaling.json         the headline: the study's three main claims at its largest point and
-                                      as their trend at 256 heads, with _ci_low/_ci_high (23 keys)
+Each point file keeps the per-window means of every per-position array its scoring stages saved
+(``windows``), which the fits across points read (:mod:`lookahead.tools.scaling_fit`: the slope over
+the heads-per-layer leg and the adjacent differences, windows resampled jointly; no value past the
+largest point). The tables, headline, figure and page are rendered by :mod:`lookahead.tools.scaling_page`:
+
+    metrics/head_scaling.json         the headline: two claims at the largest point and their slope over the
+                                      heads-per-layer leg (their intervals in metrics/head_scaling_ci.json)
     metrics/head_scaling_report.json  the full battery: every NLL, the oracle check, stage times, the fits
     metrics/head_scaling.csv          the battery, one row per point
-    docs/figures/head_scaling.png each claim with its interval against log2(heads)
+    docs/figures/head_scaling.png     each claim with its interval against log2(heads)
 
 Usage: make head-scaling [SCALING_ARGS="--points 4x8,4x16"]   (python scripts/head_scaling.py --help)
 --collect-only rebuilds the table and figure from the committed point files.
@@ -43,18 +48,11 @@ from pathlib import Path
 
 from lookahead.tools.experiments import (StudyError, commit, fail, output_file, read_json, read_params, run_experiment,
                                          sh)
-from lookahead.tools.verdicts import interval_cell
+from lookahead.tools.scaling_page import (BEGIN, CLAIMS, END, HEADLINE_CLAIMS, PAGE, QUARTER_KEYS, REPORT,  # noqa: F401
+                                           STAGES, TABLE, fits, headline, markdown, write)
 
 POINT_DIR = Path("metrics/head_scaling")
-TABLE = Path("metrics/head_scaling.json")
-REPORT = Path("metrics/head_scaling_report.json")
-CSV = Path("metrics/head_scaling.csv")
-FIGURE = Path("docs/figures/head_scaling.png")
-PAGE = Path("docs/research/head-scaling.md")
-BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
 TARGETS = ("score_phase1", "score_phase2")  # and every stage they read: phase 1, phase 2 and both controls
-STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "static_baselines", "phase1", "score_phase1", "phase2",
-          "control", "static_control", "score_phase2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +188,9 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     phase 2 and both controls on the same test windows (rev None: the workspace's default run)."""
     from lookahead.artifacts.val_scores import scoring_from_params
     from lookahead.graph.cost import macs_per_token, window_at_macs_ratio
+    from lookahead.artifacts.val_scores import load_scores
     from lookahead.pipeline.evaluate.claims import trained_claims
+    from lookahead.tools.bases import window_means
 
     params = read_params(rev)
     arch, skip = params["base"]["arch"], params["runtime"]["skip"]
@@ -205,8 +205,14 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
            "skip": skip, **phase1}
     with tempfile.TemporaryDirectory() as tmp:
         files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
-                 for name in ("phase2", "control", "static_control")}
+                 for name in ("phase1", "phase2", "control", "static_control")}
         trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
+        # the per-window means of every per-position array: what the fits across points read
+        out["windows"] = {name: window_means(load_scores(path)) for name, path in files.items()}
+    # what differs between points besides heads (the confounds table)
+    base = read_json(rev, "metrics/base.json")
+    train = params["base"]["train"]
+    out.update(parameters=base.get("parameters"), train_tokens=train["steps"] * train["batch_size"] * window)
     # phase 2 against both controls (evaluate's claims, from the same score files)
     for key in ("phase2_hard_nll", "dense_control_nll", "static_control_nll"):
         out[key] = trained[key]
@@ -225,145 +231,6 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     return out
 
 
-# (key, label) of the claims the table and the figure show, each with _ci_low/_ci_high
-CLAIMS = (
-    ("deployed_minus_static_pruning", "phase 1: deployed router − static pruning (nats)"),
-    ("deployed_minus_static_at_equal_macs", "phase 1: deployed router − static pruning at equal MACs (nats)"),
-    ("greedy_capture", "phase 1: greedy capture (share of the oracle's gain)"),
-    ("deployed_ratio", "phase 1: ratio (router's NLL increase / static's)"),
-    ("phase2_minus_static_control", "phase 2 − static control (nats)"),
-    ("phase2_minus_control", "phase 2 − dense control (nats)"),
-    ("static_twin_gap", "static twin gap (nats; seeds only)"),
-    ("context_shuffle_dnll", "context-shuffle ΔNLL (nats; seeds only)"),
-)
-
-
-def trend(rows: list[dict], key: str, at: float = 8.0) -> dict | None:
-    """Weighted least squares of a claim against log2(heads) (weights 1/se², se from each point's
-    95 % interval), evaluated at log2(heads) = ``at`` with the standard error of the fit there; None
-    below three points."""
-    import numpy as np
-
-    pts = [(r["log2_heads"], r[key], (r[f"{key}_ci_high"] - r[f"{key}_ci_low"]) / (2 * 1.96)) for r in rows
-           if r.get(key) is not None and r.get(f"{key}_ci_low") is not None]
-    if len(pts) < 3:
-        return None
-    x, y, se = (np.array(v, dtype=float) for v in zip(*pts))
-    w = 1 / np.maximum(se, 1e-9) ** 2
-    design = np.stack([np.ones_like(x), x], 1)
-    cov = np.linalg.inv(design.T @ (design * w[:, None]))
-    coef = cov @ design.T @ (w * y)
-    resid = y - design @ coef
-    scale = max(1.0, float((w * resid**2).sum() / (len(x) - 2)))  # widen where the points scatter beyond their se
-    cov = cov * scale
-    g = np.array([1.0, at])
-    pred, pred_se = float(g @ coef), float(np.sqrt(g @ cov @ g))
-    return {"slope_per_doubling": float(coef[1]), "slope_se": float(np.sqrt(cov[1, 1])), "at_log2_heads": at,
-            "predicted": pred, "predicted_ci_low": pred - 1.96 * pred_se, "predicted_ci_high": pred + 1.96 * pred_se,
-            "points": len(x), "overdispersion": scale}
-
-
-
-# what metrics/head_scaling.json keeps (DESIGN §1: a couple of dozen keys, what a researcher compares
-# across experiments): the three claims the study is about, at its largest point and as its trend at
-# 256 heads, each with its 95 % interval; every point, claim and fit is in the report
-HEADLINE_CLAIMS = ("deployed_minus_static_pruning", "phase2_minus_static_control", "phase2_minus_control")
-# the claims phase 1 at 75 % off has (no phase 2 there)
-QUARTER_KEYS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
-                "deployed_ratio")
-
-
-def headline(study: dict) -> dict:
-    """metrics/head_scaling.json: the study's headline, read from its full report."""
-    rows = study["points"]
-    largest = max(rows, key=lambda r: r["heads"])
-    window_sets = {r["window_set"] for r in rows}
-    trends = study["trend_at_256_heads"]
-    return {
-        "points": [r["point"] for r in rows], "window_set": window_sets.pop() if len(window_sets) == 1 else None,
-        "seeds": min(r["seeds"] for r in rows), "largest_point": largest["point"],
-        "at_largest_point": {k + suffix: largest.get(k + suffix) for k in HEADLINE_CLAIMS
-                             for suffix in ("", "_ci_low", "_ci_high")},
-        "trend_at_256_heads": {k + suffix: (trends.get(k) or {}).get("predicted" + suffix) for k in HEADLINE_CLAIMS
-                               for suffix in ("", "_ci_low", "_ci_high")},
-        "report": str(REPORT),
-    }
-
-
-def markdown(study: dict) -> str:
-    """The page's tables, rendered from ``metrics/head_scaling_report.json`` (a test compares them)."""
-    rows = study["points"]
-    lines = ["| shape | heads | head dim | what changes | oracle | dense NLL | static pruning | router as deployed | "
-             "greedy oracle | MACs as deployed / dense | window at 0.8× dense MACs |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        window = r["window_at_0_8_dense_macs"]
-        lines.append(f"| {r['n_layers']} × {r['n_heads']} | {r['heads']} | {r['head_dim']} | {r['changes']} | {r['oracle']} | "
-                     f"{r['phase1_dense_nll']:.3f} | {r['phase1_static_pruning_nll']:.3f} | {r['phase1_deployed_nll']:.3f} | "
-                     f"{r['phase1_greedy_oracle_nll']:.3f} | {r['phase1_deployed_macs_over_dense']:.3f} | "
-                     f"{'never' if window is None else f'{window:,.0f}'} |")
-    lines += ["", "| shape | " + " | ".join(label for _, label in CLAIMS) + " |",
-              "|---|" + "---|" * len(CLAIMS)]
-    for r in rows:
-        lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
-            interval_cell(r.get(k), r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high")) for k, _ in CLAIMS) + " |")
-    trends = study["trend_at_256_heads"]
-    lines.append("| trend at 256 heads | " + " | ".join(
-        interval_cell(t["predicted"], t["predicted_ci_low"], t["predicted_ci_high"]) if (t := trends.get(k)) else "–"
-        for k, _ in CLAIMS) + " |")
-    lines.append("| slope per doubling of heads | " + " | ".join(
-        interval_cell(t["slope_per_doubling"], t["slope_per_doubling"] - 1.96 * t["slope_se"],
-              t["slope_per_doubling"] + 1.96 * t["slope_se"]) if (t := trends.get(k)) else "–" for k, _ in CLAIMS) + " |")
-    quarter = [r for r in rows if r.get("off_75")]
-    if quarter:
-        keys = QUARTER_KEYS
-        lines += ["", "Phase 1 at 75 % of heads off (its own oracle and phase-1 run, the point's base LM):", "",
-                  "| shape | heads kept | dense NLL | static pruning | router as deployed | greedy oracle | "
-                  + " | ".join(label for k, label in CLAIMS if k in keys) + " |",
-                  "|---|---:|---:|---:|---:|---:|" + "---|" * len(keys)]
-        for r in quarter:
-            q = r["off_75"]
-            lines.append(f"| {r['n_layers']} × {r['n_heads']} | {q['heads_kept']} | {q['phase1_dense_nll']:.3f} | "
-                         f"{q['phase1_static_pruning_nll']:.3f} | {q['phase1_deployed_nll']:.3f} | "
-                         f"{q['phase1_greedy_oracle_nll']:.3f} | "
-                         + " | ".join(interval_cell(q.get(k), q.get(f"{k}_ci_low"), q.get(f"{k}_ci_high"))
-                                      for k, _ in CLAIMS if k in keys) + " |")
-    checked = [r for r in rows if r.get("oracle_validation")]
-    if checked:
-        lines += ["", "| shape | windows | exact greedy NLL | static pruning NLL | oracle | trial forwards (exact) | "
-                  "speed-up | NLL − exact [95 % CI] | capture of the exact gain [CI] | recall of the exact set |",
-                  "|---|---:|---:|---:|---|---:|---:|---|---|---:|"]
-        for r in checked:
-            v = r["oracle_validation"]
-            for name in (k for k in v if isinstance(v[k], dict)):
-                x = v[name]
-                lines.append(f"| {r['n_layers']} × {r['n_heads']} | {v['windows']} | {v['exact_nll']:.3f} | "
-                             f"{v['static_nll']:.3f} | {name} | {x['trials_per_window']} ({v['exact_trials_per_window']}) | "
-                             f"{x['speedup']:.1f}× | {interval_cell(x['nll_minus_exact'], *x['nll_minus_exact_ci'], digits=4)} | "
-                             f"{interval_cell(x['capture'], *x['capture_ci'])} | {x['recall_of_exact']:.3f} |")
-    times = [r for r in rows if r.get("stage_seconds")]
-    if times:
-        stages = [s for s in STAGES if any(s in r["stage_seconds"] for r in times)]
-        lines += ["", "| shape | " + " | ".join(stages) + " | total (min) |", "|---|" + "---:|" * (len(stages) + 1)]
-        for r in times:
-            t = r["stage_seconds"]
-            lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
-                f"{t[s]:.0f}" if s in t else "–" for s in stages) + f" | {sum(t.values()) / 60:.1f} |")
-    return "\n".join(lines)
-
-
-def update_page(study: dict) -> None:
-    """Rewrite the generated block of docs/research/head-scaling.md."""
-    from lookahead.core.atomic import atomic_file
-
-    text = PAGE.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        sys.exit(f"error: {PAGE} lacks the markers {BEGIN!r} … {END!r}")
-    head, rest = text.split(BEGIN, 1)
-    fresh = head + BEGIN + "\n" + markdown(study) + "\n" + END + rest.split(END, 1)[1]
-    with atomic_file(PAGE) as tmp:
-        tmp.write_text(fresh, encoding="utf-8")
-
 def collect() -> list[dict]:
     rows = []
     for point in POINTS:
@@ -373,63 +240,6 @@ def collect() -> list[dict]:
     if not rows:
         sys.exit(f"error: no point in {POINT_DIR}: run the study first")
     return rows
-
-
-def write(rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from lookahead.core.atomic import atomic_file, write_csv, write_json
-
-    trends = {key: trend(rows, key) for key, _ in CLAIMS}
-    sets = {r["window_set"] for r in rows}
-    if len(sets) > 1:
-        sys.exit(f"error: the points score different windows ({', '.join(sorted(sets))}): one window set per table")
-    study = {"points": rows, "trend_at_256_heads": trends, "claims": {key: label for key, label in CLAIMS}}
-    write_json(REPORT, study)
-    write_json(TABLE, headline(study))
-    update_page(study)
-    flat = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
-    write_csv(CSV, flat, list(dict.fromkeys(k for r in flat for k in r)))  # every point's columns
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8), dpi=100)
-    for ax, (key, label) in zip(axes.flat, CLAIMS):
-        pts = [r for r in rows if r.get(key) is not None]
-        x = [r["log2_heads"] for r in pts]
-        y = [r[key] for r in pts]
-        lo = [r[key] - r[f"{key}_ci_low"] if r.get(f"{key}_ci_low") is not None else 0 for r in pts]
-        hi = [r[f"{key}_ci_high"] - r[key] if r.get(f"{key}_ci_high") is not None else 0 for r in pts]
-        ax.errorbar(x, y, yerr=[lo, hi], fmt="o-", capsize=4, color="tab:blue", label="50 % off")
-        quarter = [(r["log2_heads"], r["off_75"]) for r in rows if r.get("off_75", {}).get(f"{key}_ci_low") is not None]
-        if quarter:
-            ax.errorbar([q[0] + 0.05 for q in quarter], [q[1][key] for q in quarter],
-                        yerr=[[q[1][key] - q[1][f"{key}_ci_low"] for q in quarter],
-                              [q[1][f"{key}_ci_high"] - q[1][key] for q in quarter]],
-                        fmt="^--", capsize=4, color="tab:orange", label="75 % off (phase 1)")
-            ax.legend(fontsize=8)
-        fit = trends[key]
-        if fit is not None:
-            ax.errorbar([fit["at_log2_heads"]], [fit["predicted"]],
-                        yerr=[[fit["predicted"] - fit["predicted_ci_low"]], [fit["predicted_ci_high"] - fit["predicted"]]],
-                        fmt="s", color="tab:red", capsize=4, label="trend at 256 heads")
-            ax.legend(fontsize=8)
-        if "minus" in key or "gap" in key or "dnll" in key:
-            ax.axhline(0, color="grey", lw=0.8, ls="--")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("log2(heads)")
-        ax.set_xticks(sorted({*x, 8.0}))
-    fig.suptitle("per-token routing against the number of heads (50 % off; test windows; 95 % intervals)")
-    fig.tight_layout()
-    FIGURE.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(FIGURE) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    print(f"{'point':>6} {'heads':>5}  " + "  ".join(f"{key[:22]:>22}" for key, _ in CLAIMS[:4]))
-    for r in rows:
-        print(f"{r['point']:>6} {r['heads']:>5}  " + "  ".join(
-            f"{r[key]:+22.4f}" if r.get(key) is not None else f"{'-':>22}" for key, _ in CLAIMS[:4]))
-    print(f"written: {TABLE}, {REPORT}, {CSV}, {FIGURE} and the tables of {PAGE}")
 
 
 def commit_point(point: Point, path: Path, what: str = "") -> None:
@@ -456,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--points: unknown {', '.join(unknown)}; known: {', '.join(by_name)}")
     if not args.collect_only:
-        from lookahead.core.atomic import write_json
+        from lookahead.tools.bases import write_record
 
         for point in (by_name[name] for name in wanted):
             path = POINT_DIR / f"{point.name}.json"
@@ -473,13 +283,13 @@ def main(argv: list[str] | None = None) -> None:
                         tic = time.time()
                         row["oracle_validation"] = validate_oracle(point, rev, point.validate)
                         row["oracle_validation_seconds"] = round(time.time() - tic, 1)
-                write_json(path, row)
+                write_record(path, row)
                 if args.commit:
                     commit_point(point, path)
                 print(f"[head-scaling] {point.name}: done ({path})", flush=True)
             if args.quarter and "off_75" not in row:
                 row["off_75"] = run_quarter(point, Path(args.logs), args.rerun)
-                write_json(path, row)
+                write_record(path, row)
                 if args.commit:
                     commit_point(point, path, "phase 1 at 75 % off")
                 print(f"[head-scaling] {point.name}: phase 1 at 75 % off done ({path})", flush=True)

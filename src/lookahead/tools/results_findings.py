@@ -147,7 +147,8 @@ def modulator_section(m: dict[str, Figures]) -> list[str]:
 
 def head_scaling_section(path: Path, default_window_set: str | None = None) -> list[str]:
     """The head-scaling study's points (``metrics/head_scaling_report.json``, scripts/head_scaling.py): each
-    claim with its 95 % interval at every shape, and the trend's value at 256 heads; where the study was
+    claim with its 95 % interval at every shape, and the slope over the heads-per-layer leg where the points
+    keep per-window NLLs; where the study was
     scored on other windows than the default run (``default_window_set``), under which rules."""
     if not path.is_file():
         return []
@@ -168,16 +169,17 @@ def head_scaling_section(path: Path, default_window_set: str | None = None) -> l
 
     rows = [(f"{r['n_layers']} × {r['n_heads']}", str(r["heads"]), r["oracle"], *(cell(r, k) for k in keys))
             for r in study["points"]]
-    trends = study.get("trend_at_256_heads", {})
-    if any(trends.get(k) for k in keys):
-        rows.append(("trend at 256 heads", "256", "fit over the points",
-                     *(cell({k: t["predicted"], f"{k}_ci_low": t["predicted_ci_low"], f"{k}_ci_high": t["predicted_ci_high"]}, k)
-                       if (t := trends.get(k)) else "–" for k in keys)))
+    # the slope over the heads-per-layer leg, where the points keep per-window NLLs
+    slopes = {name: f["slope_per_doubling"] for name, f in study.get("fits", {}).items() if f.get("slope_per_doubling")}
+    if slopes:
+        rows.append(("slope per doubling, 4 × 4 → 4 × 16", "", "points' per-window NLLs",
+                     *(interval_cell(s["estimate"], s["ci_low"], s["ci_high"]) if (s := slopes.get(k)) else "–"
+                       for k in keys)))
     out = ["## Head scaling: 16 heads toward 256", "",
            f"The research chain at each model shape (`{HEAD_SCALING}`, written by `make head-scaling`; what each point "
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
-           "on the same test windows (the default's corpus and tokenizer); the trend is a weighted line in log₂(heads) evaluated at 256 heads.", "",
+           "on the same test windows (the default's corpus and tokenizer); no value past the largest point.", "",
            scored, ""]
     return out + table(("shape", "heads", "oracle", "phase 1: deployed − static", "at equal MACs", "greedy capture",
                         "phase 2 − static control", "phase 2 − dense control"), rows) + [""]
