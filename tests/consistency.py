@@ -90,8 +90,9 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     narrow enough for `dvc metrics show` (≤ 400 columns)."""
     import contextlib
 
+    import yaml
+
     from lookahead.artifacts.val_scores import scoring_from_params
-    from lookahead.tools.experiments import read_params
 
     study = head_scaling_script()
     report = json.loads((root / study.REPORT).read_text())
@@ -101,8 +102,9 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     assert "trend_at_256_heads" not in report and "256 heads" not in block.split("| contrast |")[-1]
     rows = [json.loads((root / "metrics" / "head_scaling" / f"{r['point']}.json").read_text()) for r in report["points"]]
     assert [{k: v for k, v in r.items() if k != "windows"} for r in rows] == report["points"]
-    with contextlib.chdir(root):
-        refitted = study.fits(rows, scoring_from_params(read_params(None)))
+    scoring = scoring_from_params(yaml.safe_load((REPO / "params.yaml").read_text()))  # root may hold metrics alone
+    with contextlib.chdir(root):  # the between-base spread the fits add: root's metrics/bases_report.json
+        refitted = study.fits(rows, scoring)
     assert json.loads(json.dumps(refitted)) == report["fits"]
     table = json.loads((root / study.TABLE).read_text())
     whole = read_headline(root / study.TABLE)  # with its intervals and window set (head_scaling_{ci,sd}.json)
