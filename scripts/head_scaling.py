@@ -11,7 +11,8 @@ which runs base → probe, init, contexts → oracle → phase 1 and its scoring
 windows) → phase 2 + the dense and static controls and their scoring (their per-position NLLs on the
 same windows), and leaves
 out what the study does not read (modulator, pairs, diffusion, evaluate). The default's own run is
-the 4 x 4 point: its figures are read from the workspace, never rerun. Each point's figures go to
+the 4 x 4 point: its figures are read from the workspace where its run is complete (``dvc status``
+clean), else it runs as the others do. Each point's figures go to
 ``metrics/head_scaling/<point>.json`` and are committed as soon as the point finishes (``--commit``,
 on in ``make head-scaling``): experiment refs live in one clone, and a study this long is
 interrupted. A point whose file exists is read back, never rerun; a point whose experiment succeeded
@@ -266,15 +267,19 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--points: unknown {', '.join(unknown)}; known: {', '.join(by_name)}")
     if not args.collect_only:
-        from lookahead.tools.bases import write_record
+        from lookahead.tools.bases import workspace_is_complete, write_record
 
         for point in (by_name[name] for name in wanted):
             path = POINT_DIR / f"{point.name}.json"
-            if path.is_file():
+            row = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+            if row is not None and "windows" not in row:  # scored under earlier rules: no per-window NLLs to fit
+                print(f"[head-scaling] {point.name}: {path} keeps no per-window NLLs (earlier rules): rerunning it",
+                      flush=True)
+                row = None
+            if row is not None:
                 print(f"[head-scaling] {point.name}: read back from {path}", flush=True)
-                row = json.loads(path.read_text(encoding="utf-8"))
             else:
-                if point == DEFAULT:  # the default run: the workspace's committed figures, never rerun
+                if point == DEFAULT and workspace_is_complete():  # the default run: the workspace's own
                     row = figures(point, None, None)
                 else:
                     rev, times = run_point(point, Path(args.logs), rerun=args.rerun)
