@@ -233,15 +233,18 @@ def tables(records: list[dict], scoring: ScoringConfig) -> dict:
     for claim in (*CLAIMS, CAPTURE):
         if not all(measured(r, claim) for r in records):
             continue
+        if claim is CAPTURE and not all((capture_terms(r)[1].sum(1) > 0).all() for r in records):
+            continue  # as phase 1's own: no ratio where the oracle gains nothing over static pruning
         row = {"stage": claim.stage, "claimed": ("below " if claim.below else "above ") + f"{claim.reference:g}",
                "per_base": {str(r["seed"]): per_base(r, claim, scoring) for r in records}}
         if len(records) > 1:
             row["across"] = across_bases(records, claim, scoring)
         report["claims"][claim.name] = row
+    # each base's stage times stay in its record (metrics/bases/seed<s>.json): timings are no metric (core.report)
     report["per_base"] = {str(r["seed"]): {
         "base_val_nll": r["headlines"].get("base", {}).get("val_nll"),
         "dense_nll": r["headlines"].get("phase1", {}).get("dense_nll"),
-        "stage_seconds": r["stage_seconds"], "other_claims": other_claims(r["headlines"])} for r in records}
+        "other_claims": other_claims(r["headlines"])} for r in records}
     return report
 
 

@@ -209,11 +209,9 @@ def bases_section(path: Path) -> list[str]:
                      interval_cell(across["mean"], across["ci_low"], across["ci_high"]) if across else "–",
                      across["verdict"] if across else "–"))
     out += table(("claim", "claimed", *(f"base seed {s}" for s in seeds), f"across {count} base LMs", "verdict"), rows)
-    out += ["", "Each base LM, and its run's stage times:", ""]
-    out += table(("base seed", "base LM val NLL", "dense NLL (test windows)", "stages (min)"),
-                 [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll")),
-                   f"{sum(b['stage_seconds'].values()) / 60:.0f}" if b.get("stage_seconds") else "–")
-                  for s, b in report["per_base"].items()])
+    out += ["", "Each base LM (its run's stage times: `metrics/bases/seed<s>.json`):", ""]
+    out += table(("base seed", "base LM val NLL", "dense NLL (test windows)"),
+                 [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll"))) for s, b in report["per_base"].items()])
     return out + [""]
 
 
