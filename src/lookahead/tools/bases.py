@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,11 +134,15 @@ def base_record(seed: int, rev: str | None, times: dict | None) -> dict:
     return record
 
 
+NUMBERS = re.compile(r"\[\n\s*([-+0-9.eE,\s]+?)\n\s*\]")  # a JSON list of numbers alone, as indent= lays it out
+
+
 def write_record(path: Path, record: dict) -> None:
-    """One line per per-window array: small in git, readable in a diff."""
+    """Indented JSON with each list of numbers on one line (a seed's per-window means): small in git,
+    readable in a diff."""
+    text = NUMBERS.sub(lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", json.dumps(record, indent=1))
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=1, separators=(",", ": ")).replace("\n   ", " ").replace("\n  ]", " ]")
-                       + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
 
 
 # --- the claims: per base, and across bases ------------------------------------------------------
