@@ -208,7 +208,7 @@ def bases_section(path: Path) -> list[str]:
                      *(f"{interval_cell(v['mean'], v['ci_low'], v['ci_high'])}: {v['verdict']}" for v in row["per_base"].values()),
                      interval_cell(across["mean"], across["ci_low"], across["ci_high"]) if across else "–",
                      across["verdict"] if across else "–"))
-    out += table(("claim", "claimed", *(f"base seed {s}" for s in seeds), f"across {count} base LMs", "verdict"), rows)
+    out += table(("claim", "claimed", *(f"base seed {s}" for s in seeds), f"across {count} base LMs" if count > 1 else "across base LMs (two or more)", "verdict"), rows)
     out += ["", "Each base LM (its run's stage times: `metrics/bases/seed<s>.json`):", ""]
     out += table(("base seed", "base LM val NLL", "dense NLL (test windows)"),
                  [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll"))) for s, b in report["per_base"].items()])
