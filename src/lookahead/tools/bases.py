@@ -48,7 +48,8 @@ from lookahead.artifacts.val_scores import ScoringConfig, Scores, load_scores, s
 from lookahead.core.atomic import atomic_file
 from lookahead.core.intervals import paired_interval, ratio_interval
 from lookahead.core.report import write_metrics
-from lookahead.tools.experiments import StudyError, commit, fail, output_file, read_json, read_params, run_experiment, sh
+from lookahead.tools.experiments import (DVC, StudyError, commit, fail, output_file, read_json, read_params,
+                                         run_experiment, sh)
 from lookahead.tools.verdicts import claim_verdict
 
 SEEDS = (0, 1, 2)
@@ -301,7 +302,7 @@ def write_tables(scoring: ScoringConfig) -> dict:
 def workspace_is_complete() -> bool:
     """Whether the workspace holds a complete, up-to-date run (``dvc status`` clean)."""
     try:
-        return not json.loads(sh("dvc", "status", "--json") or "{}")
+        return not json.loads(sh(*DVC, "status", "--json") or "{}")
     except (StudyError, json.JSONDecodeError):
         return False
 

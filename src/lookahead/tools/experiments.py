@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 
+DVC = [sys.executable, "-m", "dvc"]  # the DVC of this environment, whatever PATH holds (make runs without the venv on it)
+
+
 class StudyError(RuntimeError):
     """A study cannot go on: a command failed, or an experiment left nothing to read."""
 
@@ -54,7 +57,7 @@ def run_experiment(name: str, overrides: dict, log_dir: Path, targets: tuple[str
     sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
     # no -f unless rerun: -f (--force) reruns every stage, where a resumed or partial run (an
     # interrupted experiment's finished stages) should come back from DVC's run cache
-    cmd = ["dvc", "exp", "run", "--temp", *(["-f"] if rerun else []), "-n", name, *sets, *targets]
+    cmd = [*DVC, "exp", "run", "--temp", *(["-f"] if rerun else []), "-n", name, *sets, *targets]
     log = log_dir / f"{name}.log"
     print(f"[{tag}] {' '.join(cmd)}  (log: {log})", flush=True)
     with open(log, "w", encoding="utf-8") as out:
