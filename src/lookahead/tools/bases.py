@@ -13,7 +13,7 @@ resumes from DVC's run cache). Seed 0 is the default run: the workspace's own wh
 is clean, else run like the others.
 
 As each base finishes, ``metrics/bases/seed<s>.json`` is written (and committed, ``--commit``: no
-cache outlives a session): the per-window means of every per-position array its scoring stages
+cache travels with the repository): the per-window means of every per-position array its scoring stages
 saved (``data/val_nll/*.safetensors``; every claim below is a mean or a ratio of sums over the test
 windows' positions, so per-window means give it exactly), its headlines and its stage times. From
 the committed bases:

@@ -2,7 +2,7 @@
 named experiment in a temporary directory, read back what it wrote, commit what a study keeps.
 
 An experiment runs as ``dvc exp run --temp -n <name> -S key=value … [targets]``. Its refs live in
-this clone only and its outputs in this clone's DVC cache, which no session outlives: a study
+this clone only and its outputs in this clone's DVC cache, which git does not carry: a study
 commits each piece's figures to git as it finishes. An interrupted experiment is run again under the
 same name: the stages it finished come back from DVC's run cache (no ``--force`` unless asked), so it
 resumes at the stage it was in. Stage times come from the MLflow runs the stages log
