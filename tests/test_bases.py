@@ -32,7 +32,7 @@ def test_the_across_bases_interval_covers_a_known_mean_at_its_level():
     it far less often."""
     rng = np.random.default_rng(0)
     scoring = ScoringConfig(resamples=100)
-    claim = bases.CLAIMS[0]
+    claim = next(c for c in bases.CLAIMS if c.name == "deployed_minus_static_pruning")
     covered, narrow, draws = 0, 0, 1000
     for _ in range(draws):
         records = [synthetic(s, -0.1, base_sd=0.05, window_sd=0.1, seed_sd=0.01, rng=rng) for s in range(3)]

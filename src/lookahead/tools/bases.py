@@ -48,6 +48,7 @@ from lookahead.artifacts.val_scores import ScoringConfig, Scores, load_scores, s
 from lookahead.core.atomic import atomic_file
 from lookahead.core.intervals import paired_interval, ratio_interval
 from lookahead.core.report import write_metrics
+from lookahead.pipeline.phase1.final import CLAIMS as PHASE1_CLAIMS, RECALL_CLAIM
 from lookahead.tools.experiments import (DVC, StudyError, commit, fail, output_file, read_json, read_params,
                                          run_experiment, sh)
 from lookahead.tools.verdicts import claim_verdict
@@ -79,10 +80,9 @@ class Claim:
 
 
 CLAIMS = (
-    Claim("deployed_minus_static_pruning", "phase1", "phase1.deployed", "phase1.static", True),
-    Claim("deployed_minus_static_at_equal_macs", "phase1", "phase1.deployed", "phase1.static_equal_macs", True),
-    Claim("router_minus_static_pruning", "phase1", "phase1.hard", "phase1.static", True),
-    Claim("oracle_recall_minus_static_recall", "phase1", "phase1.recall", "phase1.static_recall", False),
+    # phase 1's paired claims as phase 1 defines them (lookahead.pipeline.phase1.final), then phase 2's (evaluate's)
+    *(Claim(name, "phase1", f"phase1.{a}", f"phase1.{b}", True) for name, a, b in PHASE1_CLAIMS),
+    Claim(RECALL_CLAIM[0], "phase1", f"phase1.{RECALL_CLAIM[1]}", f"phase1.{RECALL_CLAIM[2]}", False),
     Claim("phase2_minus_control", "evaluate", f"phase2.{ROUTED}", "control.dense", True),
     Claim("phase2_minus_static_control", "evaluate", f"phase2.{ROUTED}", "static_control.hard", True),
 )
@@ -166,16 +166,19 @@ def _difference(record: dict, expression: str) -> np.ndarray:
 
 def claim_differences(record: dict, claim: Claim) -> np.ndarray:
     """(seeds, windows) per-window differences A − B of one base (seed i of A minus seed i of B)."""
-    a, b = _difference(record, claim.a), _difference(record, claim.b)
+    a, b = _seed_pair(_difference(record, claim.a), _difference(record, claim.b))
+    return a - b
+
+
+def _seed_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two (seeds, windows) arrays broadcast to one seed count (a deterministic one row to every seed)."""
     s = max(len(a), len(b))
-    return np.broadcast_to(a, (s, a.shape[1])) - np.broadcast_to(b, (s, b.shape[1]))
+    return np.broadcast_to(a, (s, a.shape[1])), np.broadcast_to(b, (s, b.shape[1]))
 
 
 def capture_terms(record: dict) -> tuple[np.ndarray, np.ndarray]:
     """(numerators, denominators), (seeds, windows), of ``greedy_capture``."""
-    num, den = _difference(record, CAPTURE.a), _difference(record, CAPTURE.b)
-    s = max(len(num), len(den))
-    return np.broadcast_to(num, (s, num.shape[1])), np.broadcast_to(den, (s, den.shape[1]))
+    return _seed_pair(_difference(record, CAPTURE.a), _difference(record, CAPTURE.b))
 
 
 def measured(record: dict, claim: Claim) -> bool:
