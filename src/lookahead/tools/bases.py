@@ -250,11 +250,20 @@ def tables(records: list[dict], scoring: ScoringConfig) -> dict:
             row["across"] = across_bases(records, claim, scoring)
         report["claims"][claim.name] = row
     # each base's stage times stay in its record (metrics/bases/seed<s>.json): timings are no metric (core.report)
-    report["per_base"] = {str(r["seed"]): {
-        "base_val_nll": r["headlines"].get("base", {}).get("val_nll"),
-        "dense_nll": r["headlines"].get("phase1", {}).get("dense_nll"),
-        "other_claims": other_claims(r["headlines"])} for r in records}
+    report["per_base"] = {str(r["seed"]): {"base_val_nll": r["headlines"].get("base", {}).get("val_nll"),
+                                           **phase1_nlls(r["headlines"].get("phase1", {})),
+                                           "other_claims": other_claims(r["headlines"])} for r in records}
     return report
+
+
+def phase1_nlls(phase1: dict) -> dict:
+    """A base's phase-1 NLLs on the test windows, and the share of static pruning's NLL increase over dense
+    that the deployed router still pays (``deployed_share_of_static_damage``): what the claims are differences of."""
+    out = {key: phase1.get(key) for key in ("dense_nll", "static_pruning_nll", "deployed_nll")}
+    if None not in out.values() and out["static_pruning_nll"] != out["dense_nll"]:
+        out["deployed_share_of_static_damage"] = ((out["deployed_nll"] - out["dense_nll"])
+                                                  / (out["static_pruning_nll"] - out["dense_nll"]))
+    return out
 
 
 def other_claims(headlines: dict) -> dict:

@@ -179,7 +179,9 @@ def head_scaling_section(path: Path, default_window_set: str | None = None) -> l
            f"The research chain at each model shape (`{HEAD_SCALING}`, written by `make head-scaling`; what each point "
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
-           "on the same test windows (the default's corpus and tokenizer); no value past the largest point.", "",
+           "on the same test windows (the default's corpus and tokenizer); no value past the largest point."
+           + (" Not yet rescored under these rules, so not shown: "
+              + ", ".join(p.replace("x", " × ") for p in study["pending"]) + "." if study.get("pending") else ""), "",
            scored, ""]
     return out + table(("shape", "heads", "oracle", "phase 1: deployed − static", "at equal MACs", "greedy capture",
                         "phase 2 − static control", "phase 2 − dense control"), rows) + [""]
@@ -209,9 +211,21 @@ def bases_section(path: Path) -> list[str]:
                      interval_cell(across["mean"], across["ci_low"], across["ci_high"]) if across else "–",
                      across["verdict"] if across else "–"))
     out += table(("claim", "claimed", *(f"base seed {s}" for s in seeds), f"across {count} base LMs" if count > 1 else "across base LMs (two or more)", "verdict"), rows)
-    out += ["", "Each base LM (its run's stage times: `metrics/bases/seed<s>.json`):", ""]
-    out += table(("base seed", "base LM val NLL", "dense NLL (test windows)"),
-                 [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll"))) for s, b in report["per_base"].items()])
+    if count > 1:
+        out += ["", "What each interval across base LMs is made of: the sd of the per-base figures, the test windows' "
+                "standard error (the base-averaged per-window differences, resampled jointly), the share of the "
+                "interval's variance that comes from the spread between base LMs (sd² / B over se²), and the "
+                "Welch–Satterthwaite degrees of freedom:", ""]
+        out += table(("claim", "sd between bases", "window se", "between-base share", "df"),
+                     [(f"`{name}`", f"{a['sd']:.4f}", f"{a['token_se']:.4f}", f"{a['sd'] ** 2 / count / a['se'] ** 2:.0%}",
+                       f"{a['df']:.1f}") for name, a in ((n, r["across"]) for n, r in report["claims"].items())])
+    out += ["", "Each base LM: its phase-1 NLLs on the test windows (means over seeds; the run's stage times: "
+            "`metrics/bases/seed<s>.json`):", ""]
+    out += table(("base seed", "base LM val NLL", "dense", "static pruning", "router as deployed",
+                  "(deployed − dense) / (static − dense)"),
+                 [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll")), num(b.get("static_pruning_nll")),
+                   num(b.get("deployed_nll")), num(b.get("deployed_share_of_static_damage")))
+                  for s, b in report["per_base"].items()])
     return out + [""]
 
 
