@@ -4,6 +4,7 @@ across-bases interval covers a known mean as often as it says, and the headline 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from lookahead.artifacts.val_scores import ScoringConfig, scoring_from_params
 from lookahead.core.report import read_headline
 from lookahead.tools import bases
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic(seed: int, mean: float, base_sd: float, window_sd: float, seed_sd: float, windows: int = 64,
@@ -101,3 +104,18 @@ def test_bases_scored_on_different_windows_are_refused():
     b["window_set"] = "test:64x1:another"
     with pytest.raises(bases.StudyError, match="different windows"):
         bases.tables([a, b], ScoringConfig(resamples=50))
+
+
+def test_the_committed_report_splits_each_interval_into_its_two_components():
+    """What the results page's "what each interval is made of" table reads: se² = window se² + sd² / B, and
+    each base's share of static pruning's damage the router pays is (deployed − dense) / (static − dense)."""
+    report = json.loads((REPO / "metrics" / "bases_report.json").read_text())
+    for name, row in report["claims"].items():
+        across = row["across"]
+        assert across["se"] ** 2 == pytest.approx(across["token_se"] ** 2 + across["sd"] ** 2 / report["bases"]), name
+    for seed, base in report["per_base"].items():
+        record = json.loads((REPO / "metrics" / "bases" / f"seed{seed}.json").read_text())["headlines"]["phase1"]
+        dense, static, deployed = record["dense_nll"], record["static_pruning_nll"], record["deployed_nll"]
+        assert base["deployed_share_of_static_damage"] == pytest.approx((deployed - dense) / (static - dense))
+    assert "deployed_share_of_static_damage" not in bases.phase1_nlls({"dense_nll": 4.0, "static_pruning_nll": 4.0,
+                                                                      "deployed_nll": 4.1})  # no damage: no share
