@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lookahead.tools.scaling_page import pending_shapes
 from lookahead.tools.verdicts import (COMPARISON, Figures, claim_row, claim_verdict, interval_cell, mean_row, nll_table, num,
                                       scored_on, table, table_rows, versus_row)
 
@@ -180,8 +181,8 @@ def head_scaling_section(path: Path, default_window_set: str | None = None) -> l
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
            "on the same test windows (the default's corpus and tokenizer); no value past the largest point."
-           + (" Not yet rescored under these rules, so not shown: "
-              + ", ".join(p.replace("x", " × ") for p in study["pending"]) + "." if study.get("pending") else ""), "",
+           + (f" Not yet rescored under these rules, so not shown: {pending}." if (pending := pending_shapes(study)) else ""),
+           "",
            scored, ""]
     return out + table(("shape", "heads", "oracle", "phase 1: deployed − static", "at equal MACs", "greedy capture",
                         "phase 2 − static control", "phase 2 − dense control"), rows) + [""]

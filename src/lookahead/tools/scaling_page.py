@@ -85,6 +85,12 @@ def headline(study: dict) -> dict:
     return out
 
 
+def pending_shapes(study: dict) -> str:
+    """The points committed under earlier rules, as shapes (``4 × 8, 4 × 16``; empty where none): the page's
+    and the results page's one wording of them."""
+    return ", ".join(name.replace("x", " × ") for name in study.get("pending", ()))
+
+
 def markdown(study: dict) -> str:
     """The page's tables, rendered from ``metrics/head_scaling_report.json`` (a test compares them)."""
     rows = study["points"]
@@ -106,10 +112,9 @@ def markdown(study: dict) -> str:
     for r in rows:
         lines.append(f"| {r['n_layers']} × {r['n_heads']} | " + " | ".join(
             interval_cell(r.get(k), r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high")) for k, _ in CLAIMS) + " |")
-    if study.get("pending"):
+    if pending := pending_shapes(study):
         lines += ["", "Not yet rescored under these rules (kept out of every table and fit here; their earlier figures "
-                  "are in the history of `metrics/head_scaling/<point>.json`): "
-                  + ", ".join(p.replace("x", " × ") for p in study["pending"]) + "."]
+                  f"are in the history of `metrics/head_scaling/<point>.json`): {pending}."]
     lines += fit_lines(study["fits"])
     quarter = [r for r in rows if r.get("off_75")]
     if quarter:
