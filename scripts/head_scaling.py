@@ -65,6 +65,8 @@ class Point:
     changes: str = ""
     validate: int = 0
     """Selection windows on which the point's lazy oracle is checked against the exact greedy (0: not)."""
+    static_candidates: int = 0
+    """The greedy static mask's search (``static_baselines.candidates``): 0 exact, else lazy with that many a step."""
 
     @property
     def name(self) -> str:
@@ -80,21 +82,28 @@ class Point:
             return f"lazy greedy (candidates {self.candidates}, per_round {self.per_round})"
         return "exact greedy" if self.per_round == 1 else f"greedy, {self.per_round} heads a step"
 
+    @property
+    def static_mask(self) -> str:
+        return f"lazy greedy (candidates {self.static_candidates})" if self.static_candidates else "exact greedy"
+
     def overrides(self) -> dict:
         return {"base.arch.n_layers": self.layers, "base.arch.n_heads": self.heads,
-                "oracle.per_round": self.per_round, "oracle.candidates": self.candidates}
+                "oracle.per_round": self.per_round, "oracle.candidates": self.candidates,
+                "static_baselines.candidates": self.static_candidates}
 
 
 # One change at a time: heads per layer at the default's depth and width (hidden 128: the same
 # parameters and FLOPs, smaller heads), then depth at 16 heads per layer. The default run's exact greedy
 # oracle at 16 heads; above that the lazy greedy with 4 candidates a step, which matches it within
-# 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs.
+# 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs. The greedy
+# static mask: exact up to 32 heads (about 40 min at 32), lazy with 4 candidates a step from 64 (exact
+# there: heads^2 / 2 evaluations of the fit windows, over 2 h at 64 heads).
 POINTS = (
     Point(4, 4, changes="the default (4 layers, hidden 128, head dim 32)"),
     Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)", validate=32),
-    Point(4, 16, candidates=4, changes="heads per layer x4 (head dim 8)"),
-    Point(8, 16, candidates=4, changes="depth x2 at 16 heads per layer"),
-    Point(16, 16, per_round=2, candidates=4, changes="depth x4 at 16 heads per layer: the 1B graph"),
+    Point(4, 16, candidates=4, static_candidates=4, changes="heads per layer x4 (head dim 8)"),
+    Point(8, 16, candidates=4, static_candidates=4, changes="depth x2 at 16 heads per layer"),
+    Point(16, 16, per_round=2, candidates=4, static_candidates=4, changes="depth x4 at 16 heads per layer: the 1B graph"),
 )
 DEFAULT = POINTS[0]
 
@@ -203,6 +212,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     out = {"point": point.name, "n_layers": point.layers, "n_heads": point.heads, "heads": point.total,
            "log2_heads": math.log2(point.total), "hidden_size": arch["hidden_size"],
            "head_dim": arch["hidden_size"] // point.heads, "changes": point.changes, "oracle": point.oracle,
+           "static_mask": point.static_mask,
            "skip": skip, **phase1}
     with tempfile.TemporaryDirectory() as tmp:
         files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
