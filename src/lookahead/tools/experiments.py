@@ -54,7 +54,9 @@ def run_experiment(name: str, overrides: dict, log_dir: Path, targets: tuple[str
         print(f"[{tag}] experiment {name} found ({rev[:12]}): collecting it", flush=True)
         return rev, stage_seconds(name)
     log_dir.mkdir(parents=True, exist_ok=True)
-    sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
+    # a bool as YAML writes it (DVC parses each value as YAML)
+    sets = [arg for key, value in overrides.items()
+            for arg in ("-S", f"{key}={str(value).lower() if isinstance(value, bool) else value}")]
     # no -f unless rerun: -f (--force) reruns every stage, where a resumed or partial run (an
     # interrupted experiment's finished stages) should come back from DVC's run cache
     cmd = [*DVC, "exp", "run", "--temp", *(["-f"] if rerun else []), "-n", name, *sets, *targets]
