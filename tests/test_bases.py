@@ -74,7 +74,7 @@ def test_each_base_carries_its_runs_claims_and_the_headline_is_drawn_from_the_re
     phase1, evaluate = (read_headline(path / "metrics" / f"{s}.json") for s in ("phase1", "evaluate"))
     assert record["headlines"]["phase1"]["window_set"] == record["window_set"] == phase1["window_set"]
     checked = 0
-    for claim in (*bases.CLAIMS, bases.CAPTURE):
+    for claim in (*bases.CLAIMS, *bases.RATIOS):
         headline = phase1 if claim.stage == "phase1" else evaluate
         if not bases.measured(record, claim) or headline.get(f"{claim.name}_ci_low") is None:
             continue
@@ -108,14 +108,16 @@ def test_bases_scored_on_different_windows_are_refused():
 
 def test_the_committed_report_splits_each_interval_into_its_two_components():
     """What the results page's "what each interval is made of" table reads: se² = window se² + sd² / B, and
-    each base's share of static pruning's damage the router pays is (deployed − dense) / (static − dense)."""
+    each base's share of static pruning's damage the router pays (``deployed_ratio``, a ratio of sums over
+    the per-window means) is its phase-1 NLLs' (deployed − dense) / (static − dense)."""
     report = json.loads((REPO / "metrics" / "bases_report.json").read_text())
     for name, row in report["claims"].items():
         across = row["across"]
         assert across["se"] ** 2 == pytest.approx(across["token_se"] ** 2 + across["sd"] ** 2 / report["bases"]), name
-    for seed, base in report["per_base"].items():
+    shares = report["claims"]["deployed_ratio"]["per_base"]
+    assert set(shares) == set(report["per_base"]) and len(shares) == report["bases"]
+    for seed, share in shares.items():
         record = json.loads((REPO / "metrics" / "bases" / f"seed{seed}.json").read_text())["headlines"]["phase1"]
         dense, static, deployed = record["dense_nll"], record["static_pruning_nll"], record["deployed_nll"]
-        assert base["deployed_share_of_static_damage"] == pytest.approx((deployed - dense) / (static - dense))
-    assert "deployed_share_of_static_damage" not in bases.phase1_nlls({"dense_nll": 4.0, "static_pruning_nll": 4.0,
-                                                                      "deployed_nll": 4.1})  # no damage: no share
+        assert share["mean"] == pytest.approx((deployed - dense) / (static - dense), rel=1e-5)
+        assert share["ci_low"] < share["mean"] < share["ci_high"]

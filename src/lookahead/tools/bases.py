@@ -28,8 +28,8 @@ The across-bases interval is :func:`lookahead.core.intervals.paired_interval` wi
 seeds: the per-window differences averaged over each base's seeds, stacked over bases; se² =
 window_se² + sd_bases² / B, window_se from a bootstrap of the base-averaged per-window differences
 (the test windows are shared, so one resample serves every base), Student's t at the
-Welch–Satterthwaite degrees of freedom. ``greedy_capture`` (a ratio of sums) takes
-:func:`lookahead.core.intervals.ratio_interval` the same way.
+Welch–Satterthwaite degrees of freedom. ``greedy_capture`` and ``deployed_ratio`` (ratios of sums)
+take :func:`lookahead.core.intervals.ratio_interval` the same way.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ ROUTED = "routed"
 
 @dataclass(frozen=True)
 class Claim:
-    """A paired claim ``A − B`` of per-position arrays (``file.key``), claimed below (or above) ``reference``."""
+    """A paired claim ``A − B`` of per-position arrays (``file.key``), claimed below (or above) ``reference``;
+    with ``ratio``, the ratio of sums ``ΣA / ΣB`` instead."""
 
     name: str
     stage: str
@@ -77,6 +78,7 @@ class Claim:
     b: str
     below: bool
     reference: float = 0.0
+    ratio: bool = False
 
 
 CLAIMS = (
@@ -86,8 +88,14 @@ CLAIMS = (
     Claim("phase2_minus_control", "evaluate", f"phase2.{ROUTED}", "control.dense", True),
     Claim("phase2_minus_static_control", "evaluate", f"phase2.{ROUTED}", "static_control.hard", True),
 )
-CAPTURE = Claim("greedy_capture", "phase1", "phase1.static - phase1.deployed", "phase1.static - phase1.greedy", False, 0.6)
+CAPTURE = Claim("greedy_capture", "phase1", "phase1.static - phase1.deployed", "phase1.static - phase1.greedy", False, 0.6,
+                ratio=True)
 """The router's share of the greedy oracle's gain over static pruning: a ratio of sums, claimed above 0.6."""
+SHARE = Claim("deployed_ratio", "phase1", "phase1.deployed - phase1.dense", "phase1.static - phase1.dense", True, 1.0,
+              ratio=True)
+"""The share of static pruning's NLL increase over dense that the router as deployed still pays (the head-scaling
+study's ``deployed_ratio``): a ratio of sums, below 1 where the router loses less than static pruning."""
+RATIOS = (CAPTURE, SHARE)
 
 
 # --- one base: its per-window means -------------------------------------------------------------
@@ -176,9 +184,9 @@ def _seed_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.broadcast_to(a, (s, a.shape[1])), np.broadcast_to(b, (s, b.shape[1]))
 
 
-def capture_terms(record: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(numerators, denominators), (seeds, windows), of ``greedy_capture``."""
-    return _seed_pair(_difference(record, CAPTURE.a), _difference(record, CAPTURE.b))
+def ratio_terms(record: dict, claim: Claim = CAPTURE) -> tuple[np.ndarray, np.ndarray]:
+    """(numerators, denominators), (seeds, windows), of a ratio claim (``greedy_capture``, ``deployed_ratio``)."""
+    return _seed_pair(_difference(record, claim.a), _difference(record, claim.b))
 
 
 def measured(record: dict, claim: Claim) -> bool:
@@ -202,8 +210,8 @@ def _judged(interval: dict, claim: Claim) -> dict:
 def per_base(record: dict, claim: Claim, scoring: ScoringConfig) -> dict:
     """One base's claim over its seeds and the windows: the interval its own run reports."""
     args = (1, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
-    if claim is CAPTURE:
-        return _judged(ratio_interval(*capture_terms(record), *args), claim)
+    if claim.ratio:
+        return _judged(ratio_interval(*ratio_terms(record, claim), *args), claim)
     return _judged(paired_interval(claim_differences(record, claim), *args), claim)
 
 
@@ -211,8 +219,8 @@ def across_bases(records: list[dict], claim: Claim, scoring: ScoringConfig) -> d
     """The claim across bases: each base's seed-averaged per-window figures stacked as the "seeds" of
     the interval (module docstring); ``sd`` is the sd over bases, ``token_se`` the window component."""
     args = (1, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
-    if claim is CAPTURE:
-        terms = [capture_terms(r) for r in records]
+    if claim.ratio:
+        terms = [ratio_terms(r, claim) for r in records]
         num, den = (np.stack([t[i].mean(0) for t in terms]) for i in (0, 1))
         return _judged(ratio_interval(num, den, *args), claim)
     return _judged(paired_interval(np.stack([claim_differences(r, claim).mean(0) for r in records]), *args), claim)
@@ -239,11 +247,11 @@ def tables(records: list[dict], scoring: ScoringConfig) -> dict:
         raise StudyError(f"the bases score different windows ({', '.join(sorted(sets))}): one test set for every base")
     report = {"bases": len(records), "seeds": [r["seed"] for r in records], "window_set": records[0]["window_set"],
               "revs": {str(r["seed"]): r["rev"] for r in records}, "claims": {}}
-    for claim in (*CLAIMS, CAPTURE):
+    for claim in (*CLAIMS, *RATIOS):
         if not all(measured(r, claim) for r in records):
             continue
-        if claim is CAPTURE and not all((capture_terms(r)[1].sum(1) > 0).all() for r in records):
-            continue  # as phase 1's own: no ratio where the oracle gains nothing over static pruning
+        if claim.ratio and not all((ratio_terms(r, claim)[1].sum(1) > 0).all() for r in records):
+            continue  # as phase 1's own: no ratio where its denominator (a gain, a damage) is not positive
         row = {"stage": claim.stage, "claimed": ("below " if claim.below else "above ") + f"{claim.reference:g}",
                "per_base": {str(r["seed"]): per_base(r, claim, scoring) for r in records}}
         if len(records) > 1:
@@ -257,19 +265,14 @@ def tables(records: list[dict], scoring: ScoringConfig) -> dict:
 
 
 def phase1_nlls(phase1: dict) -> dict:
-    """A base's phase-1 NLLs on the test windows, and the share of static pruning's NLL increase over dense
-    that the deployed router still pays (``deployed_share_of_static_damage``): what the claims are differences of."""
-    out = {key: phase1.get(key) for key in ("dense_nll", "static_pruning_nll", "deployed_nll")}
-    if None not in out.values() and out["static_pruning_nll"] != out["dense_nll"]:
-        out["deployed_share_of_static_damage"] = ((out["deployed_nll"] - out["dense_nll"])
-                                                  / (out["static_pruning_nll"] - out["dense_nll"]))
-    return out
+    """A base's phase-1 NLLs on the test windows: what the claims are differences and ratios of."""
+    return {key: phase1.get(key) for key in ("dense_nll", "static_pruning_nll", "deployed_nll")}
 
 
 def other_claims(headlines: dict) -> dict:
     """A base's claims that are not judged across bases (the decoders', the modulator's), as its run
     judged them: the interval over this base LM's seeds and windows."""
-    ours, out = {c.name for c in (*CLAIMS, CAPTURE)}, {}
+    ours, out = {c.name for c in (*CLAIMS, *RATIOS)}, {}
     for stage in ("diffusion", "evaluate", "modulator"):
         figures = headlines.get(stage, {})
         for key in figures:

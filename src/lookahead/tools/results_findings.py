@@ -222,11 +222,9 @@ def bases_section(path: Path) -> list[str]:
                        f"{a['df']:.1f}") for name, a in ((n, r["across"]) for n, r in report["claims"].items())])
     out += ["", "Each base LM: its phase-1 NLLs on the test windows (means over seeds; the run's stage times: "
             "`metrics/bases/seed<s>.json`):", ""]
-    out += table(("base seed", "base LM val NLL", "dense", "static pruning", "router as deployed",
-                  "(deployed − dense) / (static − dense)"),
+    out += table(("base seed", "base LM val NLL", "dense", "static pruning", "router as deployed"),
                  [(str(s), num(b.get("base_val_nll")), num(b.get("dense_nll")), num(b.get("static_pruning_nll")),
-                   num(b.get("deployed_nll")), num(b.get("deployed_share_of_static_damage")))
-                  for s, b in report["per_base"].items()])
+                   num(b.get("deployed_nll"))) for s, b in report["per_base"].items()])
     return out + [""]
 
 
