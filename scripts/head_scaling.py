@@ -67,9 +67,6 @@ class Point:
     """Selection windows on which the point's lazy oracle is checked against the exact greedy (0: not)."""
     static_candidates: int = 0
     """The greedy static mask's search (``static_baselines.candidates``): 0 exact, else lazy with that many a step."""
-    twin: bool = True
-    """Train phase 1's static twins (``phase1.static_twin``: only the twin gap reads them; each seed's router
-    is trained before its twin and seeded alone, so the routers and every claim are the same without them)."""
 
     @property
     def name(self) -> str:
@@ -92,23 +89,21 @@ class Point:
     def overrides(self) -> dict:
         return {"base.arch.n_layers": self.layers, "base.arch.n_heads": self.heads,
                 "oracle.per_round": self.per_round, "oracle.candidates": self.candidates,
-                "static_baselines.candidates": self.static_candidates, "phase1.static_twin": self.twin}
+                "static_baselines.candidates": self.static_candidates}
 
 
 # One change at a time: heads per layer at the default's depth and width (hidden 128: the same
 # parameters and FLOPs, smaller heads), then depth at 16 heads per layer. The default run's exact greedy
 # oracle at 16 heads; above that the lazy greedy with 4 candidates a step, which matches it within
 # 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs. The greedy
-# static mask: exact up to 32 heads (about 40 min at 32), lazy with 4 candidates a step from 64 (exact
-# there: heads^2 / 2 evaluations of the fit windows, over 2 h at 64 heads). From 128 heads phase 1 trains
-# no static twins (half its time, 43 min at 8 x 16): a point then fits in one 3-hour sitting.
+# static mask: exact up to 32 heads, lazy with 4 candidates a step from 64 (exact
+# there: heads^2 / 2 evaluations of the fit windows: 10 min at 32 heads, about 40 at 64).
 POINTS = (
     Point(4, 4, changes="the default (4 layers, hidden 128, head dim 32)"),
     Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)", validate=32),
     Point(4, 16, candidates=4, static_candidates=4, changes="heads per layer x4 (head dim 8)"),
-    Point(8, 16, candidates=4, static_candidates=4, twin=False, changes="depth x2 at 16 heads per layer"),
-    Point(16, 16, per_round=2, candidates=4, static_candidates=4, twin=False,
-          changes="depth x4 at 16 heads per layer: the 1B graph"),
+    Point(8, 16, candidates=4, static_candidates=4, changes="depth x2 at 16 heads per layer"),
+    Point(16, 16, per_round=2, candidates=4, static_candidates=4, changes="depth x4 at 16 heads per layer: the 1B graph"),
 )
 DEFAULT = POINTS[0]
 

@@ -21,8 +21,7 @@ def test_the_family_changes_one_thing_at_a_time_from_16_to_256_heads(study):
     for a, b in zip(points, points[1:]):
         assert (a.layers != b.layers) + (a.heads != b.heads) == 1, (a.name, b.name)
     assert points[2].overrides() == {"base.arch.n_layers": 4, "base.arch.n_heads": 16, "oracle.per_round": 1,
-                                     "oracle.candidates": 4, "static_baselines.candidates": 4,
-                                     "phase1.static_twin": True}
+                                     "oracle.candidates": 4, "static_baselines.candidates": 4}
     assert points[0].oracle == "exact greedy" and all(p.oracle.startswith("lazy greedy") for p in points[1:])
     # the greedy static mask: exact up to 32 heads, the lazy search from 64 (the "64+ heads")
     assert [p.static_mask.split(" (")[0] for p in points] == ["exact greedy"] * 2 + ["lazy greedy"] * 3
