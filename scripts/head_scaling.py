@@ -47,8 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from lookahead.tools.experiments import (StudyError, commit, fail, output_file, read_json, read_params, run_experiment,
-                                         sh)
+from lookahead.tools.experiments import (StudyError, commit, experiment_rev, fail, output_file, read_json, read_params,
+                                         run_experiment, sh)
 from lookahead.tools.scaling_page import (BEGIN, CLAIMS, END, HEADLINE_CLAIMS, PAGE, QUARTER_KEYS, REPORT,  # noqa: F401
                                            STAGES, TABLE, fits, headline, markdown, write)
 
@@ -137,16 +137,31 @@ QUARTER = 0.25
 """Phase 1 at 75 % of heads off (``--quarter``): ``predictor.keep`` of its phase-1-only experiment."""
 
 
+def quarter_name(point: Point) -> str:
+    return f"{point.name}-keep{round(QUARTER * 100)}"
+
+
 def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
     """Phase 1 of the point at 75 % off: an experiment of the oracle and phase 1 (and its scoring) alone (the base LM,
-    probe, init and contexts restored from the point's run), and its phase-1 figures."""
+    probe, init and contexts restored from the point's run), its phase-1 figures and per-window NLLs."""
     from lookahead.artifacts.val_scores import scoring_from_params
 
-    name = f"{point.name}-keep{round(QUARTER * 100)}"
-    rev, times = run_point(point, log_dir, name, {"predictor.keep": QUARTER}, ("score_phase1",), rerun)
+    rev, times = run_point(point, log_dir, quarter_name(point), {"predictor.keep": QUARTER}, ("score_phase1",), rerun)
     params = read_params(rev)
     out = phase1_figures(rev, scoring_from_params(params), params["base"]["arch"]["context_length"])
-    return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
+    return {**out, "keep": QUARTER, "windows": score_windows(rev, ("phase1",)), "stage_seconds": times,
+            "rev": rev[:12]}
+
+
+def score_windows(rev: str | None, names: tuple[str, ...]) -> dict:
+    """The per-window means of every per-position array of the scoring files ``data/val_nll/<name>.safetensors``
+    (:func:`lookahead.tools.bases.window_means`): what the fits across points read."""
+    from lookahead.artifacts.val_scores import load_scores
+    from lookahead.tools.bases import window_means
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return {name: window_means(load_scores(output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))))
+                for name in names}
 
 def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: float = 0.95) -> tuple:
     """Student-t interval over seeds alone (figures without per-position scores):
@@ -198,9 +213,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
     phase 2 and both controls on the same test windows (rev None: the workspace's default run)."""
     from lookahead.artifacts.val_scores import scoring_from_params
     from lookahead.graph.cost import macs_per_token, window_at_macs_ratio
-    from lookahead.artifacts.val_scores import load_scores
     from lookahead.pipeline.evaluate.claims import trained_claims
-    from lookahead.tools.bases import window_means
 
     params = read_params(rev)
     arch, skip = params["base"]["arch"], params["runtime"]["skip"]
@@ -218,8 +231,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
         files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
                  for name in ("phase1", "phase2", "control", "static_control")}
         trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
-        # the per-window means of every per-position array: what the fits across points read
-        out["windows"] = {name: window_means(load_scores(path)) for name, path in files.items()}
+    out["windows"] = score_windows(rev, tuple(files))
     # what differs between points besides heads (the confounds table)
     base = read_json(rev, "metrics/base.json")
     train = params["base"]["train"]
@@ -305,6 +317,18 @@ def main(argv: list[str] | None = None) -> None:
                 if args.commit:
                     commit_point(point, path)
                 print(f"[head-scaling] {point.name}: done ({path})", flush=True)
+            if args.quarter and "off_75" in row and "windows" not in row["off_75"]:
+                # recorded before the 75 % rows kept per-window NLLs: from its experiment where this clone holds it
+                rev = experiment_rev(f"hs-{quarter_name(point)}")
+                if rev is not None:
+                    row["off_75"]["windows"] = score_windows(rev, ("phase1",))
+                    write_record(path, row)
+                    if args.commit:
+                        commit_point(point, path, "phase 1 at 75 % off: its per-window NLLs")
+                else:
+                    print(f"[head-scaling] {point.name}: its 75 % row keeps no per-window NLLs (earlier rules): "
+                          "rerunning it", flush=True)
+                    del row["off_75"]
             if args.quarter and "off_75" not in row:
                 row["off_75"] = run_quarter(point, Path(args.logs), args.rerun)
                 write_record(path, row)

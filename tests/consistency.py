@@ -101,14 +101,16 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     assert block.strip() == study.markdown(report).strip()
     assert "trend_at_256_heads" not in report and "256 heads" not in block.split("| contrast |")[-1]
     rows = [json.loads((root / "metrics" / "head_scaling" / f"{r['point']}.json").read_text()) for r in report["points"]]
-    assert [{k: v for k, v in r.items() if k != "windows"} for r in rows] == report["points"]
+    assert [{k: study.without_windows(v) for k, v in r.items() if k != "windows"} for r in rows] == report["points"]
     committed = sorted(path.stem for path in (root / "metrics" / "head_scaling").glob("*.json"))
     assert sorted([r["point"] for r in report["points"]] + report["pending"]) == committed  # every point, once
     assert all("windows" in r for r in rows)  # a point under earlier rules is pending, never in a table
     scoring = scoring_from_params(yaml.safe_load((REPO / "params.yaml").read_text()))  # root may hold metrics alone
     with contextlib.chdir(root):  # the between-base spread the fits add: root's metrics/bases_report.json
         refitted = study.fits(rows, scoring)
+        refitted_75 = study.fits(study.quarter_rows(rows), scoring, study.QUARTER_FIT_CLAIMS)
     assert json.loads(json.dumps(refitted)) == report["fits"]
+    assert json.loads(json.dumps(refitted_75)) == report["fits_75"]
     table = json.loads((root / study.TABLE).read_text())
     whole = read_headline(root / study.TABLE)  # with its intervals and window set (head_scaling_{ci,sd}.json)
     assert whole == study.headline(report) and whole["window_set"] == report["points"][0]["window_set"]

@@ -42,16 +42,22 @@ FIT_CLAIMS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_m
 ratio are ratios of sums, the twin gap and shuffle ΔNLL have no per-position scores)."""
 
 
-def fits(rows: list[dict], scoring) -> dict:
+def quarter_rows(rows: list[dict]) -> list[dict]:
+    """The points' 75 % rows that keep per-window NLLs, as points of their own (what :func:`fits` reads)."""
+    return [{**r["off_75"], "point": r["point"], "log2_heads": r["log2_heads"]} for r in rows
+            if "windows" in r.get("off_75", {})]
+
+
+def fits(rows: list[dict], scoring, claims: tuple[str, ...] = FIT_CLAIMS) -> dict:
     """Each per-window claim's slope over the heads-per-layer leg and its adjacent-point differences
     (:mod:`lookahead.tools.scaling_fit`), from the points that keep per-window NLLs (``windows``); the
-    between-base spread ``make bases`` measured at 4 × 4 added to every point, where committed."""
+    between-base spread ``make bases`` measured at 4 × 4 (50 % off) added to every point, where committed."""
     from lookahead.tools import bases
     from lookahead.tools.scaling_fit import fit
 
     spread = json.loads(BASES_REPORT.read_text(encoding="utf-8")) if BASES_REPORT.is_file() else {}
     out = {}
-    for claim in (c for c in bases.CLAIMS if c.name in FIT_CLAIMS):
+    for claim in (c for c in bases.CLAIMS if c.name in claims):
         across = spread.get("claims", {}).get(claim.name, {}).get("across")
         base_sd, count = (across["sd"], spread["bases"]) if across else (0.0, 0)
         result = fit(rows, lambda r: bases.claim_differences(r, claim)
@@ -65,9 +71,10 @@ def fits(rows: list[dict], scoring) -> dict:
 # the intervals in metrics/head_scaling_ci.json): two claims at the largest point and their slope over the
 # heads-per-layer leg; every point, claim and fit is in the report
 HEADLINE_CLAIMS = ("deployed_minus_static_pruning", "phase2_minus_static_control")
-# the claims phase 1 at 75 % off has (no phase 2 there)
+# the claims phase 1 at 75 % off has (no phase 2 there), and those of them fitted across points
 QUARTER_KEYS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
                 "deployed_ratio")
+QUARTER_FIT_CLAIMS = tuple(k for k in QUARTER_KEYS if k in FIT_CLAIMS)
 
 
 def headline(study: dict) -> dict:
@@ -94,17 +101,19 @@ def pending_shapes(study: dict) -> str:
 def markdown(study: dict) -> str:
     """The page's tables, rendered from ``metrics/head_scaling_report.json`` (a test compares them)."""
     rows = study["points"]
-    lines = ["What differs between points besides heads: head dim, depth, parameters, training tokens, the dense "
-             "NLL and the oracle (columns 3–8).", "",
+    lines = ["What differs between points besides heads: head dim, depth, parameters, training tokens, the "
+             "oracle, the dense NLL and the greedy static mask's search (columns 3–9).", "",
              "| shape | heads | head dim | what changes | parameters (M) | train tokens (M) | oracle | dense NLL | "
-             "static pruning | router as deployed | greedy oracle | MACs as deployed / dense | window at 0.8× dense MACs |",
-             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "static mask | static pruning | router as deployed | greedy oracle | MACs as deployed / dense | "
+             "window at 0.8× dense MACs |",
+             "|---|---:|---:|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|"]
     millions = lambda v: "–" if v is None else f"{v / 1e6:.2f}"  # noqa: E731
     for r in rows:
         window = r["window_at_0_8_dense_macs"]
         lines.append(f"| {r['n_layers']} × {r['n_heads']} | {r['heads']} | {r['head_dim']} | {r['changes']} | "
                      f"{millions(r.get('parameters'))} | {millions(r.get('train_tokens'))} | {r['oracle']} | "
-                     f"{r['phase1_dense_nll']:.3f} | {r['phase1_static_pruning_nll']:.3f} | {r['phase1_deployed_nll']:.3f} | "
+                     f"{r['phase1_dense_nll']:.3f} | {r['static_mask']} | {r['phase1_static_pruning_nll']:.3f} | "
+                     f"{r['phase1_deployed_nll']:.3f} | "
                      f"{r['phase1_greedy_oracle_nll']:.3f} | {r['phase1_deployed_macs_over_dense']:.3f} | "
                      f"{'never' if window is None else f'{window:,.0f}'} |")
     lines += ["", "| shape | " + " | ".join(label for _, label in CLAIMS) + " |",
@@ -130,6 +139,10 @@ def markdown(study: dict) -> str:
                          f"{q['phase1_greedy_oracle_nll']:.3f} | "
                          + " | ".join(interval_cell(q.get(k), q.get(f"{k}_ci_low"), q.get(f"{k}_ci_high"))
                                       for k, _ in CLAIMS if k in keys) + " |")
+        if pending := [r["point"].replace("x", " × ") for r in quarter if not r["off_75"].get("per_window")]:
+            lines += ["", f"Kept out of the fits at 75 % off (recorded before the rows kept their per-window NLLs: "
+                      f"they await their rerun): {', '.join(pending)}."]
+        lines += fit_lines(study.get("fits_75", {}), "at 75 % off")
     checked = [r for r in rows if r.get("oracle_validation")]
     if checked:
         lines += ["", "| shape | windows | exact greedy NLL | static pruning NLL | oracle | trial forwards (exact) | "
@@ -154,17 +167,19 @@ def markdown(study: dict) -> str:
     return "\n".join(lines)
 
 
-def fit_lines(fitted: dict) -> list[str]:
-    """The slopes over the heads-per-layer leg and the adjacent differences, or why there are none."""
+def fit_lines(fitted: dict, where: str = "") -> list[str]:
+    """The slopes over the heads-per-layer leg and the adjacent differences, or why there are none
+    (``where``: which rows, where not the 50 % ones)."""
     slopes = {k: f["slope_per_doubling"] for k, f in fitted.items() if f.get("slope_per_doubling")}
     pairs = list(dict.fromkeys(pair for f in fitted.values() for pair in f.get("adjacent", {})))  # in order of heads
     if not slopes and not pairs:
-        return ["", "No slope and no differences between points yet: both need two or more points scored under these "
-                "rules (each keeps its per-window NLLs); `make head-scaling` reruns the rest."]
+        return ["", f"No slope and no differences between points{' ' + where if where else ''} yet: both need two or "
+                "more points scored under these rules (each keeps its per-window NLLs); `make head-scaling` reruns the rest."]
     labels = dict(CLAIMS)
-    out = ["", "How the claims change between shapes (every point on the same test windows: window bootstrap "
+    out = ["", f"How the claims{' ' + where if where else ''} change between shapes (every point on the same test "
+           "windows: window bootstrap "
            "resamples shared by the points; seeds per point; Student's t at the Welch–Satterthwaite degrees of freedom"
-           + ("; the between-base sd measured at 4 × 4 added to every point, an assumption"
+           + ("; the between-base sd measured at 4 × 4 with half of the heads off added to every point, an assumption"
               if any(f.get("bases", 0) > 1 for f in fitted.values()) else "; no between-base component: none committed")
            + "). No value past the largest point:", "",
            "| contrast | " + " | ".join(labels[k] for k in fitted) + " |", "|---|" + "---|" * len(fitted)]
@@ -177,6 +192,14 @@ def fit_lines(fitted: dict) -> list[str]:
             interval_cell(d["estimate"], d["ci_low"], d["ci_high"]) if (d := f["adjacent"].get(pair)) else "–"
             for f in fitted.values()) + " |")
     return out
+
+
+def without_windows(value):
+    """A point's field as the report keeps it: a 75 % row without its per-window NLLs (the point files hold
+    them), ``per_window`` saying whether it has them (whether the fits read it)."""
+    if not isinstance(value, dict) or "keep" not in value:
+        return value
+    return {**{k: v for k, v in value.items() if k != "windows"}, "per_window": "windows" in value}
 
 
 def update_page(study: dict) -> None:
@@ -206,9 +229,10 @@ def write(rows: list[dict], pending: list[str] = ()) -> None:
     sets = {r["window_set"] for r in rows}
     if len(sets) > 1:
         sys.exit(f"error: the points score different windows ({', '.join(sorted(sets))}): one window set per table")
-    study = {"points": [{k: v for k, v in r.items() if k != "windows"} for r in rows],
-             "fits": fits(rows, scoring_from_params(read_params(None))), "claims": {key: label for key, label in CLAIMS},
-             "pending": list(pending)}
+    scoring = scoring_from_params(read_params(None))
+    study = {"points": [{k: without_windows(v) for k, v in r.items() if k != "windows"} for r in rows],
+             "fits": fits(rows, scoring), "fits_75": fits(quarter_rows(rows), scoring, QUARTER_FIT_CLAIMS),
+             "claims": {key: label for key, label in CLAIMS}, "pending": list(pending)}
     write_json(REPORT, study)
     parts = split_headline(headline(study))
     write_json(TABLE, parts.pop(""))
