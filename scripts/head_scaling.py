@@ -118,19 +118,22 @@ def run_point(point: Point, log_dir: Path, name: str | None = None, extra: dict 
 
 
 def validate_oracle(point: Point, rev: str, windows: int) -> dict:
-    """benchmarks/greedy_rounds.py on the point's own base LM and head importance (exported from the
-    experiment): the exact greedy against the point's lazy search and c = 8, on ``windows`` selection
-    windows; its JSON line."""
+    """benchmarks/greedy_rounds.py on the point's own base LM, head importance, tokens, context cache and
+    params (exported from the experiment: a fresh clone's workspace holds none of them): the exact greedy
+    against the point's lazy search and c = 8, on ``windows`` selection windows; its JSON line."""
     from dvc.api import DVCFileSystem
 
     fs = DVCFileSystem(".", rev=rev)
     with tempfile.TemporaryDirectory() as tmp:
-        fs.get("models/base", f"{tmp}/base", recursive=True)
+        for path in ("models/base", "data/tokens", "data/contexts"):
+            fs.get(path, f"{tmp}/{Path(path).name}", recursive=True)
         fs.get("data/probe/heads.safetensors", f"{tmp}/heads.safetensors")
+        Path(tmp, "params.yaml").write_text(sh("git", "show", f"{rev}:params.yaml"), encoding="utf-8")
         variant = (f"r{point.per_round}" if point.per_round > 1 else "") + f"c{point.candidates}"
         print(f"[head-scaling] {point.name}: the lazy oracle against the exact greedy on {windows} windows", flush=True)
         line = sh(sys.executable, "benchmarks/greedy_rounds.py", "--base", f"{tmp}/base", "--heads",
-                  f"{tmp}/heads.safetensors", "--windows", str(windows), "--variants", f"{variant},c8")
+                  f"{tmp}/heads.safetensors", "--tokens", f"{tmp}/tokens", "--contexts", f"{tmp}/contexts",
+                  "--params", f"{tmp}/params.yaml", "--windows", str(windows), "--variants", f"{variant},c8")
     return json.loads(line.strip().splitlines()[-1])
 
 
