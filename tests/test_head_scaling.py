@@ -35,3 +35,36 @@ def test_the_default_point_holds_the_default_runs_committed_claims():
 def test_the_pages_tables_are_a_fresh_render_of_the_committed_study():
     with consistency.committed() as root:
         consistency.head_scaling_page_is_a_fresh_render(root)
+
+
+def test_the_75_percent_rows_are_fitted_as_points_of_their_own_and_leave_the_report_without_windows(study):
+    """A point's 75 % row with per-window NLLs enters the 75 % fits (its adjacent difference is the difference
+    of the rows' mean claims, a closed form); a row without them stays out, and the report keeps neither's
+    windows, saying which had them."""
+    import numpy as np
+
+    from lookahead.artifacts.val_scores import ScoringConfig
+
+    rng = np.random.default_rng(0)
+
+    def row(name: str, heads: int, effect: float | None) -> dict:
+        out = {"point": name, "log2_heads": float(np.log2(heads)), "off_75": {"keep": 0.25}}
+        if effect is not None:
+            static = 4.0 + rng.normal(0.0, 0.2, (1, 32))
+            deployed = static + effect + rng.normal(0.0, 0.05, (3, 32))
+            out["off_75"]["windows"] = {"phase1": {"static": static.tolist(), "deployed": deployed.tolist()}}
+        return out
+
+    rows = [row("4x4", 16, -0.2), row("4x8", 32, -0.5), row("4x16", 64, None)]
+    quarter = study.quarter_rows(rows)
+    assert [q["point"] for q in quarter] == ["4x4", "4x8"] and all(q["keep"] == 0.25 for q in quarter)
+    fitted = study.fits(quarter, ScoringConfig(resamples=200), study.QUARTER_FIT_CLAIMS)
+    assert set(fitted) == {"deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs"}
+    assert fitted["deployed_minus_static_at_equal_macs"]["adjacent"] == {}  # it reads arrays these rows lack
+    diff = fitted["deployed_minus_static_pruning"]["adjacent"]["4x4 → 4x8"]
+    means = [np.mean(np.asarray(q["windows"]["phase1"]["deployed"]) - q["windows"]["phase1"]["static"]) for q in quarter]
+    assert diff["estimate"] == pytest.approx(means[1] - means[0])
+    assert diff["ci_low"] < diff["estimate"] < diff["ci_high"]
+    assert fitted["deployed_minus_static_pruning"]["slope_per_doubling"] is None  # the leg needs all three points
+    kept = [study.without_windows(r["off_75"]) for r in rows]
+    assert [k["per_window"] for k in kept] == [True, True, False] and not any("windows" in k for k in kept)
