@@ -234,7 +234,8 @@ def across_line(report: dict | None) -> str | None:
         return None
     parts = []
     for name, what in (("deployed_minus_static_pruning", "router as deployed − static pruning"),
-                       ("deployed_minus_static_at_equal_macs", "at the same MACs"), ("greedy_capture", "greedy capture"),
+                       ("deployed_minus_static_at_equal_macs", "at the same MACs"),
+                       ("deployed_ratio", "its share of static pruning's NLL increase"), ("greedy_capture", "greedy capture"),
                        ("phase2_minus_control", "phase 2 − dense control"),
                        ("phase2_minus_static_control", "phase 2 − static control")):
         across = report["claims"].get(name, {}).get("across")
