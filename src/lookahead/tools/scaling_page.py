@@ -269,7 +269,8 @@ def write(rows: list[dict], pending: list[str] = ()) -> None:
         ax.set_xticks(sorted(set(x)))  # the measured points only: nothing past the largest
         if x:  # half a doubling of margin: the 75 % markers sit just right of their point
             ax.set_xlim(min(x) - 0.5, max(x) + 0.5)
-    fig.suptitle(f"per-token routing against the number of heads (50 % off; 95 % intervals; windows {next(iter(sets))})")
+    fig.suptitle("per-token routing against the number of heads (each point's 95 % interval: its windows and seeds, "
+                 f"one base LM; test windows {next(iter(sets))})")
     fig.tight_layout()
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(FIGURE) as tmp:
