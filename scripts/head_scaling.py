@@ -98,7 +98,7 @@ class Point:
 # oracle at 16 heads; above that the lazy greedy with 4 candidates a step, which matches it within
 # 0.01 nats at 16 heads (benchmarks/greedy_rounds.py), with one oracle for every point it runs. The greedy
 # static mask: exact up to 32 heads, lazy with 4 candidates a step from 64 (exact
-# there: heads^2 / 2 evaluations of the fit windows: 10 min at 32 heads, about 40 at 64).
+# there: heads^2 / 2 evaluations of the fit windows: 10 min at 32 heads, about 45 at 64).
 POINTS = (
     Point(4, 4, changes="the default (4 layers, hidden 128, head dim 32)"),
     Point(4, 8, candidates=4, changes="heads per layer x2 (head dim 16)", validate=32),
