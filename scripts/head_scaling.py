@@ -157,15 +157,19 @@ def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
             "rev": rev[:12]}
 
 
-def score_windows(rev: str | None, names: tuple[str, ...]) -> dict:
-    """The per-window means of every per-position array of the scoring files ``data/val_nll/<name>.safetensors``
-    (:func:`lookahead.tools.bases.window_means`): what the fits across points read."""
+def windows_of(files: dict[str, Path]) -> dict:
+    """The per-window means of every per-position array of each scoring file (``{name: path}``;
+    :func:`lookahead.tools.bases.window_means`): what the fits across points read."""
     from lookahead.artifacts.val_scores import load_scores
     from lookahead.tools.bases import window_means
 
+    return {name: window_means(load_scores(path)) for name, path in files.items()}
+
+
+def score_windows(rev: str | None, names: tuple[str, ...]) -> dict:
+    """:func:`windows_of` the scoring files ``data/val_nll/<name>.safetensors`` of a run."""
     with tempfile.TemporaryDirectory() as tmp:
-        return {name: window_means(load_scores(output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))))
-                for name in names}
+        return windows_of({name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp)) for name in names})
 
 def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: float = 0.95) -> tuple:
     """Student-t interval over seeds alone (figures without per-position scores):
@@ -235,7 +239,7 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
         files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
                  for name in ("phase1", "phase2", "control", "static_control")}
         trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
-    out["windows"] = score_windows(rev, tuple(files))
+        out["windows"] = windows_of(files)
     # what differs between points besides heads (the confounds table)
     base = read_json(rev, "metrics/base.json")
     train = params["base"]["train"]
