@@ -152,9 +152,11 @@ def run_quarter(point: Point, log_dir: Path, rerun: bool = False) -> dict:
 
     rev, times = run_point(point, log_dir, quarter_name(point), {"predictor.keep": QUARTER}, ("score_phase1",), rerun)
     params = read_params(rev)
-    out = phase1_figures(rev, scoring_from_params(params), params["base"]["arch"]["context_length"])
-    return {**out, "keep": QUARTER, "windows": score_windows(rev, ("phase1",)), "stage_seconds": times,
-            "rev": rev[:12]}
+    with tempfile.TemporaryDirectory() as tmp:
+        scores = output_file(rev, "data/val_nll/phase1.safetensors", Path(tmp))
+        out = phase1_figures(rev, scoring_from_params(params), params["base"]["arch"]["context_length"], scores)
+        out["windows"] = windows_of({"phase1": scores})
+    return {**out, "keep": QUARTER, "stage_seconds": times, "rev": rev[:12]}
 
 
 def windows_of(files: dict[str, Path]) -> dict:
@@ -186,10 +188,11 @@ PHASE1_CLAIMS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equa
                  "greedy_capture")
 
 
-def phase1_figures(rev: str | None, scoring, window: int) -> dict:
+def phase1_figures(rev: str | None, scoring, window: int, scores: Path) -> dict:
     """Phase 1's figures of a run (the LM frozen): NLLs, its paired claims and greedy capture with
     their intervals (phase 1's report), the ratio of NLL increases with its interval (from its
-    per-position NLLs), the static twin gap and context-shuffle ΔNLL (intervals over seeds alone)."""
+    per-position NLLs, ``scores``: the run's data/val_nll/phase1.safetensors), the static twin gap and
+    context-shuffle ΔNLL (intervals over seeds alone)."""
     from lookahead.artifacts.val_scores import load_scores
     from lookahead.core.intervals import ratio_interval
 
@@ -202,8 +205,7 @@ def phase1_figures(rev: str | None, scoring, window: int) -> dict:
     for claim in PHASE1_CLAIMS:
         out[claim] = report.get(claim)
         out[f"{claim}_ci_low"], out[f"{claim}_ci_high"] = report.get(f"{claim}_ci_low"), report.get(f"{claim}_ci_high")
-    with tempfile.TemporaryDirectory() as tmp:
-        phase1 = load_scores(output_file(rev, "data/val_nll/phase1.safetensors", Path(tmp)))
+    phase1 = load_scores(scores)
     # ratio: the deployed router's NLL increase over static pruning's, both over dense (ratio of sums, CI)
     dense, static, deployed = (phase1[k] for k in ("dense", "static", "deployed"))
     ratio = ratio_interval(deployed - dense, static - dense, window, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
@@ -229,17 +231,17 @@ def figures(point: Point, rev: str | None, times: dict | None) -> dict:
         sys.exit(f"error: {point.name}: the run holds {arch['n_layers']}x{arch['n_heads']} heads")
     scoring = scoring_from_params(params)
     window = arch["context_length"]
-    phase1 = phase1_figures(rev, scoring, window)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
+                 for name in ("phase1", "phase2", "control", "static_control")}
+        phase1 = phase1_figures(rev, scoring, window, files["phase1"])
+        trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
+        windows = windows_of(files)
     out = {"point": point.name, "n_layers": point.layers, "n_heads": point.heads, "heads": point.total,
            "log2_heads": math.log2(point.total), "hidden_size": arch["hidden_size"],
            "head_dim": arch["hidden_size"] // point.heads, "changes": point.changes, "oracle": point.oracle,
            "static_mask": point.static_mask,
-           "skip": skip, **phase1}
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp))
-                 for name in ("phase1", "phase2", "control", "static_control")}
-        trained, _ = trained_claims(scoring, window, files["phase2"], files["control"], files["static_control"])
-        out["windows"] = windows_of(files)
+           "skip": skip, **phase1, "windows": windows}
     # what differs between points besides heads (the confounds table)
     base = read_json(rev, "metrics/base.json")
     train = params["base"]["train"]

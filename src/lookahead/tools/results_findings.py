@@ -173,7 +173,7 @@ def head_scaling_section(path: Path, default_window_set: str | None = None) -> l
     # the slope over the heads-per-layer leg, where the points keep per-window NLLs
     slopes = {name: f["slope_per_doubling"] for name, f in study.get("fits", {}).items() if f.get("slope_per_doubling")}
     if slopes:
-        rows.append(("slope per doubling, 4 × 4 → 4 × 16", "", "points' per-window NLLs",
+        rows.append(("slope per doubling of heads, 4 × 4 → 4 × 16", "", "",
                      *(interval_cell(s["estimate"], s["ci_low"], s["ci_high"]) if (s := slopes.get(k)) else "–"
                        for k in keys)))
     out = ["## Head scaling: 16 heads toward 256", "",
@@ -181,6 +181,9 @@ def head_scaling_section(path: Path, default_window_set: str | None = None) -> l
            "changes, the stage times and the reading: [head scaling](research/head-scaling.md)). Half of the "
            "heads off; means over 3 seeds with their 95 % intervals (windows and seeds combined), every point "
            "on the same test windows (the default's corpus and tokenizer); no value past the largest point."
+           + (" The last row: the slope per doubling of heads over the heads-per-layer leg, from window bootstrap "
+              "resamples shared by the points, Student's t, the between-base spread added to every point."
+              if slopes else "")
            + (f" Not yet rescored under these rules, so not shown: {pending}." if (pending := pending_shapes(study)) else ""),
            "",
            scored, ""]
