@@ -207,23 +207,27 @@ def _judged(interval: dict, claim: Claim) -> dict:
     return out
 
 
+def _terms(record: dict, claim: Claim) -> tuple[np.ndarray, ...]:
+    """What the claim's interval reads, each (seeds, windows): the numerators and denominators of a
+    ratio claim, the per-window differences of a paired one."""
+    return ratio_terms(record, claim) if claim.ratio else (claim_differences(record, claim),)
+
+
+def _interval(claim: Claim, terms: tuple[np.ndarray, ...], scoring: ScoringConfig) -> dict:
+    args = (1, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
+    return _judged((ratio_interval if claim.ratio else paired_interval)(*terms, *args), claim)
+
+
 def per_base(record: dict, claim: Claim, scoring: ScoringConfig) -> dict:
     """One base's claim over its seeds and the windows: the interval its own run reports."""
-    args = (1, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
-    if claim.ratio:
-        return _judged(ratio_interval(*ratio_terms(record, claim), *args), claim)
-    return _judged(paired_interval(claim_differences(record, claim), *args), claim)
+    return _interval(claim, _terms(record, claim), scoring)
 
 
 def across_bases(records: list[dict], claim: Claim, scoring: ScoringConfig) -> dict:
     """The claim across bases: each base's seed-averaged per-window figures stacked as the "seeds" of
     the interval (module docstring); ``sd`` is the sd over bases, ``token_se`` the window component."""
-    args = (1, scoring.resamples, scoring.confidence, scoring.bootstrap_seed)
-    if claim.ratio:
-        terms = [ratio_terms(r, claim) for r in records]
-        num, den = (np.stack([t[i].mean(0) for t in terms]) for i in (0, 1))
-        return _judged(ratio_interval(num, den, *args), claim)
-    return _judged(paired_interval(np.stack([claim_differences(r, claim).mean(0) for r in records]), *args), claim)
+    terms = [_terms(r, claim) for r in records]
+    return _interval(claim, tuple(np.stack([t[i].mean(0) for t in terms]) for i in range(len(terms[0]))), scoring)
 
 
 def prediction_interval(mean: float, sd_bases: float, bases: int, run_se: float,
