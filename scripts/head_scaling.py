@@ -173,6 +173,7 @@ def score_windows(rev: str | None, names: tuple[str, ...]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         return windows_of({name: output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp)) for name in names})
 
+
 def seed_interval(mean: float | None, sd: float | None, seeds: int, confidence: float = 0.95) -> tuple:
     """Student-t interval over seeds alone (figures without per-position scores):
     :func:`lookahead.core.intervals.combined_interval` with no window component."""
