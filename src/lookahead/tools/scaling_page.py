@@ -128,7 +128,11 @@ def markdown(study: dict) -> str:
     quarter = [r for r in rows if r.get("off_75")]
     if quarter:
         keys = QUARTER_KEYS
-        lines += ["", "Phase 1 at 75 % of heads off (its own oracle and phase-1 run, the point's base LM):", "",
+        # a row whose dense NLL is not its point's stands on another base LM (retrained to other bits)
+        other = [r["point"].replace("x", " × ") for r in quarter if r["off_75"]["phase1_dense_nll"] != r.get("phase1_dense_nll")]
+        base = "the point's base LM" + (f", but for {', '.join(other)}: a retrain of its recipe and seed to other bits "
+                                        "(its dense NLL below)" if other else "")
+        lines += ["", f"Phase 1 at 75 % of heads off (its own oracle and phase-1 run, {base}):", "",
                   "| shape | heads kept | dense NLL | static pruning | router as deployed | greedy oracle | "
                   + " | ".join(label for k, label in CLAIMS if k in keys) + " |",
                   "|---|---:|---:|---:|---:|---:|" + "---|" * len(keys)]
