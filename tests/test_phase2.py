@@ -259,6 +259,15 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     deployed = report["token_nll"]["deployed"].reshape(8, -1)
     np.testing.assert_allclose(deployed[:, 0], reference.numpy()[:, 0], rtol=1e-4, atol=1e-5)
     assert report["deployed_nll"] == pytest.approx(deployed.mean()) and np.isfinite(deployed).all()
+    # its MACs as its gates ran: 2 of the 4 heads at every position, every key kept (query skip): position t
+    # costs the closed form at t + 1 keys, and the router's own MACs come on top of the mean
+    from lookahead.graph.cost import macs_per_token, router_macs
+
+    length = ids.shape[1]
+    per_position = np.array([macs_per_token(lm.config, t + 1, 0.5, "query") for t in range(length)])
+    np.testing.assert_allclose(report["token_nll"]["deployed_macs"].reshape(8, -1), np.tile(per_position, (8, 1)), rtol=1e-6)
+    dense = macs_per_token(lm.config, (length + 1) / 2, 1.0, "query")
+    assert report["deployed_macs_over_dense"] == pytest.approx((per_position.mean() + router_macs(after)) / dense)
     assert report["active_head_fraction"] == pytest.approx(0.5)
     assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"
 

@@ -101,7 +101,7 @@ BASE_KEY = "base"
 _PHASE2_ORDER = ("decoder", "base_val_nll", "start_hard_nll", "start_active_head_fraction", "dense_nll", "hard_nll",
                  "deployed_nll", "soft_nll", "active_head_fraction", "scored_positions", "window_set", "router",
                  "added_parameters", "parameters_added", "hard_minus_dense", "connectivity_weights",
-                 "scored_active_head_fraction", "cache_window_set", "cache_val")
+                 "scored_active_head_fraction", "deployed_macs_over_dense", "cache_window_set", "cache_val")
 """A phase-2 seed's report, key by key, before its data figures (the training report's order)."""
 
 
@@ -121,11 +121,12 @@ def score_phase2(training: dict, module: Phase2Module, batches: list, window_set
         "connectivity_weights": (weight_summary(weights[0], model.connectivity.mask.cpu()) if weights is not None
                                  else None),
         "scored_active_head_fraction": scored["active_head_fraction"],
+        "deployed_macs_over_dense": scored.get("deployed_macs_over_dense"),
     }
     figures["cache_window_set"] = set_label("cache-val", module.cache.windows("val"))
     report = {k: figures[k] if k in figures else training[k] for k in _PHASE2_ORDER}
     report.update({k: v for k, v in training.items() if k not in report})  # the data report, the refresher's
-    report["token_nll"] = {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored}
+    report["token_nll"] = {k: scored[k] for k in ("dense", "hard", "deployed", "deployed_macs") if k in scored}
     return report
 
 

@@ -1,0 +1,226 @@
+"""The NLL-vs-MACs frontier (docs/research/frontier.md): does routing buy quality per unit of compute?
+
+At 4 x 4 and 4 x 8 heads, every point a DVC experiment in a temporary directory, its figures committed
+to ``metrics/frontier/<set>/<point>.json`` as it finishes (``--commit``; experiment refs live in one
+clone and no cache outlives a session): a committed point is read back, never rerun.
+
+- **routed** ``<shape>-<skip>-keep<‰>``: phase 1's router as deployed and phase 2 after it, in ``full``
+  skip at 75, 50, 25 and 12.5 % of heads kept and in ``query`` skip at 50, 25 and 12.5 % (at 75 % a
+  query-skip router costs more than dense) — ``dvc exp run -S predictor.keep=k -S runtime.skip=s
+  score_phase1 score_phase2 score_control`` with ``phase1.static_twin: false`` and the static curve
+  scored (``phase1.score_static_curve``: static pruning at every whole head count, the *before*
+  static frontier); its static control (the LM trained under the stronger static mask at that share)
+  is a point of the *after* static frontier;
+- **dense** ``<shape>-dense<width>-s<seed>``: the base recipe with a narrower attention
+  (``base.arch.head_dim``: widths 96, 64 and 32 at hidden 128, and the full 128) over base seeds
+  0, 1, 2, then its dense control (phase 2's tokens, no topology) — ``score_control`` alone: the
+  smaller-dense frontier before (the base LM) and after (its control) continued pretraining.
+
+Each point keeps its MACs per token over dense as they ran (the deployed router's gates counted, the
+router included; static and dense in closed form, exact for them), the non-embedding ratio beside
+it, and the per-window means of every per-position array its scoring stages wrote (``windows``), on
+the scoring set of ``--set`` (``selection`` first: the headline point is declared from it,
+``--declare``; then ``test``, scored once). The claims (:mod:`lookahead.tools.frontier_fit`) are
+routed − frontier at the same MACs, before and after continued pretraining.
+
+Usage: make frontier [FRONTIER_ARGS="--set selection --points 4x4-full-keep250"]
+       python scripts/frontier.py --plan        (the grid and what each point runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from lookahead.tools.experiments import StudyError, commit, fail, output_file, read_json, read_params, run_experiment
+
+POINT_DIR = Path("metrics/frontier")
+SETS = ("selection", "test")
+
+SHAPES = {
+    "4x4": {"base.arch.n_layers": 4, "base.arch.n_heads": 4},
+    # the lazy greedy oracle at 32 heads, as the head-scaling study runs it (validated there)
+    "4x8": {"base.arch.n_layers": 4, "base.arch.n_heads": 8, "oracle.candidates": 4},
+}
+ROUTED_GRID = (("full", 0.75), ("full", 0.5), ("full", 0.25), ("full", 0.125),
+               ("query", 0.5), ("query", 0.25), ("query", 0.125))
+"""(skip, share of heads kept): ``query`` skip keeps every key and value, so at 75 % kept it costs more than dense."""
+ROUTED_SETTINGS = {"phase1.static_twin": False, "phase1.score_static_curve": True}
+WIDTHS = (128, 96, 64, 32)
+"""Attention widths (n_heads · head_dim) of the dense models at hidden 128: 128 is the base recipe itself."""
+BASE_SEEDS = (0, 1, 2)
+ROUTED_TARGETS = ("score_phase1", "score_phase2", "score_control")
+DENSE_TARGETS = ("score_control",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    shape: str
+    kind: str  # routed | dense
+    skip: str = ""
+    keep: float = 0.0
+    width: int = 0
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.kind == "routed":
+            return f"{self.shape}-{self.skip}-keep{round(self.keep * 1000)}"
+        return f"{self.shape}-dense{self.width}-s{self.seed}"
+
+    @property
+    def heads(self) -> int:
+        return SHAPES[self.shape]["base.arch.n_heads"]
+
+    def overrides(self, scoring_set: str) -> dict:
+        out = {**SHAPES[self.shape], "scoring.set": scoring_set}
+        if self.kind == "routed":
+            return {**out, **ROUTED_SETTINGS, "predictor.keep": self.keep, "runtime.skip": self.skip}
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise StudyError(f"{self.name}: width {self.width} is no even head dim at {self.heads} heads")
+        return {**out, "base.arch.head_dim": self.width // self.heads, "base.train.seed": self.seed}
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return ROUTED_TARGETS if self.kind == "routed" else DENSE_TARGETS
+
+
+def grid(shapes=tuple(SHAPES)) -> list[Point]:
+    """Every point of the study, routed first (the dense points' full width at seed 0 is the routed
+    points' own base: its control scored by them, so it is read from them, not rerun)."""
+    routed = [Point(s, "routed", skip, keep) for s in shapes for skip, keep in ROUTED_GRID]
+    dense = [Point(s, "dense", width=w, seed=seed) for s in shapes for w in WIDTHS for seed in BASE_SEEDS
+             if (w, seed) != (WIDTHS[0], 0)]
+    return routed + dense
+
+
+def experiment_name(point: Point, scoring_set: str) -> str:
+    return f"fr-{point.name}" + ("" if scoring_set == "test" else f"-{scoring_set[:3]}")
+
+
+# --- one point: its MACs and per-window means ----------------------------------------------------
+
+def macs_figures(cfg, window: int, keys: dict[str, float | None]) -> dict:
+    """Each MACs-over-dense figure of ``keys`` with its non-embedding ratio beside it: (m · dense − d·V)
+    / (dense − d·V), d·V the LM head's (:func:`lookahead.graph.cost.lm_head_macs`)."""
+    from lookahead.graph.cost import lm_head_macs, macs_per_token
+
+    dense = macs_per_token(cfg, (window + 1) / 2, 1.0, "query")
+    head = lm_head_macs(cfg)
+    out = {"dense_macs_per_token": dense, "lm_head_macs_per_token": head}
+    for key, ratio in keys.items():
+        out[key] = ratio
+        out[f"{key}_non_embedding"] = None if ratio is None else (ratio * dense - head) / (dense - head)
+    return out
+
+
+def point_record(point: Point, rev: str, times: dict, scoring_set: str) -> dict:
+    """What a point keeps (module docstring), from its experiment commit ``rev``."""
+    from transformers import Olmo2Config
+
+    from lookahead.graph.cost import macs_per_token
+    from lookahead.tools.bases import window_means
+    from lookahead.artifacts.val_scores import load_scores
+
+    params = read_params(rev)
+    window = params["base"]["arch"]["context_length"]
+    files = ("phase1", "phase2", "static_control", "control") if point.kind == "routed" else ("control",)
+    record = {"point": point.name, **dataclasses.asdict(point), "set": scoring_set, "rev": rev[:12],
+              "stage_seconds": times, "windows": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Olmo2Config.from_dict(json.loads(output_file(rev, "models/base/config.json", Path(tmp)).read_text()))
+        for name in files:
+            scores = load_scores(output_file(rev, f"data/val_nll/{name}.safetensors", Path(tmp)))
+            record.setdefault("window_set", scores.window_set)
+            if scores.window_set != record["window_set"]:
+                raise StudyError(f"{point.name}: {name} scores {scores.window_set}, not {record['window_set']}")
+            record["windows"][name] = window_means(scores)
+    if point.kind == "routed":
+        phase1 = read_json(rev, "metrics/phase1_report.json")
+        phase2 = read_json(rev, "metrics/phase2_report.json")
+        n = point.heads * params["base"]["arch"]["n_layers"]
+        static_kept = round(point.keep * n)
+        ctx = (window + 1) / 2
+        static = lambda k: macs_per_token(cfg, ctx, k / n, "static") / macs_per_token(cfg, ctx, 1.0, "static")  # noqa: E731
+        record.update(active_head_fraction=phase1["active_head_fraction"], heads_total=n,
+                      phase2_active_head_fraction=phase2.get("active_head_fraction"))
+        record["macs"] = macs_figures(cfg, window, {
+            "deployed": phase1["deployed_macs_over_dense"],  # as its gates ran, the router included
+            "static_control": static(static_kept),
+            **{f"static_heads_{k}": static(k) for k in range(1, n + 1)}})
+        record["static_control_heads"] = static_kept
+    else:
+        record["macs"] = macs_figures(cfg, window, {"dense": 1.0})
+    return record
+
+
+def point_path(point: Point, scoring_set: str) -> Path:
+    return POINT_DIR / scoring_set / f"{point.name}.json"
+
+
+def run_points(points: list[Point], scoring_set: str, log_dir: Path, commit_each: bool, rerun: bool) -> None:
+    from lookahead.tools.bases import write_record
+
+    for point in points:
+        path = point_path(point, scoring_set)
+        if path.is_file():
+            print(f"[frontier] {point.name}: read back from {path}", flush=True)
+            continue
+        rev, times = run_experiment(experiment_name(point, scoring_set), point.overrides(scoring_set), log_dir,
+                                    point.targets, rerun, tag="frontier")
+        write_record(path, point_record(point, rev, times, scoring_set))
+        if commit_each:
+            commit([path], f"frontier ({scoring_set}): point {point.name}")
+        print(f"[frontier] {point.name}: done ({path})", flush=True)
+
+
+def plan(points: list[Point], scoring_set: str) -> str:
+    lines = []
+    for p in points:
+        state = "committed" if point_path(p, scoring_set).is_file() else "to run"
+        sets = " ".join(f"-S {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in p.overrides(scoring_set).items())
+        lines.append(f"{p.name:24s} {state:9s} dvc exp run --temp -n {experiment_name(p, scoring_set)} {sets} "
+                     f"{' '.join(p.targets)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", choices=SETS, default="selection",
+                        help="the scoring windows (selection: where the headline point is chosen; test: scored once)")
+    parser.add_argument("--points", default="", help="comma-separated point names (default: every point)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes (default: 4x4,4x8)")
+    parser.add_argument("--plan", action="store_true", help="print each point, whether it is committed, and its command")
+    parser.add_argument("--commit", action="store_true", help="git-commit each point's file as it finishes")
+    parser.add_argument("--rerun", action="store_true", help="rerun an experiment of this clone whose figures are not committed")
+    parser.add_argument("--logs", default="logs/frontier", help="each experiment's DVC log")
+    args = parser.parse_args(argv)
+    if not Path("dvc.yaml").is_file():
+        parser.error("run from the repository root (dvc.yaml not found)")
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    points = grid(tuple(shapes))
+    if args.points:
+        by_name = {p.name: p for p in points}
+        wanted = [n.strip() for n in args.points.split(",") if n.strip()]
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            parser.error(f"--points: unknown {', '.join(missing)}; known: {', '.join(by_name)}")
+        points = [by_name[n] for n in wanted]
+    if args.plan:
+        print(plan(points, args.set))
+        return
+    run_points(points, args.set, Path(args.logs), args.commit, args.rerun)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except StudyError as error:
+        fail(error)
