@@ -54,3 +54,57 @@ def test_non_embedding_macs_leave_the_lm_head_out_of_both_sides():
     assert out["dense_macs_per_token"] == dense and out["lm_head_macs_per_token"] == 8 * 61
     assert out["dense_non_embedding"] == pytest.approx(1.0) and out["none_non_embedding"] is None
     assert out["half_non_embedding"] == pytest.approx((0.8 * dense - 488) / (dense - 488)) and out["half_non_embedding"] < 0.8
+
+
+def _synthetic(study, rng, windows=64):
+    """Records of one shape (2 x 2 = 4 heads): two full-skip routed points and one query-skip, the dense
+    models at width 64 over three base seeds; NLLs fall with MACs, the routed ones below both frontiers."""
+
+    def noise(rows=1):
+        return rng.normal(0, 0.05, (rows, windows))
+
+    def routed(skip, keep, macs, nll):
+        curve = {f"static_heads_{k}": (5.0 - 0.2 * k + noise()).tolist() for k in range(1, 5)}
+        return {"point": f"4x4-{skip}-keep{round(keep * 1000)}", "shape": "4x4", "kind": "routed", "skip": skip,
+                "keep": keep, "heads_total": 4, "static_control_heads": round(keep * 4),
+                "macs": {"deployed": macs, "phase2_deployed": macs, "static_control": 0.7 + 0.3 * keep,
+                         **{f"static_heads_{k}": 0.7 + 0.3 * k / 4 for k in range(1, 5)}},
+                "windows": {"phase1": {"deployed": (nll + noise(3)).tolist(), **curve},
+                            "phase2": {"deployed": (nll - 0.1 + noise(3)).tolist()},
+                            "static_control": {"hard": (4.9 - 0.5 * keep + noise(3)).tolist()},
+                            "control": {"dense": (4.1 + noise(3)).tolist(), "base": (4.2 + noise()).tolist()}}}
+
+    records = [routed("full", 0.5, 0.85, 4.3), routed("full", 0.25, 0.78, 4.5), routed("query", 0.5, 0.99, 4.25)]
+    for seed in range(3):
+        records.append({"point": f"4x4-dense64-s{seed}", "shape": "4x4", "kind": "dense", "width": 64, "seed": seed,
+                        "macs": {"dense": 0.8}, "windows": {"control": {"base": (4.6 + noise()).tolist(),
+                                                                        "dense": (4.5 + noise(3)).tolist()}}})
+    return records
+
+
+def test_the_frontiers_are_drawn_from_the_records_and_the_claims_interpolate_them(study):
+    """The static frontier before: the curve at every count; after: the static controls and the dense control.
+    The dense frontier: one row per base seed at each width. A routed point at 0.85 of dense MACs sits between
+    the static curve's 2 and 3 heads (0.85 = 0.7 + 0.3 · 2/4) — exactly on 2 heads' MACs — and between the
+    dense widths 64 (0.8) and 128 (1.0), a quarter of the way."""
+    import numpy as np
+
+    records = _synthetic(study, np.random.default_rng(0))
+    f = study.frontiers(records, "4x4")
+    assert [label for _, _, label in f["static_before"]] == [f"static {k}/4" for k in range(1, 5)]
+    assert [label for _, _, label in f["static_after"]] == ["static control 1/4", "static control 2/4", "dense control"]
+    assert [(m, a.shape) for m, a, _ in f["dense_before"]] == [(1.0, (1, 64)), (0.8, (3, 64))]
+    claims = study.claims(records, "4x4", resamples=300)
+    by = {(c["point"], c["when"], c["against"]): c for c in claims}
+    assert len(claims) == 3 * 2 * 2
+    static = by["4x4-full-keep500", "before", "static"]
+    curve = np.asarray(records[1]["windows"]["phase1"]["static_heads_2"])  # the curve of the lowest share (all alike)
+    routed = np.asarray(records[0]["windows"]["phase1"]["deployed"])
+    assert static["estimate"] == pytest.approx(routed.mean() - curve.mean()) and static["between"] == [[1, 1.0]]
+    dense = by["4x4-full-keep500", "before", "dense"]
+    bases = np.vstack([np.asarray(r["windows"]["control"]["base"]) for r in records[3:]])
+    own = np.asarray(records[0]["windows"]["control"]["base"])
+    assert dense["frontier_nll"] == pytest.approx(0.25 * own.mean() + 0.75 * bases.mean())
+    assert dense["verdict"] == "below" and dense["seed_se"] > 0  # the base seeds' spread is in its interval
+    assert by["4x4-full-keep250", "before", "dense"]["verdict"] == "outside"  # 0.78: below the smallest dense model
+    assert by["4x4-full-keep500", "after", "static"]["frontier_nll"] is not None
