@@ -3,6 +3,8 @@ records, against closed forms."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import consistency
@@ -89,12 +91,14 @@ def test_the_frontiers_are_drawn_from_the_records_and_the_claims_interpolate_the
     dense widths 64 (0.8) and 128 (1.0), a quarter of the way."""
     import numpy as np
 
+    from lookahead.tools.frontier_fit import claims as frontier_claims, frontiers
+
     records = _synthetic(study, np.random.default_rng(0))
-    f = study.frontiers(records, "4x4")
+    f = frontiers(records, "4x4")
     assert [label for _, _, label in f["static_before"]] == [f"static {k}/4" for k in range(1, 5)]
     assert [label for _, _, label in f["static_after"]] == ["static control 1/4", "static control 2/4", "dense control"]
     assert [(m, a.shape) for m, a, _ in f["dense_before"]] == [(1.0, (1, 64)), (0.8, (3, 64))]
-    claims = study.claims(records, "4x4", resamples=300)
+    claims = frontier_claims(records, "4x4", resamples=300)
     by = {(c["point"], c["when"], c["against"]): c for c in claims}
     assert len(claims) == 3 * 2 * 2
     static = by["4x4-full-keep500", "before", "static"]
@@ -108,3 +112,36 @@ def test_the_frontiers_are_drawn_from_the_records_and_the_claims_interpolate_the
     assert dense["verdict"] == "below" and dense["seed_se"] > 0  # the base seeds' spread is in its interval
     assert by["4x4-full-keep250", "before", "dense"]["verdict"] == "outside"  # 0.78: below the smallest dense model
     assert by["4x4-full-keep500", "after", "static"]["frontier_nll"] is not None
+
+
+def test_the_headline_point_is_declared_on_selection_and_judged_on_test_with_holm(study, tmp_path):
+    """Declared from selection records only (the point whose worse claim is lowest, both frontiers
+    measured); judged on test records only, Holm across its claims; the headline is drawn from them."""
+    import numpy as np
+
+    from lookahead.tools import frontier_page
+    from lookahead.tools.frontier_fit import holm
+
+    selection = [dict(r, set="selection") for r in _synthetic(study, np.random.default_rng(1))]
+    declaration = frontier_page.declare(selection, ["4x4"], resamples=300)
+    chosen = declaration["declared"]["4x4"]
+    # 4x4-full-keep250 is outside the dense frontier (0.78 < 0.8), query-keep500 measured against both
+    assert chosen["point"] in ("4x4-full-keep500", "4x4-query-keep500")
+    assert chosen["selection_worse_estimate"] == max(c["estimate"] for c in chosen["selection_claims"])
+    with pytest.raises(ValueError, match="selection"):
+        frontier_page.declare([dict(r, set="test") for r in selection], ["4x4"])
+    test = [dict(r, set="test") for r in _synthetic(study, np.random.default_rng(2))]
+    judged = frontier_page.judged(test, declaration, resamples=300)
+    assert {c["against"] for c in judged} == {"static", "dense"} and all(c["point"] == chosen["point"] for c in judged)
+    assert [c["holm_p_value"] for c in judged] == pytest.approx(holm([c["p_value"] for c in judged]))
+    with pytest.raises(ValueError, match="test"):
+        frontier_page.judged(selection, declaration)
+    head = frontier_page.headline(judged)
+    key = chosen["point"].replace("-", "_") + "_minus_dense"
+    dense = next(c for c in judged if c["against"] == "dense")
+    assert head[key] == dense["estimate"] and head[f"{key}_holm_p"] == dense["holm_p_value"]
+    assert len(json.dumps(head)) < 1200  # a few keys a claim
+    frontier_page.figure(test, ["4x4"], tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = frontier_page.report(test, ["4x4"], declaration, judged, resamples=300)
+    assert report["judged"] == judged and len(report["claims"]) == 12

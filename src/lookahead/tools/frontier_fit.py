@@ -104,3 +104,73 @@ def verdict(interval: dict | None, adjusted_p: float | None = None, alpha: float
         return "above"
     return "unresolved"
 
+
+# --- the frontiers of a study's point records (scripts/frontier.py writes them) -------------------
+
+FULL_WIDTH = 128
+"""The base recipe's attention width (hidden 128): the dense frontier's MACs-1 point."""
+FRONTIERS = ("static_before", "static_after", "dense_before", "dense_after")
+
+
+def _rows(record: dict, file: str, key: str):
+    return np.asarray(record["windows"][file][key], dtype=np.float64)  # (rows, windows)
+
+
+def frontiers(records: list[dict], shape: str) -> dict[str, list[tuple[float, object, str]]]:
+    """Each frontier of ``shape`` as (MACs over dense, (rows, windows) per-window NLLs, label) points:
+
+    - ``static_before``: the stronger static mask at every whole head count (a full-skip routed
+      point's static curve; all heads: the base LM itself);
+    - ``static_after``: each full-skip routed point's static control at its share, and the dense control at 1;
+    - ``dense_before`` / ``dense_after``: at each attention width, the base LMs of the base seeds (one
+      row each) and their dense controls (each base seed's control seeds averaged: one row per base).
+    """
+    routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
+    full = sorted((r for r in routed if r["skip"] == "full"), key=lambda r: r["keep"])
+    out: dict[str, list] = {k: [] for k in FRONTIERS}
+    if full:
+        curve, n = full[0], full[0]["heads_total"]
+        out["static_before"] = [(curve["macs"][f"static_heads_{k}"], _rows(curve, "phase1", f"static_heads_{k}"),
+                                 f"static {k}/{n}") for k in range(1, n + 1)]
+        out["static_after"] = [(r["macs"]["static_control"], _rows(r, "static_control", "hard"),
+                                f"static control {r['static_control_heads']}/{n}") for r in full]
+        out["static_after"].append((1.0, _rows(curve, "control", "dense"), "dense control"))
+    widths: dict[int, list[tuple[float, object, object]]] = {}
+    if routed:  # the base recipe at seed 0: the routed points' own base and its control
+        r = routed[0]
+        widths.setdefault(FULL_WIDTH, []).append((1.0, _rows(r, "control", "base"), _rows(r, "control", "dense")))
+    for r in (r for r in records if r["shape"] == shape and r["kind"] == "dense"):
+        widths.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "base"),
+                                                   _rows(r, "control", "dense")))
+    for width, seeds in sorted(widths.items(), reverse=True):
+        macs = seeds[0][0]
+        before = np.vstack([b.mean(0, keepdims=True) for _, b, _ in seeds])  # (base seeds, windows)
+        after = np.vstack([a.mean(0, keepdims=True) for _, _, a in seeds])
+        out["dense_before"].append((macs, before, f"dense {width}"))
+        out["dense_after"].append((macs, after, f"dense {width} + control"))
+    return out
+
+
+CLAIM_SIDES = (("before", "phase1", "deployed"), ("after", "phase2", "phase2_deployed"))
+"""(when, the routed point's score file, its MACs key): the router as deployed, before and after continued pretraining."""
+
+
+def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> list[dict]:
+    """At every routed point of ``shape``, before and after continued pretraining: routed − the static
+    frontier and routed − the smaller-dense frontier at the routed point's MACs
+    (:func:`lookahead.tools.frontier_fit.frontier_claim`; None outside a frontier's measured range)."""
+    f = frontiers(records, shape)
+    out = []
+    for r in (r for r in records if r["shape"] == shape and r["kind"] == "routed"):
+        for when, file, macs_key in CLAIM_SIDES:
+            macs = r["macs"].get(macs_key)
+            if macs is None or "deployed" not in r["windows"].get(file, {}):
+                continue
+            routed = _rows(r, file, "deployed")
+            for against in ("static", "dense"):
+                points = [(m, a) for m, a, _ in f[f"{against}_{when}"]]
+                claim = frontier_claim(routed, macs, points, resamples=resamples, confidence=confidence, seed=seed)
+                out.append({"point": r["point"], "skip": r["skip"], "keep": r["keep"], "when": when, "against": against,
+                            "macs_over_dense": macs, "routed_nll": float(routed.mean()),
+                            **({} if claim is None else claim), "verdict": verdict(claim)})
+    return out
