@@ -19,7 +19,7 @@ def test_the_grid_runs_routed_points_in_both_skips_and_dense_models_over_base_se
     points = study.grid()
     routed = [p for p in points if p.kind == "routed"]
     dense = [p for p in points if p.kind == "dense"]
-    assert len(routed) == 2 * 7 and len(dense) == 2 * (4 * 3 - 1)  # the full width at seed 0: the routed points' base
+    assert len(routed) == 2 * 7 and [p.name for p in dense] == ["4x4-dense96-s0", "4x4-dense64-s0", "4x4-dense32-s0"]
     assert {(p.skip, p.keep) for p in routed} == {("full", 0.75), ("full", 0.5), ("full", 0.25), ("full", 0.125),
                                                  ("query", 0.5), ("query", 0.25), ("query", 0.125)}
     assert len({p.name for p in points}) == len(points)
@@ -27,7 +27,8 @@ def test_the_grid_runs_routed_points_in_both_skips_and_dense_models_over_base_se
     assert r.name == "4x8-full-keep125" and r.targets == ("score_phase1", "score_phase2", "score_control")
     assert r.overrides("selection") == {
         "base.arch.n_layers": 4, "base.arch.n_heads": 8, "oracle.candidates": 4, "scoring.set": "selection",
-        "phase1.static_twin": False, "phase1.score_static_curve": True, "predictor.keep": 0.125, "runtime.skip": "full"}
+        "phase1.static_twin": False, "phase1.score_static_curve": True, "phase1.oracle": "none", "phase1.random_draws": 1,
+        "predictor.keep": 0.125, "runtime.skip": "full"}
     d = study.Point("4x8", "dense", width=32, seed=2)
     assert d.name == "4x8-dense32-s2" and d.targets == ("score_control",)
     assert d.overrides("test")["base.arch.head_dim"] == 4 and d.overrides("test")["base.train.seed"] == 2

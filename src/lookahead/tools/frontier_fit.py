@@ -123,7 +123,9 @@ def frontiers(records: list[dict], shape: str) -> dict[str, list[tuple[float, ob
       point's static curve; all heads: the base LM itself);
     - ``static_after``: each full-skip routed point's static control at its share, and the dense control at 1;
     - ``dense_before`` / ``dense_after``: at each attention width, the base LMs of the base seeds (one
-      row each) and their dense controls (each base seed's control seeds averaged: one row per base).
+      row each) and their dense controls (each base seed's control seeds averaged: one row per base);
+      the full width is the shape's own base, the narrower ones every dense record's (of any shape:
+      the same MACs at the same width).
     """
     routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
     full = sorted((r for r in routed if r["skip"] == "full"), key=lambda r: r["keep"])
@@ -139,7 +141,7 @@ def frontiers(records: list[dict], shape: str) -> dict[str, list[tuple[float, ob
     if routed:  # the base recipe at seed 0: the routed points' own base and its control
         r = routed[0]
         widths.setdefault(FULL_WIDTH, []).append((1.0, _rows(r, "control", "base"), _rows(r, "control", "dense")))
-    for r in (r for r in records if r["shape"] == shape and r["kind"] == "dense"):
+    for r in (r for r in records if r["kind"] == "dense"):  # one dense frontier for every shape (the same MACs)
         widths.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "base"),
                                                    _rows(r, "control", "dense")))
     for width, seeds in sorted(widths.items(), reverse=True):
