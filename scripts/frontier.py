@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit", action="store_true", help="git-commit each point's file as it finishes")
     parser.add_argument("--rerun", action="store_true", help="rerun an experiment of this clone whose figures are not committed")
     parser.add_argument("--logs", default="logs/frontier", help="each experiment's DVC log")
+    parser.add_argument("--collect-only", action="store_true", help="write the report and figure from the committed points")
+    parser.add_argument("--declare", action="store_true",
+                        help="declare the headline point from the selection windows' points (once, before --set test)")
     args = parser.parse_args(argv)
     if not Path("dvc.yaml").is_file():
         parser.error("run from the repository root (dvc.yaml not found)")
@@ -235,7 +238,49 @@ def main(argv: list[str] | None = None) -> None:
     if args.plan:
         print(plan(points, args.set))
         return
-    run_points(points, args.set, Path(args.logs), args.commit, args.rerun)
+    if not args.collect_only:
+        run_points(points, args.set, Path(args.logs), args.commit, args.rerun)
+    write(shapes, args.set, args.declare, args.commit)
+
+
+def records(scoring_set: str) -> list[dict]:
+    """The committed point files of a scoring set."""
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((POINT_DIR / scoring_set).glob("*.json"))]
+
+
+def write(shapes: list[str], scoring_set: str, declare: bool, commit_each: bool) -> None:
+    """From the committed points: on the selection windows the report and figure (and with
+    ``declare`` the declaration, refused once it exists: it is made once, before the test windows);
+    on the test windows the declared points judged, the headline, the report and the figure."""
+    from lookahead.artifacts.val_scores import scoring_from_params
+    from lookahead.core.atomic import write_json
+    from lookahead.tools import frontier_page as page
+
+    found = records(scoring_set)
+    if not found:
+        raise StudyError(f"no point committed in {POINT_DIR / scoring_set}: run the study first")
+    scoring = scoring_from_params(read_params(None))
+    kw = {"resamples": scoring.resamples, "confidence": scoring.confidence, "seed": scoring.bootstrap_seed}
+    declaration = page.read_declaration()
+    if declare:
+        if declaration is not None:
+            raise StudyError(f"{page.DECLARED} exists: the headline is declared once, before the test windows are read")
+        if scoring_set != "selection":
+            raise StudyError("--declare reads the selection windows' points (--set selection)")
+        declaration = page.declare(found, shapes, **kw)
+        write_json(page.DECLARED, declaration)
+        if commit_each:
+            commit([page.DECLARED], "frontier: the headline point declared on the selection windows")
+    judged = None
+    if scoring_set == "test":
+        if declaration is None:
+            raise StudyError(f"no {page.DECLARED}: declare the headline on the selection windows first (--declare)")
+        judged = page.judged(found, declaration, **kw)
+        write_json(page.HEADLINE, page.headline(judged))
+    write_json(page.REPORT if scoring_set == "test" else page.REPORT.with_name("frontier_selection_report.json"),
+               page.report(found, shapes, declaration, judged, **kw))
+    page.figure(found, shapes, page.FIGURE if scoring_set == "test" else page.FIGURE.with_name("frontier_selection.png"))
+    print(f"[frontier] {len(found)} points of the {scoring_set} windows written", flush=True)
 
 
 if __name__ == "__main__":

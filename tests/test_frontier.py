@@ -4,6 +4,7 @@ records, against closed forms."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,35 @@ def test_the_headline_point_is_declared_on_selection_and_judged_on_test_with_hol
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = frontier_page.report(test, ["4x4"], declaration, judged, resamples=300)
     assert report["judged"] == judged and len(report["claims"]) == 12
+
+
+def test_the_study_declares_once_on_selection_then_writes_the_headline_from_test(study, tmp_path, monkeypatch):
+    """`--declare` on the selection points writes the declaration and refuses a second one; `--set test`
+    refuses to judge before a declaration, then writes the headline drawn from the judged claims."""
+    import shutil
+
+    import numpy as np
+
+    from lookahead.tools import frontier_page as page
+    from tests.consistency import REPO
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", "params.yaml")
+    for scoring_set, seed in (("selection", 1), ("test", 2)):
+        (study.POINT_DIR / scoring_set).mkdir(parents=True)
+        for r in _synthetic(study, np.random.default_rng(seed)):
+            (study.POINT_DIR / scoring_set / f"{r['point']}.json").write_text(json.dumps(dict(r, set=scoring_set)))
+    with pytest.raises(study.StudyError, match="declare the headline"):
+        study.write(["4x4"], "test", declare=False, commit_each=False)
+    study.write(["4x4"], "selection", declare=True, commit_each=False)
+    declared = json.loads(page.DECLARED.read_text())
+    assert declared["declared"]["4x4"]["point"] and Path("docs/figures/frontier_selection.png").is_file()
+    with pytest.raises(study.StudyError, match="declared once"):
+        study.write(["4x4"], "selection", declare=True, commit_each=False)
+    study.write(["4x4"], "test", declare=False, commit_each=False)
+    headline = json.loads(page.HEADLINE.read_text())
+    judged = json.loads(page.REPORT.read_text())["judged"]
+    for claim in judged:
+        key = f"{claim['point'].replace('-', '_')}_minus_{claim['against']}"
+        assert headline[key] == pytest.approx(claim["estimate"]) and headline[f"{key}_holm_p"] == claim["holm_p_value"]
+    assert page.FIGURE.is_file()
