@@ -260,7 +260,11 @@ def write(shapes: list[str], scoring_set: str, declare: bool, commit_each: bool)
     if not found:
         raise StudyError(f"no point committed in {POINT_DIR / scoring_set}: run the study first")
     scoring = scoring_from_params(read_params(None))
-    kw = {"resamples": scoring.resamples, "confidence": scoring.confidence, "seed": scoring.bootstrap_seed}
+    from lookahead.tools.bases import records as base_records
+    from lookahead.tools.frontier_fit import level_spread
+
+    kw = {"resamples": scoring.resamples, "confidence": scoring.confidence, "seed": scoring.bootstrap_seed,
+          "spread": level_spread(base_records())}  # the dense frontier's other base LMs (make bases)
     declaration = page.read_declaration()
     if declare:
         if declaration is not None:

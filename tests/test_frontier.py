@@ -179,3 +179,24 @@ def test_the_study_declares_once_on_selection_then_writes_the_headline_from_test
         key = f"{claim['point'].replace('-', '_')}_minus_{claim['against']}"
         assert headline[key] == pytest.approx(claim["estimate"]) and headline[f"{key}_holm_p"] == claim["holm_p_value"]
     assert page.FIGURE.is_file()
+
+
+def test_the_between_base_spread_goes_to_the_dense_frontier_claims_alone(study):
+    """The dense frontier's points are other base LMs than the routed point's: each carries the
+    between-base sd of the NLL level (make bases' records: the base LMs' dense NLL before, their dense
+    controls' after); the static frontier runs on the routed point's own base LM, so nothing is added."""
+    import numpy as np
+
+    from lookahead.tools.frontier_fit import claims as frontier_claims, level_spread
+
+    bases = [{"windows": {"phase1": {"dense": [[4.3 + d] * 4]}, "control": {"dense": [[4.2 + 2 * d] * 4] * 3}}}
+             for d in (-0.01, 0.0, 0.01)]
+    spread = level_spread(bases)
+    assert spread["before"] == (pytest.approx(0.01), 3) and spread["after"] == (pytest.approx(0.02), 3)
+    assert level_spread(bases[:1]) == {}
+    records = _synthetic(study, np.random.default_rng(3))
+    by = {(c["point"], c["when"], c["against"]): c for c in frontier_claims(records, "4x4", 300, spread=spread)}
+    dense = by["4x4-full-keep500", "after", "dense"]  # at 0.85: a quarter of the way from width 64 to the full width
+    assert dense["base_sd"] == pytest.approx(0.02)
+    assert dense["base_se"] == pytest.approx(0.02 * np.sqrt(1 + 0.25 ** 2 + 0.75 ** 2))
+    assert by["4x4-full-keep500", "after", "static"]["base_se"] == 0.0

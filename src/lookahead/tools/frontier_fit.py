@@ -157,10 +157,27 @@ CLAIM_SIDES = (("before", "phase1", "deployed"), ("after", "phase2", "phase2_dep
 """(when, the routed point's score file, its MACs key): the router as deployed, before and after continued pretraining."""
 
 
-def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> list[dict]:
+def level_spread(base_records: list[dict]) -> dict[str, tuple[float, int]]:
+    """The between-base sd of a dense model's NLL level, before (the base LM: phase 1's ``dense``) and
+    after continued pretraining (its dense control), from ``make bases``' records
+    (``metrics/bases/seed<s>.json``), with the number of bases; {} with fewer than two."""
+    if len(base_records) < 2:
+        return {}
+    before = [np.mean(r["windows"]["phase1"]["dense"]) for r in base_records]
+    after = [np.mean(r["windows"]["control"]["dense"]) for r in base_records]
+    return {"before": (float(np.std(before, ddof=1)), len(base_records)),
+            "after": (float(np.std(after, ddof=1)), len(base_records))}
+
+
+def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+           spread: dict[str, tuple[float, int]] | None = None) -> list[dict]:
     """At every routed point of ``shape``, before and after continued pretraining: routed − the static
     frontier and routed − the smaller-dense frontier at the routed point's MACs
-    (:func:`lookahead.tools.frontier_fit.frontier_claim`; None outside a frontier's measured range)."""
+    (:func:`frontier_claim`; None outside a frontier's measured range). ``spread``
+    (:func:`level_spread`): against the dense frontier, whose points are other base LMs than the routed
+    point's, every point carries the between-base sd of the NLL level at that stage, measured on one
+    recipe and *assumed* the same at every width (``base_sd`` in the claim); against the static frontier,
+    which runs on the routed point's own base LM, the claim is conditional on that base (none added)."""
     f = frontiers(records, shape)
     out = []
     for r in (r for r in records if r["shape"] == shape and r["kind"] == "routed"):
@@ -171,8 +188,9 @@ def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: f
             routed = _rows(r, file, "deployed")
             for against in ("static", "dense"):
                 points = [(m, a) for m, a, _ in f[f"{against}_{when}"]]
-                claim = frontier_claim(routed, macs, points, resamples=resamples, confidence=confidence, seed=seed)
+                base_sd, bases = (spread or {}).get(when, (0.0, 0)) if against == "dense" else (0.0, 0)
+                claim = frontier_claim(routed, macs, points, base_sd, bases, resamples, confidence, seed)
                 out.append({"point": r["point"], "skip": r["skip"], "keep": r["keep"], "when": when, "against": against,
-                            "macs_over_dense": macs, "routed_nll": float(routed.mean()),
-                            **({} if claim is None else claim), "verdict": verdict(claim)})
+                            "macs_over_dense": macs, "routed_nll": float(routed.mean()), "base_sd": base_sd,
+                            "bases": bases, **({} if claim is None else claim), "verdict": verdict(claim)})
     return out

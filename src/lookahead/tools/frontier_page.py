@@ -26,7 +26,8 @@ RULE = ("at each shape, the routed point after continued pretraining whose large
         "frontier and routed − smaller-dense frontier (both measured) is lowest on the selection windows")
 
 
-def declare(records: list[dict], shapes: list[str], resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+def declare(records: list[dict], shapes: list[str], resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+            spread: dict | None = None) -> dict:
     """The declaration from the selection windows' records: each shape's chosen point (:data:`RULE`),
     with the selection figures it was chosen on, and the rule. A shape with no point measured against
     both frontiers declares nothing."""
@@ -34,7 +35,7 @@ def declare(records: list[dict], shapes: list[str], resamples: int = 2000, confi
         raise ValueError("the headline point is declared from the selection windows' records alone")
     chosen = {}
     for shape in shapes:
-        after = [c for c in claims(records, shape, resamples, confidence, seed) if c["when"] == "after"]
+        after = [c for c in claims(records, shape, resamples, confidence, seed, spread) if c["when"] == "after"]
         worst: dict[str, float] = {}
         for c in after:
             if c["verdict"] != "outside":
@@ -48,14 +49,14 @@ def declare(records: list[dict], shapes: list[str], resamples: int = 2000, confi
 
 
 def judged(records: list[dict], declaration: dict, resamples: int = 2000, confidence: float = 0.95,
-           seed: int = 0) -> list[dict]:
+           seed: int = 0, spread: dict | None = None) -> list[dict]:
     """The declared points' claims after continued pretraining on the test windows' ``records``, each
     with its Holm-adjusted p-value across them all and its verdict at :data:`ALPHA`."""
     if any(r.get("set") not in (None, "test") for r in records):
         raise ValueError("the declared points are judged on the test windows' records alone")
     out = []
     for shape, chosen in declaration["declared"].items():
-        out += [c for c in claims(records, shape, resamples, confidence, seed)
+        out += [c for c in claims(records, shape, resamples, confidence, seed, spread)
                 if c["point"] == chosen["point"] and c["when"] == "after"]
     adjusted = holm([c.get("p_value", 1.0) for c in out])
     for c, p in zip(out, adjusted):
@@ -121,14 +122,15 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
 
 
 def report(records: list[dict], shapes: list[str], declaration: dict | None, judged_claims: list[dict] | None,
-           resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+           resamples: int = 2000, confidence: float = 0.95, seed: int = 0, spread: dict | None = None) -> dict:
     """``metrics/frontier_report.json``: every point's claims, the frontiers' points, the declaration and
     the judged claims."""
     return {"shapes": shapes, "frontiers": {shape: {name: [{"macs_over_dense": m, "nll": float(a.mean()), "label": label,
                                                             "rows": int(a.shape[0])} for m, a, label in pts]
                                                      for name, pts in frontiers(records, shape).items() if name in FRONTIERS}
                                              for shape in shapes},
-            "claims": [c for shape in shapes for c in claims(records, shape, resamples, confidence, seed)],
+            "claims": [c for shape in shapes for c in claims(records, shape, resamples, confidence, seed, spread)],
+            "between_base_spread": spread,
             "declaration": declaration, "judged": judged_claims,
             "points": [{k: v for k, v in r.items() if k != "windows"} for r in records]}
 
