@@ -65,6 +65,19 @@ ROUTED_TARGETS = ("score_phase1", "score_phase2", "score_control")
 DENSE_TARGETS = ("score_control",)
 
 
+VARIANT_SETTINGS = {
+    "router64": {"predictor.hidden": 64},  # a smaller router: ~1/4 of its MACs (at this width ~5 % of a dense forward)
+    "router32": {"predictor.hidden": 32},
+    "perlayer": {"predictor.budget": "topk_layer"},  # every layer keeps the same share of its heads
+    "phase2x2": {"phase2.train.steps": 400},  # twice the continued pretraining (the controls alike)
+}
+"""The research target's variants (``--variants``): each at the routed points where it can change the
+answer (full skip, deep), on the selection windows like every other point."""
+VARIANT_GRID = (("4x4", "full", 0.25, "router64"), ("4x4", "full", 0.25, "router32"),
+                ("4x4", "full", 0.125, "router32"), ("4x4", "full", 0.25, "perlayer"),
+                ("4x4", "full", 0.25, "phase2x2"), ("4x8", "full", 0.0625, ""), ("4x8", "full", 0.125, "router32"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     shape: str
@@ -73,11 +86,13 @@ class Point:
     keep: float = 0.0
     width: int = 0
     seed: int = 0
+    variant: str = ""
+    """A key of :data:`VARIANT_SETTINGS` ("": the grid's settings)."""
 
     @property
     def name(self) -> str:
         if self.kind == "routed":
-            return f"{self.shape}-{self.skip}-keep{round(self.keep * 1000)}"
+            return f"{self.shape}-{self.skip}-keep{round(self.keep * 1000)}" + (f"-{self.variant}" if self.variant else "")
         return f"{self.shape}-dense{self.width}-s{self.seed}"
 
     @property
@@ -87,7 +102,8 @@ class Point:
     def overrides(self, scoring_set: str) -> dict:
         out = {**SHAPES[self.shape], "scoring.set": scoring_set}
         if self.kind == "routed":
-            return {**out, **ROUTED_SETTINGS, "predictor.keep": self.keep, "runtime.skip": self.skip}
+            return {**out, **ROUTED_SETTINGS, "predictor.keep": self.keep, "runtime.skip": self.skip,
+                    **VARIANT_SETTINGS.get(self.variant, {})}
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise StudyError(f"{self.name}: width {self.width} is no even head dim at {self.heads} heads")
         return {**out, "base.arch.head_dim": self.width // self.heads, "base.train.seed": self.seed}
@@ -95,6 +111,12 @@ class Point:
     @property
     def targets(self) -> tuple[str, ...]:
         return ROUTED_TARGETS if self.kind == "routed" else DENSE_TARGETS
+
+
+def variants(shapes=tuple(SHAPES)) -> list[Point]:
+    """The variants of :data:`VARIANT_GRID` at ``shapes``."""
+    return [Point(shape, "routed", skip, keep, variant=variant) for shape, skip, keep, variant in VARIANT_GRID
+            if shape in shapes]
 
 
 def grid(shapes=tuple(SHAPES)) -> list[Point]:
@@ -217,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit", action="store_true", help="git-commit each point's file as it finishes")
     parser.add_argument("--rerun", action="store_true", help="rerun an experiment of this clone whose figures are not committed")
     parser.add_argument("--logs", default="logs/frontier", help="each experiment's DVC log")
+    parser.add_argument("--variants", action="store_true",
+                        help="also the research target's variants (smaller routers, per-layer budgets, longer phase 2, deeper at 4 x 8)")
     parser.add_argument("--collect-only", action="store_true", help="write the report and figure from the committed points")
     parser.add_argument("--declare", action="store_true",
                         help="declare the headline point from the selection windows' points (once, before --set test)")
@@ -227,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    points = grid(tuple(shapes))
+    points = grid(tuple(shapes)) + (variants(tuple(shapes)) if args.variants else [])
     if args.points:
         by_name = {p.name: p for p in points}
         wanted = [n.strip() for n in args.points.split(",") if n.strip()]

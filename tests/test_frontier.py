@@ -200,3 +200,15 @@ def test_the_between_base_spread_goes_to_the_dense_frontier_claims_alone(study):
     assert dense["base_sd"] == pytest.approx(0.02)
     assert dense["base_se"] == pytest.approx(0.02 * np.sqrt(1 + 0.25 ** 2 + 0.75 ** 2))
     assert by["4x4-full-keep500", "after", "static"]["base_se"] == 0.0
+
+
+def test_the_variants_change_one_setting_of_a_grid_point(study):
+    found = study.variants()
+    names = [p.name for p in found]
+    assert len(set(names)) == len(names) and not set(names) & {p.name for p in study.grid()}
+    router = next(p for p in found if p.variant == "router32" and p.shape == "4x4" and p.keep == 0.25)
+    base = study.Point("4x4", "routed", "full", 0.25)
+    assert router.name == "4x4-full-keep250-router32"
+    assert {k: v for k, v in router.overrides("selection").items() if base.overrides("selection").get(k) != v} == {
+        "predictor.hidden": 32}
+    assert study.variants(("4x4",)) == [p for p in found if p.shape == "4x4"]
