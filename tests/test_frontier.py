@@ -212,3 +212,22 @@ def test_the_variants_change_one_setting_of_a_grid_point(study):
     assert {k: v for k, v in router.overrides("selection").items() if base.overrides("selection").get(k) != v} == {
         "predictor.hidden": 32}
     assert study.variants(("4x4",)) == [p for p in found if p.shape == "4x4"]
+
+
+def test_the_results_page_section_shows_the_declared_claims_and_every_point(study, tmp_path):
+    import numpy as np
+
+    from lookahead.tools import frontier_page as page
+    from lookahead.tools.results_frontier import frontier_section
+
+    assert frontier_section(tmp_path / "none.json") == []  # not scored on test yet: no section
+    selection = [dict(r, set="selection") for r in _synthetic(study, np.random.default_rng(1))]
+    declaration = page.declare(selection, ["4x4"], resamples=300)
+    test = [dict(r, set="test") for r in _synthetic(study, np.random.default_rng(2))]
+    judged = page.judged(test, declaration, resamples=300)
+    path = tmp_path / "frontier_report.json"
+    path.write_text(json.dumps(page.report(test, ["4x4"], declaration, judged, resamples=300)))
+    text = "\n".join(frontier_section(path))
+    for c in judged:
+        assert f"| `{c['point']}` | {c['against']} frontier |" in text and f"{c['holm_p_value']:.3g}" in text
+    assert text.count("| `4x4-") == len(judged) + 12  # the declared claims, then every point's 12
