@@ -157,6 +157,7 @@ def macs_figures(cfg, window: int, keys: dict[str, float | None]) -> dict:
 
 def point_record(point: Point, rev: str, times: dict, scoring_set: str) -> dict:
     """What a point keeps (module docstring), from its experiment commit ``rev``."""
+    import numpy as np
     from transformers import Olmo2Config
 
     from lookahead.graph.cost import macs_per_token
@@ -164,7 +165,11 @@ def point_record(point: Point, rev: str, times: dict, scoring_set: str) -> dict:
     from lookahead.artifacts.val_scores import load_scores
 
     params = read_params(rev)
-    window = params["base"]["arch"]["context_length"]
+    arch = params["base"]["arch"]
+    shape = {k: v for k, v in SHAPES[point.shape].items() if k.startswith("base.arch.")}
+    if (arch["n_layers"], arch["n_heads"]) != (shape["base.arch.n_layers"], shape["base.arch.n_heads"]):
+        raise StudyError(f"{point.name}: the run holds {arch['n_layers']} x {arch['n_heads']} heads")
+    window = arch["context_length"]
     files = ("phase1", "phase2", "static_control", "control") if point.kind == "routed" else ("control",)
     record = {"point": point.name, **dataclasses.asdict(point), "set": scoring_set, "rev": rev[:12],
               "stage_seconds": times, "windows": {}}
@@ -179,15 +184,20 @@ def point_record(point: Point, rev: str, times: dict, scoring_set: str) -> dict:
     if point.kind == "routed":
         phase1 = read_json(rev, "metrics/phase1_report.json")
         phase2 = read_json(rev, "metrics/phase2_report.json")
-        n = point.heads * params["base"]["arch"]["n_layers"]
+        n = arch["n_layers"] * arch["n_heads"]
         static_kept = round(point.keep * n)
         ctx = (window + 1) / 2
         static = lambda k: macs_per_token(cfg, ctx, k / n, "static") / macs_per_token(cfg, ctx, 1.0, "static")  # noqa: E731
         record.update(active_head_fraction=phase1["active_head_fraction"], heads_total=n,
                       phase2_active_head_fraction=phase2.get("active_head_fraction"))
+        dense = macs_per_token(cfg, ctx, 1.0, "query")
+
+        def as_run(file: str) -> float | None:  # every seed's forward as its gates ran, over dense, the router added
+            ran = record["windows"][file].get("deployed_macs")
+            return None if ran is None else float(np.mean(ran)) / dense + phase1["router_macs_over_dense"]
+
         record["macs"] = macs_figures(cfg, window, {
-            "deployed": phase1["deployed_macs_over_dense"],  # as its gates ran, the router included
-            "phase2_deployed": phase2.get("deployed_macs_over_dense"),
+            "deployed": as_run("phase1"), "phase2_deployed": as_run("phase2"),
             "static_control": static(static_kept),
             **{f"static_heads_{k}": static(k) for k in range(1, n + 1)}})
         record["static_control_heads"] = static_kept

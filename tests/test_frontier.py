@@ -231,3 +231,62 @@ def test_the_results_page_section_shows_the_declared_claims_and_every_point(stud
     for c in judged:
         assert f"| `{c['point']}` | {c['against']} frontier |" in text and f"{c['holm_p_value']:.3g}" in text
     assert text.count("| `4x4-") == len(judged) + 12  # the declared claims, then every point's 12
+
+
+def test_a_point_record_reads_a_runs_files_and_counts_its_macs(study, tmp_path, monkeypatch):
+    """A routed point's record from a run's files (here a directory standing in for the experiment's
+    commit): per-window means of every score file, its MACs as the gates ran (the score files' per-position
+    MACs, every seed, over dense, the router's share added) and the static curve's closed form."""
+    import numpy as np
+    import yaml
+    from transformers import Olmo2Config
+
+    from lookahead.artifacts.val_scores import save_scores
+    from lookahead.graph.cost import macs_per_token
+    from tests.consistency import REPO
+
+    run = tmp_path / "run"
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["base"]["arch"].update(n_layers=4, n_heads=4, context_length=8)
+    cfg = Olmo2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, vocab_size=61)
+    (run / "models" / "base").mkdir(parents=True)
+    (run / "models" / "base" / "config.json").write_text(cfg.to_json_string())
+    rng = np.random.default_rng(0)
+    label, positions = "test:4x8:abc", 32
+    dense = macs_per_token(cfg, 4.5, 1.0, "query")
+    ran = np.full((3, positions), 0.6 * dense)
+    files = {"phase1": {"dense": rng.normal(4, 0.1, positions), "deployed": rng.normal(4.2, 0.1, (3, positions)),
+                        "deployed_macs": ran, **{f"static_heads_{k}": rng.normal(5 - k / 4, 0.1, positions)
+                                                 for k in range(1, 17)}},
+             "phase2": {"deployed": rng.normal(4.1, 0.1, (3, positions)), "deployed_macs": ran},
+             "static_control": {"hard": rng.normal(4.4, 0.1, (3, positions))},
+             "control": {"dense": rng.normal(4.0, 0.1, (3, positions)), "base": rng.normal(4.05, 0.1, positions)}}
+    for name, arrays in files.items():
+        save_scores(run / "data" / "val_nll" / f"{name}.safetensors", arrays, label)
+    (run / "metrics").mkdir()
+    (run / "metrics" / "phase1_report.json").write_text(json.dumps({"active_head_fraction": 0.5,
+                                                                     "router_macs_over_dense": 0.05}))
+    (run / "metrics" / "phase2_report.json").write_text(json.dumps({"active_head_fraction": 0.5}))
+    monkeypatch.setattr(study, "read_params", lambda rev: params)
+    monkeypatch.setattr(study, "read_json", lambda rev, path: json.loads((run / path).read_text()))
+    monkeypatch.setattr(study, "output_file", lambda rev, path, tmp: run / path)
+    point = study.Point("4x4", "routed", "full", 0.5)
+    record = study.point_record(point, "0123456789abcdef", {"phase1": 1.0}, "test")
+    assert record["window_set"] == label and record["heads_total"] == 16 and record["stage_seconds"] == {"phase1": 1.0}
+    assert record["macs"]["deployed"] == pytest.approx(0.6 + 0.05) and record["macs"]["phase2_deployed"] == pytest.approx(0.65)
+    static = lambda k: macs_per_token(cfg, 4.5, k / 16, "static") / macs_per_token(cfg, 4.5, 1.0, "static")  # noqa: E731
+    assert record["macs"]["static_heads_3"] == pytest.approx(static(3)) and record["static_control_heads"] == 8
+    means = np.asarray(record["windows"]["phase1"]["deployed"])
+    assert means.shape == (3, 4) and means[1, 2] == pytest.approx(files["phase1"]["deployed"][1, 16:24].mean(), abs=1e-6)
+    with pytest.raises(study.StudyError, match="holds 4 x 4 heads"):
+        study.point_record(study.Point("4x8", "routed", "full", 0.5), "0123456789abcdef", {}, "test")
+    head = 16 * 61
+    assert record["macs"]["deployed_non_embedding"] == pytest.approx((0.65 * dense - head) / (dense - head))
+    # a smaller dense model: its MACs over the full width's (head_dim 2 of 4 at hidden 16), the control's files alone
+    narrow = Olmo2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, vocab_size=61,
+                         head_dim=2)
+    (run / "models" / "base" / "config.json").write_text(narrow.to_json_string())
+    record = study.point_record(study.Point("4x4", "dense", width=8), "0123456789abcdef", {}, "test")
+    assert list(record["windows"]) == ["control"] and np.asarray(record["windows"]["control"]["base"]).shape == (1, 4)
+    assert record["macs"]["dense"] == pytest.approx(macs_per_token(narrow, 4.5, 1.0, "query") / dense)
+    assert record["macs"]["dense"] < 1
