@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases clean
+.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -120,6 +120,13 @@ sweep-depth-width: setup
 # rerun. SCALING_ARGS="--points 4x8,4x16" picks points, "--collect-only" rebuilds the table and figure.
 head-scaling: setup
 	$(BIN)/python scripts/head_scaling.py --commit $(SCALING_ARGS)
+
+# The NLL-vs-MACs frontier (docs/research/frontier.md; issue 78): routed, static and smaller dense models at
+# 4 x 4 and 4 x 8, each point a DVC experiment whose figures are committed as it finishes
+# (metrics/frontier/<set>/<point>.json); rerun to resume. FRONTIER_ARGS="--plan" prints the grid and
+# each point's command, "--set test" scores on the test windows, "--points a,b" picks points.
+frontier: setup
+	$(BIN)/python scripts/frontier.py --commit $(FRONTIER_ARGS)
 
 # Claims across base LMs (docs/research/base-variance.md): base LMs that differ only in base.train.seed,
 # every stage from the base on for each as the DVC experiment bases-seed<s> (seed 0: the workspace's run

@@ -5,7 +5,7 @@ A family of model shapes from the default's 4 x 4 heads toward 16 x 16, one thin
 research chain run as a DVC experiment in a temporary directory:
 
     dvc exp run --temp -n hs-<L>x<H> -S base.arch.n_layers=L -S base.arch.n_heads=H [-S oracle...] \
-        score_phase1 score_phase2
+        score_phase1 score_phase2 score_control
 
 which runs base → probe, init, contexts → oracle → phase 1 and its scoring (its claims on the test
 windows) → phase 2 + the dense and static controls and their scoring (their per-position NLLs on the
@@ -54,7 +54,7 @@ from lookahead.tools.scaling_page import (BEGIN, CLAIMS, END, HEADLINE_CLAIMS, P
                                            quarter_rows, without_windows, write)
 
 POINT_DIR = Path("metrics/head_scaling")
-TARGETS = ("score_phase1", "score_phase2")  # and every stage they read: phase 1, phase 2 and both controls
+TARGETS = ("score_phase1", "score_phase2", "score_control")  # and every stage they read: phase 1, phase 2, both controls
 
 
 @dataclasses.dataclass(frozen=True)

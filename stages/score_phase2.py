@@ -1,6 +1,7 @@
-"""DVC stage `score_phase2`: score phase 2's LM and both controls — every seed's, as their training
+"""DVC stage `score_phase2`: score phase 2's LM and the static control — every seed's, as their training
 stages wrote them — on the scoring windows: the per-position NLLs evaluate pairs, and each one's
-headline and report. It trains nothing: a new test set reruns this stage (and evaluate) alone."""
+headline and report (the dense control: `score_control`). It trains nothing: a new test set reruns
+this stage (and evaluate) alone."""
 
 from lookahead.artifacts.val_scores import load_scoring
 from lookahead.core.cli import cli, parse_stage_args, print_config
@@ -8,9 +9,9 @@ from lookahead.core.config import to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
-from lookahead.pipeline.phase2.score import CONTROL_HEADLINE, HEADLINE, STATIC_HEADLINE, read_training, score_phase2_seeds
+from lookahead.pipeline.phase2.score import HEADLINE, STATIC_HEADLINE, read_training, score_phase2_seeds
 
-HEADLINES = {"phase2": HEADLINE, "control": CONTROL_HEADLINE, "static_control": STATIC_HEADLINE}
+HEADLINES = {"phase2": HEADLINE, "static_control": STATIC_HEADLINE}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
                                      {s: read_training(arg(s, "training")) for s in HEADLINES}, args.base, args.tokens,
                                      args.contexts, args.init, args.static_baselines, args.predictor, args.diffusion, scoring,
                                      {s: arg(s, "scores") for s in HEADLINES})
-        for stage, report in reports.items():  # in MLflow under the stage's name: one run holds all three
+        for stage, report in reports.items():  # in MLflow under the stage's name: one run holds both
             write_metrics(report, HEADLINES[stage], arg(stage, "metrics"), arg(stage, "report"))
             run.log_metrics({stage: report})
             run.log_artifact(arg(stage, "report"))

@@ -319,7 +319,7 @@ QUEUED_EXPERIMENTS = {
     "connectivity-both": ("phase2.connectivity=both", {"phase2", "score_phase2", "evaluate"}),
     "samples-3": ("evaluate.diffusion_samples=3", {"evaluate"}),  # tiny.yaml has 2: the last stage alone reruns
     # a scoring setting: the scoring stages and evaluate rerun, nothing trains (tiny.yaml has 2000 resamples)
-    "resamples-300": ("scoring.resamples=300", {"score_phase1", "score_phase2", "evaluate"}),
+    "resamples-300": ("scoring.resamples=300", {"score_phase1", "score_phase2", "score_control", "evaluate"}),
 }
 
 

@@ -37,9 +37,13 @@ def committed(repo: Path = REPO, rev: str = "HEAD"):
 
 def head_scaling_script():
     """scripts/head_scaling.py as a module (it is a script, not a package module)."""
-    name = "head_scaling"
+    return script("head_scaling")
+
+
+def script(name: str):
+    """scripts/<name>.py as a module (a script, not a package module)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "head_scaling.py")
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # its dataclasses look their module up
         spec.loader.exec_module(module)

@@ -39,7 +39,7 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
 
     e = core.embed_tokens(ids).float()  # (B, T, d)
     d = e.shape[-1]
-    d_head = d // n_heads
+    d_head = core.layers[0].self_attn.q_proj.out_features // n_heads  # the attention's width need not be d
     cos, sin = core.rotary_emb(e, torch.arange(seq)[None])  # (1, T, D)
     contrib = {0: e}  # node → (B, T, d): the source, then each head's contribution
     mlp_sum = torch.zeros_like(e)

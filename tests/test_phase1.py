@@ -255,6 +255,13 @@ def test_every_final_figure_scores_the_scoring_windows_and_the_claims_pair_them(
     ctx = (windows.shape[1] - 1 + 1) / 2
     assert macs_per_token(lm.config, ctx, k / 4, "static") / macs_per_token(lm.config, ctx, 1.0, "static") == pytest.approx(
         metrics["deployed_macs_over_dense"], rel=1e-6)
+    # the deployed router's MACs as its gates ran: 2 of 4 heads at every position, each with every key
+    # (query skip): position t costs the closed form at t + 1 keys; the router's own MACs on top
+    length = windows.shape[1] - 1
+    per_position = np.array([macs_per_token(lm.config, t + 1, 0.5, "query") for t in range(length)])
+    np.testing.assert_allclose(tokens["deployed_macs"].reshape(4, length), np.tile(per_position, (4, 1)), rtol=1e-6)
+    dense_macs = macs_per_token(lm.config, ctx, 1.0, "query")
+    assert metrics["deployed_macs_over_dense"] > tokens["deployed_macs"].mean() / dense_macs > 0.5
     w = k - math.floor(k)  # the interpolation between whole head counts
     from lookahead.pipeline.phase1.final import static_scores
 
@@ -539,6 +546,7 @@ def test_a_layer_router_trains_on_each_layers_targets_from_its_routed_inputs(pha
     from lookahead.graph.generate import layer_routed
     from lookahead.graph.nodes import head_graph
     from lookahead.graph.router_inputs import input_dim
+    from lookahead.graph.cost import gate_macs
     from lookahead.pipeline.phase1.final import ScoringSet, deployed_nll
 
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
@@ -568,4 +576,7 @@ def test_a_layer_router_trains_on_each_layers_targets_from_its_routed_inputs(pha
     with torch.no_grad():  # the general runtime under the deployed gates: the reference
         reference = forward_with_topology(lm, ids, head_graph(deployed, 2, 2), deployed, hard=True, skip="query")
     want = token_nll(reference, batch["windows"][:, 1:]).flatten()
-    assert np.allclose(deployed_nll(module, predictor, scoring), want.numpy(), atol=1e-5)
+    nll, macs = deployed_nll(module, predictor, scoring)
+    assert np.allclose(nll, want.numpy(), atol=1e-5)
+    # its MACs: the forward under the gates it ran (query skip: every key and value), position by position
+    assert np.allclose(macs, gate_macs(lm.config, deployed[..., 1:].view(*ids.shape, 2, 2), "query").flatten().numpy())

@@ -171,9 +171,9 @@ def test_config_and_inputs_are_checked_with_the_fix(tmp_path):
 
 # ------------------------------------------------------------------ stream windows and the controls
 
-def lm_router(phase_inputs, path):
+def lm_router(phase_inputs, path, skip: str = "query"):
     """A head-gate router reading the LM's own states (``predictor.input: lm``, top-K at half the heads),
-    its weights random enough that the heads it keeps change from token to token; saved under ``query``."""
+    its weights random enough that the heads it keeps change from token to token; saved under ``skip``."""
     from lookahead.graph.router_inputs import input_dim
 
     lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"], dtype=torch.float32)
@@ -183,7 +183,7 @@ def lm_router(phase_inputs, path):
     predictor = StructurePredictor(cfg, lm.config.num_hidden_layers, lm.config.num_attention_heads,
                                    input_dim("lm", cache.dim, lm.config.hidden_size))
     torch.nn.init.normal_(predictor.to_gate.weight, std=3.0)
-    save_predictor(predictor, path, extra={"runtime": {"skip": "query"}})
+    save_predictor(predictor, path, extra={"runtime": {"skip": skip}})
     return path
 
 
@@ -201,6 +201,40 @@ def stream_run(downstream_inputs, tmp_path_factory):
     report, result = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], d / "out",
                                   heads_file=i["heads"], scoring=ScoringConfig(roles=WindowsConfig(per_role=8), batch_size=4))
     return {"cfg": cfg, "report": report, "result": result, "out": d / "out", "router": router}
+
+
+def test_phase2_in_full_skip_trains_and_scores_as_the_router_ran_and_counts_the_keys_that_exist(downstream_inputs,
+                                                                                                 tmp_path):
+    """A router trained under ``runtime.skip: full`` (no query, key or value for an off head at that
+    token): phase 2 takes the mode from its file, its hard NLL is the plain reference's in full skip on
+    the LM it trained, and its deployed forward's MACs are counted from the gates the deployed router
+    chose: a head's keys are the positions it ran at, so the count is below query skip's."""
+    from lookahead.graph.cost import gate_macs
+    from lookahead.graph.deployed import Router, self_consistent
+    from lookahead.graph.router_inputs import router_context
+
+    i = downstream_inputs
+    router = lm_router(i, tmp_path / "router.safetensors", skip="full")
+    cfg = from_dict(Phase2Config, {
+        "windows": "stream", "predictor_lr_scale": 0, "eval_batch_size": 2,
+        "train": {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "device": "cpu"}})
+    report, _ = build_phase2(cfg, i["base"], i["tokens"], i["contexts"], i["init"], router, i["diffusion"], tmp_path / "out",
+                             heads_file=i["heads"], scoring=ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=4))
+    assert load_phase2(tmp_path / "out")["skip"] == "full"
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / LM_DIR, dtype=torch.float32).eval()
+    predictor, _ = load_predictor(tmp_path / "out" / PREDICTOR_FILE)
+    cache = ContextCache(i["contexts"])
+    windows = scoring_windows(i["tokens"], ScoringConfig(roles=WindowsConfig(per_role=4)), cache.context_length, cache=cache)
+    ids = windows[:, :-1]
+    with torch.no_grad():
+        adjacency, gates = predictor.eval()(router_context("lm", lm, ids, None), None, hard=True)
+        reference = token_nll(reference_forward(lm, ids, adjacency, gates, skip="full"), windows[:, 1:])
+        _, deployed = self_consistent(lm, Router(predictor, lm, None), ids, "full")
+    np.testing.assert_allclose(report["token_nll"]["hard"], reference.flatten().numpy(), rtol=1e-4, atol=1e-5)
+    on = deployed[..., 1:].reshape(*ids.shape, 2, 2) > 0
+    np.testing.assert_allclose(report["token_nll"]["deployed_macs"], gate_macs(lm.config, on, "full").flatten().numpy())
+    assert (report["token_nll"]["deployed_macs"] < gate_macs(lm.config, on, "query").flatten().numpy()).mean() > 0.5
 
 
 def test_stream_windows_are_fresh_slices_of_the_train_stream_in_all_three_runs(stream_run, downstream_inputs):
@@ -259,6 +293,15 @@ def test_a_frozen_router_on_the_stream_keeps_its_weights_and_the_figures_are_the
     deployed = report["token_nll"]["deployed"].reshape(8, -1)
     np.testing.assert_allclose(deployed[:, 0], reference.numpy()[:, 0], rtol=1e-4, atol=1e-5)
     assert report["deployed_nll"] == pytest.approx(deployed.mean()) and np.isfinite(deployed).all()
+    # its MACs as its gates ran: 2 of the 4 heads at every position, every key kept (query skip): position t
+    # costs the closed form at t + 1 keys, and the router's own MACs come on top of the mean
+    from lookahead.graph.cost import macs_per_token, router_macs
+
+    length = ids.shape[1]
+    per_position = np.array([macs_per_token(lm.config, t + 1, 0.5, "query") for t in range(length)])
+    np.testing.assert_allclose(report["token_nll"]["deployed_macs"].reshape(8, -1), np.tile(per_position, (8, 1)), rtol=1e-6)
+    dense = macs_per_token(lm.config, (length + 1) / 2, 1.0, "query")
+    assert report["deployed_macs_over_dense"] == pytest.approx((per_position.mean() + router_macs(after)) / dense)
     assert report["active_head_fraction"] == pytest.approx(0.5)
     assert load_phase2(out)["active_head_fraction"] == pytest.approx(0.5) and load_phase2(out)["skip"] == "query"
 

@@ -33,7 +33,8 @@ from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "modulator", "oracle", "static_baselines",
           "phase1", "score_phase1",
-          "pairs", "diffusion", "phase2", "control", "static_control", "score_phase2", "evaluate")
+          "pairs", "diffusion", "phase2", "control", "static_control", "score_phase2", "score_control",
+          "evaluate")
 TRAINING = ("phase1", "phase2", "control", "static_control")
 """Stages that train and write no headline: a scoring stage writes ``metrics/<stage>.json`` for each."""
 HEADLINES = tuple(stage for stage in STAGES if not stage.startswith("score_"))

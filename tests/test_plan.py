@@ -319,3 +319,19 @@ def test_forced_flex_after_a_failed_compile_is_an_error_not_a_fallback(model, mo
     assert (out - ref).abs().max() <= TOL and not flex.available("cpu")
     with flex.use("flex"), pytest.raises(flex.FlexError, match="did not compile on cpu earlier"):
         gated_forward(model, ids, g, "query")
+
+
+@pytest.mark.parametrize("head_dim", [4, 12], ids=["narrower", "wider"])
+@pytest.mark.parametrize("skip", ["full", "query"])
+def test_plan_runs_an_attention_whose_width_is_not_the_streams(ids, skip, head_dim):
+    """``base.arch.head_dim`` (the smaller dense models of the frontier): n_heads · head_dim need
+    not be the hidden size (32 here); the plan slices each head by its own width."""
+    narrow = tiny_olmo2(n_layers=L, n_heads=H, hidden=32, ffn=32, head_dim=head_dim)
+    assert narrow.model.layers[0].self_attn.q_proj.out_features == H * head_dim
+    g = gates_of(ids.shape, 0.5, seed=7)
+    a = baseline_graph(g, L, H, skip)
+    ref = reference_forward(narrow, ids, a, g, skip)
+    with torch.no_grad():
+        assert (execute(narrow, ids, a, g, skip) - ref).abs().max() <= TOL
+    assert (gated_forward(narrow, ids, g, skip).logits - ref).abs().max() <= TOL
+    assert (ref - narrow(ids).logits).abs().max() > 1e-2

@@ -58,7 +58,7 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
 
     read, training_read = scoring_config(router, ScoringKeys(random_draws=5, oracle="greedy", score_candidates=None), tmp_path / "training.json")
     assert read == dataclasses.replace(cfg, random_draws=5)  # the router's config, the scoring keys from params
-    read = dataclasses.replace(read, random_draws=2)
+    read = dataclasses.replace(read, random_draws=2, score_static_curve=True)  # and the frontier's static curve
     report = score_phase1_seeds(read, i["base"], i["contexts"], i["init"], i["heads"], router, tmp_path / "seeds",
                                 tmp_path / "twins", training_read, scoring_cfg, i["tokens"],
                                 scores_file=tmp_path / "scores.safetensors", static_dir=i["static_baselines"])
@@ -77,6 +77,12 @@ def test_score_phase1_scores_the_files_phase1_wrote_as_the_routers_in_memory(pha
     for key, values in tokens.items():  # dense once, the rest per seed (as the file stores them: float32)
         saved = scores[key] if key == "dense" else scores[key][0]
         np.testing.assert_array_equal(saved, values.astype(np.float32).astype(saved.dtype))
+    # the static curve: the stronger mask at every whole count of the 2 x 2 heads, its own forward at each;
+    # at the router's count (2) the static pruning its claims compare with, at every head the dense LM
+    assert sorted(k for k in scores if k.startswith("static_heads_")) == [f"static_heads_{k}" for k in range(1, 5)]
+    np.testing.assert_array_equal(scores["static_heads_2"], scores["static"][0])
+    np.testing.assert_allclose(scores["static_heads_4"], scores["dense"], atol=1e-5)
+    assert not np.allclose(scores["static_heads_1"], scores["static_heads_2"])
     assert scores["hard"].shape[0] == 2 and (tmp_path / "seeds" / "predictor_seed1.safetensors").read_bytes() != router.read_bytes()
     assert report["per_seed"][1]["hard_nll"] == pytest.approx(float(scores["hard"][1].mean()), rel=1e-6)  # seed 1's own file
 

@@ -125,4 +125,4 @@ def test_training_stages_list_their_keys_one_by_one_and_scoring_keys_rerun_scori
     for stage in ("phase1", "phase2", "control", "static_control"):
         assert "scoring" not in params[stage] and not any(k.startswith("scoring.") for k in params[stage]), stage
     scoring = sorted(s for s, keys in params.items() if "scoring" in keys)
-    assert scoring == ["evaluate", "score_phase1", "score_phase2"]
+    assert scoring == ["evaluate", "score_control", "score_phase1", "score_phase2"]

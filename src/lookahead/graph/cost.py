@@ -2,10 +2,17 @@
 side of "NLL as deployed" (phase 1's ``deployed_macs_over_dense``, ``benchmarks/runtime.py``'s ideal).
 
 Counted: the weight matrices a token goes through and attention's QK and AV; not counted: the
-embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token).
+embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token). The attention is
+``n_heads · head_dim`` wide (:func:`lookahead.lm.olmo2.head_dim_of`: narrower than the residual
+stream in the smaller dense models of docs/research/frontier.md). Non-embedding MACs leave out the
+LM head's d·V (:func:`lm_head_macs`), the share that does not shrink with the attention.
 """
 
 from __future__ import annotations
+
+import torch
+
+from lookahead.lm.olmo2 import head_dim_of
 
 
 MODES = ("full", "query", "static")
@@ -21,11 +28,43 @@ def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
     kept head runs at every position, so it attends every key. ``cfg``: a transformers OLMo2 config."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    d, ffn = cfg.hidden_size, cfg.intermediate_size
+    d, a = cfg.hidden_size, attention_width(cfg)
     keys = context * (on if mode == "full" else 1.0)
-    kv = 2 * d * d * (1.0 if mode == "query" else on)
-    attention = on * (2 * d * d + 2 * keys * d)  # q and o projections, QK and AV of the running heads
-    return cfg.num_hidden_layers * (kv + attention + 3 * d * ffn) + d * cfg.vocab_size
+    kv = 2 * d * a * (1.0 if mode == "query" else on)
+    attention = on * (2 * d * a + 2 * keys * a)  # q and o projections, QK and AV of the running heads
+    return cfg.num_hidden_layers * (kv + attention + 3 * d * cfg.intermediate_size) + lm_head_macs(cfg)
+
+
+def attention_width(cfg) -> int:
+    """Width of a layer's queries (and keys, values): n_heads · head_dim."""
+    return cfg.num_attention_heads * head_dim_of(cfg)
+
+
+def lm_head_macs(cfg) -> int:
+    """MACs of the LM head per token (d · V): in every total here, left out of the non-embedding ones."""
+    return cfg.hidden_size * cfg.vocab_size
+
+
+def gate_macs(cfg, on: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-position MACs (B, T) of a forward that runs the gates ``on`` (B, T, L, H; 1: the head
+    runs at that position), prefill, counted from the gates as they run rather than from their
+    share: under ``full`` (and ``static``: a pruned head is off at every position) a running head at
+    t attends the positions s <= t at which it ran (no other keys exist); under ``query`` every head
+    has a key and value at every position and a running head attends all t + 1. The closed form
+    :func:`macs_per_token` is this at gates of one share spread evenly."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    on = on.double()
+    b, t, n_layers, n_heads = on.shape
+    d, head = cfg.hidden_size, head_dim_of(cfg)
+    if mode == "query":
+        keys = torch.arange(1, t + 1, dtype=on.dtype)[None, :, None, None]  # (1, T, 1, 1)
+        kv = 2 * d * head * n_heads * n_layers
+    else:
+        keys = on.cumsum(1)  # (B, T, L, H): positions <= t at which the head ran
+        kv = (2 * d * head * on).sum((-2, -1))  # (B, T)
+    attention = (on * (2 * d * head + 2 * keys * head)).sum((-2, -1))  # (B, T): q, o, QK and AV
+    return kv + attention + n_layers * 3 * d * cfg.intermediate_size + lm_head_macs(cfg)
 
 
 def router_macs(predictor) -> int:

@@ -14,7 +14,11 @@ class ArchConfig:
     n_layers: int = 4
     """Transformer blocks."""
     n_heads: int = 4
-    """Attention heads per block (must divide hidden_size)."""
+    """Attention heads per block (must divide hidden_size unless head_dim is set)."""
+    head_dim: int | None = None
+    """Width of each head's query, key and value (even, for RoPE); None: hidden_size / n_heads. Set,
+    the attention is n_heads * head_dim wide whatever the residual stream's width (a narrower
+    attention: the smaller dense models of docs/research/frontier.md)."""
     hidden_size: int = 128
     """Residual stream width."""
     intermediate_size: int = 512
@@ -33,13 +37,17 @@ class ArchConfig:
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_heads", "hidden_size", "intermediate_size", "context_length"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
-        require(
-            self.hidden_size % self.n_heads == 0,
-            "n_heads",
-            f"must divide hidden_size ({self.hidden_size}); got {self.n_heads}",
-        )
-        require((self.hidden_size // self.n_heads) % 2 == 0, "hidden_size",
-                f"hidden_size / n_heads must be even for RoPE; got {self.hidden_size}/{self.n_heads}")
+        if self.head_dim is None:
+            require(
+                self.hidden_size % self.n_heads == 0,
+                "n_heads",
+                f"must divide hidden_size ({self.hidden_size}) unless head_dim is set; got {self.n_heads}",
+            )
+            require((self.hidden_size // self.n_heads) % 2 == 0, "hidden_size",
+                    f"hidden_size / n_heads must be even for RoPE; got {self.hidden_size}/{self.n_heads}")
+        else:
+            require(self.head_dim >= 2 and self.head_dim % 2 == 0, "head_dim",
+                    f"must be an even number >= 2 (RoPE rotates pairs) or null; got {self.head_dim}")
         require(self.rope_theta > 0, "rope_theta", f"must be > 0; got {self.rope_theta}")
         require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be > 0; got {self.rms_norm_eps}")
         require(self.init_std > 0, "init_std", f"must be > 0; got {self.init_std}")
@@ -49,6 +57,9 @@ def olmo2_config(arch: ArchConfig, tokenizer):
     """The ``Olmo2Config`` of a scratch model for ``tokenizer``."""
     from transformers import Olmo2Config
 
+    # head_dim only where set: a config that does not name it (OLMo2's own) reads hidden_size / n_heads,
+    # and the default model's config.json stays what it was
+    width = {} if arch.head_dim is None else {"head_dim": arch.head_dim}
     return Olmo2Config(
         vocab_size=len(tokenizer),
         hidden_size=arch.hidden_size,
@@ -64,4 +75,11 @@ def olmo2_config(arch: ArchConfig, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **width,
     )
+
+
+def head_dim_of(config) -> int:
+    """Per-head query/key/value width of an HF config: its ``head_dim`` where it names one (as
+    transformers' OLMo2 attention reads it), else hidden_size / num_attention_heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

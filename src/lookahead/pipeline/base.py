@@ -18,7 +18,7 @@ from lookahead.core.config import to_dict
 from lookahead.core.environment import environment
 from lookahead.core.errors import require
 from lookahead.lm.nll import causal_lm_nll, evaluate_nll
-from lookahead.lm.olmo2 import ArchConfig, olmo2_config
+from lookahead.lm.olmo2 import ArchConfig, head_dim_of, olmo2_config
 from lookahead.lm.source import ModelSource
 from lookahead.train import data
 from lookahead.train.checkpoints import checkpoint_dir
@@ -163,6 +163,7 @@ def build_base(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, out_dir: str 
     metrics.update({
         "n_layers": cfg_model.num_hidden_layers,
         "n_heads": cfg_model.num_attention_heads,
+        "head_dim": head_dim_of(cfg_model),  # the attention's width over n_heads (base.arch.head_dim)
         "hidden_size": cfg_model.hidden_size,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens_per_s": result.tokens_per_s if result else None,

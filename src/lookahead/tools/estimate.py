@@ -332,11 +332,15 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
                          weights=lm_w, optimiser=12.0 * arch.params, **trained(name, qt, qt.batch_size, t, p2.replay),
                          note=f"{p2.seeds} seeds; phase 2's settings"))
 
-    s2_rows = p2.seeds * (3 + 1 + 2)  # phase 2 dense, hard, deployed; the control dense; the static control both
+    s2_rows = p2.seeds * (3 + 2)  # phase 2 dense, hard, deployed; the static control both
     s2_tokens = s2_rows * per_role * t
     out.append(Stage("score_phase2", frozen=arch.params + router, forward_tokens=s2_tokens, flops=fwd * s2_tokens,
                      weights=lm_w + 4.0 * router, activations=4.0 * sc.batch_size * t * arch.vocab,
-                     note=f"{p2.seeds} seeds x 3 LMs (phase 2, both controls), one at a time"))
+                     note=f"{p2.seeds} seeds x 2 LMs (phase 2, the static control), one at a time"))
+    c_tokens = (p2.seeds + 1) * per_role * t  # the dense control's seeds and the base LM, dense
+    out.append(Stage("score_control", frozen=arch.params, forward_tokens=c_tokens, flops=fwd * c_tokens,
+                     weights=lm_w, activations=4.0 * sc.batch_size * t * arch.vocab,
+                     note=f"{p2.seeds} seeds of the dense control and the base LM"))
 
     ev = configs["evaluate"]
     rows_ev = 12 + 2 * ev.diffusion_samples + ev.random_draws  # dense, routed, controls, static, samples, random draws

@@ -47,6 +47,7 @@ from lookahead.core.atomic import atomic_file
 from lookahead.core.report import read_headline
 from lookahead.tools.results_findings import (BASES, HEAD_SCALING, bases_section, decoders_section, head_scaling_section,
                                               modulator_section, phase1_section, phase2_section, summary)
+from lookahead.tools.results_frontier import FRONTIER, frontier_section
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
 from lookahead.tools.verdicts import Figures, scored_on, table
 
@@ -143,6 +144,7 @@ def render(root: Path) -> str:
         lines += section + [""]
     lines += bases_section(root / BASES)
     lines += head_scaling_section(root / HEAD_SCALING, m["phase1"].values.get("window_set"))
+    lines += frontier_section(root / FRONTIER)
     lines += gpu_section(root / GPU)
     lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)

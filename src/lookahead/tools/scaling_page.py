@@ -20,7 +20,7 @@ PAGE = Path("docs/research/head-scaling.md")
 BASES_REPORT = Path("metrics/bases_report.json")  # the between-base spread at 4 x 4 (make bases), where committed
 BEGIN, END = "<!-- head-scaling table: begin (scripts/head_scaling.py) -->", "<!-- head-scaling table: end -->"
 STAGES = ("corpus", "tokenizer", "wordnet", "base", "probe", "init", "contexts", "oracle", "static_baselines", "phase1", "score_phase1", "phase2",
-          "control", "static_control", "score_phase2")
+          "control", "static_control", "score_phase2", "score_control")
 
 
 # (key, label) of the claims the table and the figure show, each with _ci_low/_ci_high

@@ -29,6 +29,7 @@ from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
+from lookahead.lm.olmo2 import head_dim_of
 
 
 @dataclasses.dataclass
@@ -43,7 +44,7 @@ class Shapes:
     @classmethod
     def of(cls, lm) -> Shapes:
         c = lm.config
-        return cls(c.num_hidden_layers, c.num_attention_heads, c.hidden_size, c.hidden_size // c.num_attention_heads)
+        return cls(c.num_hidden_layers, c.num_attention_heads, c.hidden_size, head_dim_of(c))
 
 
 def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, skip: str = "full") -> dict[str, torch.Tensor]:

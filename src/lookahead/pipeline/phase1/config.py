@@ -85,6 +85,10 @@ class Phase1Config:
     score_candidates: int | None = dataclasses.field(default=8, metadata=OMIT_DEFAULT)
     """Its candidates tried per round (0: every head; None: the oracle stage's ``oracle.candidates``):
     8, the lazy search the default profile scores with (docs/research/head-scaling.md validates it)."""
+    score_static_curve: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
+    """``score_phase1`` also scores static pruning at every whole head count from 1 to L·H on the
+    scoring windows (``static_heads_<k>`` in its score file): the static curve of the NLL-vs-MACs
+    frontier (docs/research/frontier.md)."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=600, batch_size=8, lr=3e-2, warmup_steps=20, weight_decay=0.0, eval_every=200, checkpoint_every=100))
     """Optimisation of the predictor (batch_size = windows per step)."""
@@ -129,7 +133,7 @@ class Phase1Config:
         return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
 
 
-SCORING_KEYS = ("random_draws", "score_per_round", "score_candidates")
+SCORING_KEYS = ("random_draws", "score_per_round", "score_candidates", "score_static_curve")
 """The keys of ``phase1`` only the ``score_phase1`` stage reads (dvc.yaml lists them there alone)."""
 
 
@@ -161,6 +165,8 @@ class ScoringKeys:
     """As :attr:`Phase1Config.score_per_round`."""
     score_candidates: int | None = 8
     """As :attr:`Phase1Config.score_candidates`."""
+    score_static_curve: bool = False
+    """As :attr:`Phase1Config.score_static_curve`."""
 
     def __post_init__(self) -> None:
         require(self.random_draws >= 1, "random_draws", f"must be >= 1; got {self.random_draws}")

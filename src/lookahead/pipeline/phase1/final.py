@@ -36,7 +36,7 @@ from lookahead.artifacts.val_scores import ScoringConfig, batches, paired
 from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
 from lookahead.core.windows import set_label
-from lookahead.graph.cost import macs_per_token
+from lookahead.graph.cost import gate_macs, macs_per_token
 from lookahead.graph.deployed import Router, layer_routed, self_consistent
 from lookahead.graph.nodes import static_gates, top_k_gates
 from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
@@ -191,37 +191,44 @@ DEPLOYED_WINDOWS = 64
 
 
 @torch.no_grad()
-def deployed_nll(module, model, scoring: ScoringSet) -> np.ndarray | None:
-    """Per-position NLLs (P,) on the scoring set with the router as deployed: its inputs from the
+def deployed_nll(module, model, scoring: ScoringSet) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-position NLLs (P,) on the scoring set with the router as deployed — its inputs from the
     routed model's own states (:func:`lookahead.graph.deployed.self_consistent`, position by
     position; ``layer``: :func:`lookahead.graph.deployed.layer_routed`, layer by layer), not from
-    a dense pass. None for routers that read no LM state (the dense-state figure is already theirs:
-    ``embedding``) or cannot run that way (``cache``, the cascade)."""
+    a dense pass — and the per-position MACs (P,) of the forward those gates run
+    (:func:`lookahead.graph.cost.gate_macs`: under ``full`` skip a head's keys are the positions it
+    ran at; the router not included). None for routers that read no LM state (the dense-state
+    figure is already theirs: ``embedding``) or cannot run that way (``cache``, the cascade)."""
     cfg = model.cfg
     if cfg.input not in ("lm", "layer") or cfg.gate != "head" or cfg.edges == "learned" or module.zero_inputs:
         return None
     windows = torch.cat([w for w, _ in scoring.batches])
-    out = []
-    if cfg.input == "layer":
-        with eval_mode(model):
-            for chunk in windows.split(DEPLOYED_WINDOWS):
-                ids = chunk[:, :-1]
-                logits, _ = layer_routed(module.lm, model, ids, module.geo(ids) if model.geo_dim else None, module.skip)
-                out.append(token_nll(logits, chunk[:, 1:]).flatten())
-        return torch.cat(out).numpy()
-    router = Router(model, module.lm, module.geo if model.geo_dim else None)
+    out, macs = [], []
+    router = None if cfg.input == "layer" else Router(model, module.lm, module.geo if model.geo_dim else None)
     with eval_mode(model):
         for chunk in windows.split(DEPLOYED_WINDOWS):
-            logits, _ = self_consistent(module.lm, router, chunk[:, :-1], module.skip)
+            ids = chunk[:, :-1]
+            if router is None:
+                logits, gates = layer_routed(module.lm, model, ids, module.geo(ids) if model.geo_dim else None, module.skip)
+            else:
+                logits, gates = self_consistent(module.lm, router, ids, module.skip)
             out.append(token_nll(logits, chunk[:, 1:]).flatten())
-    return torch.cat(out).numpy()
+            on = gates[..., 1:].reshape(*ids.shape, module.n_layers, module.n_heads)  # (B, T, L, H)
+            macs.append(gate_macs(module.lm.config, (on > 0).cpu(), module.skip).flatten())
+    return torch.cat(out).numpy(), torch.cat(macs).numpy()
+
+
+def dense_macs(lm_config, window: int) -> float:
+    """A dense forward's MACs per token, averaged over a window's positions (prefill: (T + 1) / 2 keys)."""
+    return macs_per_token(lm_config, (window + 1) / 2, 1.0, "query")
 
 
 @torch.no_grad()
-def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=None) -> dict:
+def score_final(module, model, scoring: ScoringSet, router_macs: float | None = None) -> dict:
     """One seed's per-position NLLs (P,) and figures on the scoring set (the module docstring).
-    ``deployed_macs_over_dense(fraction)``: the deployed router's MACs per token over dense at an
-    active fraction (None: no equal-MACs comparison)."""
+    ``router_macs``: the router's MACs per token (None: no equal-MACs comparison); the deployed
+    router's MACs per token over dense (``deployed_macs_over_dense``) are its forward's as they ran
+    (``deployed_macs``, per position) plus the router's, over a dense forward's."""
     n = module.n_layers * module.n_heads
     if "dense" not in scoring.shared:
         scoring.shared["dense"] = _cat([token_nll(module.lm(input_ids=w[:, :-1]).logits, w[:, 1:])
@@ -231,15 +238,20 @@ def score_final(module, model, scoring: ScoringSet, deployed_macs_over_dense=Non
     keep = round(fraction * n)
     out = {"dense": scoring.shared["dense"], "hard": hard, "static": static_scores(module, scoring, keep),
            "static_source": scoring.static_source(keep),
-           "active_head_fraction": fraction, "keep": keep, "deployed": deployed_nll(module, model, scoring),
+           "active_head_fraction": fraction, "keep": keep, "deployed": None,
            "random": random_heads_scores(module.lm, [w for w, _ in scoring.batches], keep / n, module.n_layers,
                                          module.n_heads, module.cfg.random_draws, module.cfg.train.seed, module.skip),
            **routing_stats(on, module.n_layers)}
     if not module.zero_inputs:
         out["shuffled"] = routed(module, model, scoring, shuffle=True)[0]
-    if out["deployed"] is not None and deployed_macs_over_dense is not None:
+    deployed = deployed_nll(module, model, scoring)
+    if deployed is not None:
+        out["deployed"], out["deployed_macs"] = deployed
+    if deployed is not None and router_macs is not None:
+        dense = dense_macs(module.lm.config, scoring.window)
+        out["deployed_macs_over_dense"] = (float(np.mean(out["deployed_macs"])) + router_macs) / dense
         out["equal_macs_heads"] = equal_macs_heads(module.lm.config, n, (scoring.window + 1) / 2,
-                                                   deployed_macs_over_dense(fraction))
+                                                   out["deployed_macs_over_dense"])
         out["static_equal_macs"] = static_at(module, scoring, out["equal_macs_heads"])
     if scoring.static is not None:  # both static baselines, the stronger on selection being "static"
         out.update({f"static_{m}": static_scores(module, scoring, keep, m) for m in METHODS})

@@ -25,12 +25,13 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.core.intervals import CI_HIGH, CI_LOW, SE, claim_keys
 from lookahead.core.seeds import reseeded, with_spread
-from lookahead.graph.cost import deployed_macs
+from lookahead.graph.cost import deployed_macs, router_macs
 from lookahead.graph.oracle import routing_stats
 from lookahead.graph.predictor import StructurePredictor, load_init, load_predictor, seed_router_name, twin_router_name
 from lookahead.graph.scoring import GeoLookup, capture
 from lookahead.pipeline.phase1.config import Phase1Config, ScoringKeys
-from lookahead.pipeline.phase1.final import CLAIMS, RECALL_CLAIM, ScoringSet, claims, routed, score_final, scoring_set, seed_figures
+from lookahead.pipeline.phase1.final import (CLAIMS, RECALL_CLAIM, ScoringSet, claims, routed, score_final, scoring_set,
+                                             seed_figures, static_scores)
 from lookahead.pipeline.phase1.module import CACHE_KEYS, Phase1Module
 
 
@@ -57,9 +58,12 @@ the claims' spreads and intervals in the sibling files); every other figure, and
 ``_sd``, is in the report."""
 
 
-TOKEN_NLL = ("dense", "hard", "static", "deployed", "random", "loo", "greedy", "static_equal_macs", "static_importance",
+STATIC_CURVE = "static_heads_"
+"""Score-file keys of the static curve (``phase1.score_static_curve``): ``static_heads_<k>``, (P,) each."""
+TOKEN_NLL = ("dense", "hard", "static", "deployed", "deployed_macs", "random", "loo", "greedy", "static_equal_macs", "static_importance",
              "static_greedy", "recall", "static_recall")
-"""The per-position figures a seed's report carries to the score file (those measured): NLLs, and the
+"""The per-position figures a seed's report carries to the score file (those measured): NLLs, the
+deployed forward's MACs (``deployed_macs``: as its gates ran, the router not included), and the
 router's and the static mask's recall of the greedy oracle's heads."""
 
 
@@ -78,8 +82,7 @@ def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredi
             lm.config, predictor, (length + 1) / 2, fraction, module.skip, state)
     scored = None
     if scoring is not None:
-        scored = score_final(module, predictor, scoring,
-                             None if cost is None else lambda fraction: cost(fraction)["total_over_dense"])
+        scored = score_final(module, predictor, scoring, None if cost is None else router_macs(predictor))
     metrics = {k: training[k] for k in (*CACHE_KEYS, "cache_val", "scored_positions", "window_set")}
     if scored is not None:  # every figure on the scoring set: the cache's val windows' figures stay under cache_val
         metrics = {k: v for k, v in metrics.items() if k not in CACHE_KEYS}
@@ -110,7 +113,9 @@ def score_phase1(training: dict, module: Phase1Module, predictor: StructurePredi
     metrics.update(dict.fromkeys(("deployed_macs_over_dense", "dense_state_macs_over_dense", "router_macs_over_dense")))
     if cost is not None:
         fraction = metrics["active_head_fraction"]
-        metrics.update({"deployed_macs_over_dense": cost(fraction)["total_over_dense"],
+        # as deployed: the gates it ran, counted as they ran, where the scoring set ran them; else the closed form
+        as_run = None if scored is None else scored.get("deployed_macs_over_dense")
+        metrics.update({"deployed_macs_over_dense": cost(fraction)["total_over_dense"] if as_run is None else as_run,
                         "dense_state_macs_over_dense": cost(fraction, True)["total_over_dense"],
                         "router_macs_over_dense": cost(fraction)["router_over_dense"]})
     if twin is not None:
@@ -212,6 +217,10 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
         out["scoring_oracle_search"] = scoring_search(oracle.search if oracle is not None else {}, cfg)
     scores = {"dense": tokens[0]["dense"]}
     scores.update({k: np.stack([t[k] for t in tokens]) for k in TOKEN_NLL[1:] if all(k in t for t in tokens)})
+    if cfg.score_static_curve:  # the frontier's static curve: the stronger mask at every whole head count
+        total = modules[0].n_layers * modules[0].n_heads
+        for keep in tqdm(range(1, total + 1), desc="static curve", unit="count"):
+            scores[f"{STATIC_CURVE}{keep}"] = static_scores(modules[0], scoring, keep)
     if scores_file is not None:
         save_scores(scores_file, scores, scoring.label)
     out.update(claims(scores, scoring))

@@ -8,6 +8,7 @@ import torch
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.core.devices import eval_mode
+from lookahead.graph.cost import gate_macs, router_macs
 from lookahead.graph.gating import budget_terms
 from lookahead.graph.deployed import Router, self_consistent
 from lookahead.graph.nodes import running_heads
@@ -167,8 +168,10 @@ class Phase2Module:
         topologies through the execution plan (the router reading a dense pass's states); where the
         router can run as deployed (:meth:`deployed_router`), ``deployed``: its inputs from the routed
         model's own states, position by position (:func:`lookahead.graph.deployed.self_consistent`);
-        and the mean active-head fraction."""
-        dense, hard, heads, deployed = [], [], [], []
+        and the mean active-head fraction; with ``deployed``, ``deployed_macs``: per position, the
+        MACs of the forward its gates ran (:func:`lookahead.graph.cost.gate_macs`; the router not
+        included) and ``deployed_macs_over_dense``: their mean plus the router's, over a dense forward's."""
+        dense, hard, heads, deployed, macs = [], [], [], [], []
         router = self.deployed_router(model)
         with eval_mode(model):
             generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
@@ -185,11 +188,19 @@ class Phase2Module:
                              else running_heads(gates).mean(-1).flatten())
             if router is not None:
                 windows = torch.cat([w for w, _ in batches])
+                config = model.lm.config
                 for chunk in windows.split(DEPLOYED_WINDOWS):
-                    logits, _ = self_consistent(model.lm, router, chunk[:, :-1], model.skip)
+                    logits, gates = self_consistent(model.lm, router, chunk[:, :-1], model.skip)
                     deployed.append(token_nll(logits, chunk[:, 1:]).flatten())
+                    on = gates[..., 1:].reshape(*chunk[:, :-1].shape, config.num_hidden_layers, -1)  # (B, T, L, H)
+                    macs.append(gate_macs(config, (on > 0).cpu(), model.skip).flatten())
         out = {"dense": torch.cat(dense).cpu().numpy(), "hard": torch.cat(hard).cpu().numpy(),
                "active_head_fraction": torch.cat(heads).double().mean().item()}
         if deployed:
             out["deployed"] = torch.cat(deployed).cpu().numpy()
+            out["deployed_macs"] = torch.cat(macs).numpy()
+            length = batches[0][0].shape[1] - 1
+            dense_macs = gate_macs(config, torch.ones(1, length, config.num_hidden_layers, config.num_attention_heads),
+                                   "query").mean().item()
+            out["deployed_macs_over_dense"] = (float(out["deployed_macs"].mean()) + router_macs(model.predictor)) / dense_macs
         return out

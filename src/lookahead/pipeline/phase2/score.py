@@ -1,8 +1,11 @@
-"""The ``score_phase2`` stage (docs/pipeline.md): phase 2's LM and both controls, every seed's, read back
-from the files their training stages wrote and scored on the scoring windows (the cache's val windows
-with ``windows: cache``) — the per-position NLLs evaluate pairs, the headline figures and their spread
-over seeds, with each training stage's figures merged in. It trains nothing, so a new test set or
-scoring setting reruns it (and evaluate) alone. The measurements are the training modules' own
+"""The ``score_phase2`` and ``score_control`` stages (docs/pipeline.md): phase 2's LM and the static
+control (``score_phase2``), the dense control and the base LM it started from (``score_control``), every
+seed's, read back from the files their training stages wrote and scored on the scoring windows (the
+cache's val windows with ``windows: cache``) — the per-position NLLs evaluate pairs, the headline
+figures and their spread over seeds, with each training stage's figures merged in. They train nothing,
+so a new test set or scoring setting reruns them (and evaluate) alone; the dense control's scoring is
+a stage of its own so that a dense model (the frontier's smaller dense models) is scored without a
+router, phase 2 or a static control. The measurements are the training modules' own
 (:meth:`lookahead.pipeline.phase2.module.Phase2Module.score`,
 :meth:`lookahead.pipeline.phase2.control.ControlModule.score`), so that a model scored in memory and
 read back score alike."""
@@ -55,11 +58,13 @@ def final_label(cfg: Phase2Config, scoring: ScoringConfig, tokens_dir, cache: Co
     return set_label(scoring.set, scoring_windows(tokens_dir, scoring, cache.context_length, cache=cache))
 
 
-def save_seed_scores(path, runs: list[dict]) -> dict[str, np.ndarray]:
+def save_seed_scores(path, runs: list[dict], shared: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Pop each run's ``token_nll`` ({name: (P,)}) and write them, stacked over the runs (seeds, P),
-    to ``path`` (None: not written) with the runs' ``window_set``; return the stacked arrays."""
+    with ``shared`` ({name: (P,)}: one model's, not the seeds') to ``path`` (None: not written) with the
+    runs' ``window_set``; return the stacked arrays."""
     tokens = [run.pop("token_nll") for run in runs]
     stacked = {name: np.stack([t[name] for t in tokens]) for name in tokens[0]}
+    stacked.update(shared or {})
     if path is not None:
         save_scores(path, stacked, runs[0].get("window_set"))
     return stacked
@@ -88,12 +93,15 @@ STATIC_HEADLINE = (*seeded_headline(("start_val_nll", "val_nll", "dense_nll", "a
 ``hard_nll``, ``val_nll``...) and ``cache_window_set`` (the cache's val windows: ``base_``/``start_`` figures)."""
 
 STAGES = ("phase2", "control", "static_control")
-"""The training stages whose models this stage scores, in the order it scores them."""
+"""The training stages whose models the scoring stages score (``score_phase2``: phase2 and static_control;
+``score_control``: control), in the order they score them."""
+BASE_KEY = "base"
+"""The base LM's per-position NLLs in the dense control's score file: the model its training started from."""
 
 _PHASE2_ORDER = ("decoder", "base_val_nll", "start_hard_nll", "start_active_head_fraction", "dense_nll", "hard_nll",
                  "deployed_nll", "soft_nll", "active_head_fraction", "scored_positions", "window_set", "router",
                  "added_parameters", "parameters_added", "hard_minus_dense", "connectivity_weights",
-                 "scored_active_head_fraction", "cache_window_set", "cache_val")
+                 "scored_active_head_fraction", "deployed_macs_over_dense", "cache_window_set", "cache_val")
 """A phase-2 seed's report, key by key, before its data figures (the training report's order)."""
 
 
@@ -113,11 +121,12 @@ def score_phase2(training: dict, module: Phase2Module, batches: list, window_set
         "connectivity_weights": (weight_summary(weights[0], model.connectivity.mask.cpu()) if weights is not None
                                  else None),
         "scored_active_head_fraction": scored["active_head_fraction"],
+        "deployed_macs_over_dense": scored.get("deployed_macs_over_dense"),
     }
     figures["cache_window_set"] = set_label("cache-val", module.cache.windows("val"))
     report = {k: figures[k] if k in figures else training[k] for k in _PHASE2_ORDER}
     report.update({k: v for k, v in training.items() if k not in report})  # the data report, the refresher's
-    report["token_nll"] = {k: scored[k] for k in ("dense", "hard", "deployed") if k in scored}
+    report["token_nll"] = {k: scored[k] for k in ("dense", "hard", "deployed", "deployed_macs") if k in scored}
     return report
 
 
@@ -187,18 +196,25 @@ def read_training(path) -> dict:
 def score_phase2_seeds(models: dict[str, tuple], training: dict[str, dict], base_dir, tokens_dir, contexts_dir,
                        init_file, static_dir, predictor_file, diffusion_dir, scoring: ScoringConfig,
                        scores_files: dict[str, Path] | None = None) -> dict[str, dict]:
-    """The ``score_phase2`` stage: for each of :data:`STAGES`, every seed's model (``models[stage]``:
-    (its output directory, its seeds directory)) read back and scored on the final val set with its
-    training stage's report ``training[stage]`` merged in. Returns each stage's report (the seeded
-    figures' mean and sd over seeds); every seed's per-position NLLs go to ``scores_files[stage]``."""
+    """The ``score_phase2`` and ``score_control`` stages: for each of :data:`STAGES` in ``models``, every
+    seed's model (``models[stage]``: (its output directory, its seeds directory)) read back and scored on
+    the final val set with its training stage's report ``training[stage]`` merged in. Returns each
+    stage's report (the seeded figures' mean and sd over seeds); every seed's per-position NLLs go to
+    ``scores_files[stage]``, and for the dense control the base LM's too (:data:`BASE_KEY`, its
+    ``base_nll`` in the report: the control's start, scored on the same windows)."""
     from lookahead.graph.predictor import load_init
 
     cache = ContextCache(contexts_dir)
     refuse_choices_on_test(scoring, tokens_dir, cache)
-    tensors, _ = load_init(init_file)
-    geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
+    geo = None
+    if "phase2" in models:  # the router's geometric features (the controls read none)
+        tensors, _ = load_init(init_file)
+        geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     reports = {}
-    for stage in STAGES:
+    unknown = set(models) - set(STAGES)
+    if unknown:
+        raise ValueError(f"no scoring for {sorted(unknown)}: the stages scored are {', '.join(STAGES)}")
+    for stage in (s for s in STAGES if s in models):
         per_seed = training[stage]["per_seed"]
         runs = []
         for i, model_dir in enumerate(tqdm(seed_dirs(*models[stage], len(per_seed)), desc=f"score {stage}",
@@ -218,8 +234,16 @@ def score_phase2_seeds(models: dict[str, tuple], training: dict[str, dict], base
             label = final_label(cfg, scoring, tokens_dir, cache)
             score = score_phase2 if stage == "phase2" else score_control
             runs.append(score(per_seed[i], module, batches, label))
-        save_seed_scores((scores_files or {}).get(stage), runs)
+        shared = {}
+        if stage == "control":
+            base = ControlModule(base_lm(base_dir), cache, cfg)
+            base.place(device)
+            base.model.to(device)
+            shared[BASE_KEY] = base.score(base.model, batches)["dense"]
+        save_seed_scores((scores_files or {}).get(stage), runs, shared)
         seeded = {"phase2": SEEDED, "control": CONTROL_SEEDED, "static_control": STATIC_SEEDED}[stage]
         reports[stage] = with_spread(runs[0], runs[1:], seeded)
+        if shared:
+            reports[stage]["base_nll"] = float(np.mean(shared[BASE_KEY]))
     return reports
 

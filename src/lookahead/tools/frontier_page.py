@@ -1,0 +1,139 @@
+"""The frontier study's declaration, headline and figure (``scripts/frontier.py`` runs the points;
+:mod:`lookahead.tools.frontier_fit` draws the frontiers and the claims): rendered from the committed
+point files, so they are rebuilt without running anything.
+
+The headline point is **declared before the test windows are read**: from the selection windows'
+claims (``--set selection``), at each shape the routed point after continued pretraining whose worse
+claim (against the static or the smaller-dense frontier, both measured there) is lowest; the
+declaration (``metrics/frontier_declared.json``) is committed, and only then are the declared points
+scored on the test windows. Their claims are judged together with Holm's step-down correction
+(:func:`lookahead.tools.frontier_fit.holm`) across every declared point and both frontiers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lookahead.tools.frontier_fit import FRONTIERS, claims, frontiers, holm, verdict
+
+DECLARED = Path("metrics/frontier_declared.json")
+HEADLINE = Path("metrics/frontier.json")
+REPORT = Path("metrics/frontier_report.json")
+FIGURE = Path("docs/figures/frontier.png")
+ALPHA = 0.05
+RULE = ("at each shape, the routed point after continued pretraining whose larger estimate of routed − static "
+        "frontier and routed − smaller-dense frontier (both measured) is lowest on the selection windows")
+
+
+def declare(records: list[dict], shapes: list[str], resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+            spread: dict | None = None) -> dict:
+    """The declaration from the selection windows' records: each shape's chosen point (:data:`RULE`),
+    with the selection figures it was chosen on, and the rule. A shape with no point measured against
+    both frontiers declares nothing."""
+    if any(r.get("set") not in (None, "selection") for r in records):
+        raise ValueError("the headline point is declared from the selection windows' records alone")
+    chosen = {}
+    for shape in shapes:
+        after = [c for c in claims(records, shape, resamples, confidence, seed, spread) if c["when"] == "after"]
+        worst: dict[str, float] = {}
+        for c in after:
+            if c["verdict"] != "outside":
+                worst.setdefault(c["point"], []).append(c["estimate"])
+        both = {p: max(v) for p, v in worst.items() if len(v) == 2}
+        if both:
+            point = min(both, key=both.get)
+            chosen[shape] = {"point": point, "selection_worse_estimate": both[point],
+                             "selection_claims": [c for c in after if c["point"] == point]}
+    return {"rule": RULE, "alpha": ALPHA, "declared": chosen}
+
+
+def judged(records: list[dict], declaration: dict, resamples: int = 2000, confidence: float = 0.95,
+           seed: int = 0, spread: dict | None = None) -> list[dict]:
+    """The declared points' claims after continued pretraining on the test windows' ``records``, each
+    with its Holm-adjusted p-value across them all and its verdict at :data:`ALPHA`."""
+    if any(r.get("set") not in (None, "test") for r in records):
+        raise ValueError("the declared points are judged on the test windows' records alone")
+    out = []
+    for shape, chosen in declaration["declared"].items():
+        out += [c for c in claims(records, shape, resamples, confidence, seed, spread)
+                if c["point"] == chosen["point"] and c["when"] == "after"]
+    adjusted = holm([c.get("p_value", 1.0) for c in out])
+    for c, p in zip(out, adjusted):
+        c["holm_p_value"] = p
+        c["verdict"] = verdict(c if "estimate" in c else None, p, declaration.get("alpha", ALPHA))
+    return out
+
+
+def headline(judged_claims: list[dict]) -> dict:
+    """``metrics/frontier.json``: each declared claim's estimate, interval, Holm p-value and verdict, flat
+    (``<point>_minus_<static|dense>``), a few keys per claim so `dvc metrics show` stays narrow."""
+    out = {}
+    for c in judged_claims:
+        key = f"{c['point'].replace('-', '_')}_minus_{c['against']}"
+        out.update({key: c.get("estimate"), f"{key}_ci_low": c.get("ci_low"), f"{key}_ci_high": c.get("ci_high"),
+                    f"{key}_holm_p": c["holm_p_value"], f"{key}_macs": c["macs_over_dense"]})
+    return out
+
+
+def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
+    """NLL against MACs over dense, one line per method (static, smaller dense, routed full, routed
+    query), before and after continued pretraining side by side, one row per shape; bars: ±1.96 · the
+    standard error of the mean over the windows (each window's mean over the rows): the token
+    component alone; the claims' intervals add the seeds' and the bases'."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from lookahead.core.atomic import atomic_file
+
+    fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 4.5 * len(shapes)), dpi=100, squeeze=False)
+    for row, shape in zip(axes, shapes):
+        f = frontiers(records, shape)
+        routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
+        for ax, when in zip(row, ("before", "after")):
+            for kind, color in (("static", "tab:gray"), ("dense", "tab:green")):
+                pts = sorted(f[f"{kind}_{when}"], key=lambda p: p[0])
+                x = [m for m, _, _ in pts]
+                y = [a.mean() for _, a, _ in pts]
+                err = [1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts]
+                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, label=f"{kind} frontier")
+            for skip, color in (("full", "tab:blue"), ("query", "tab:orange")):
+                file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
+                macs_key = "deployed" if when == "before" else "phase2_deployed"
+                pts = sorted(((r["macs"][macs_key], np.asarray(r["windows"][file][key])) for r in routed
+                              if r["skip"] == skip and r["macs"].get(macs_key) is not None
+                              and key in r["windows"].get(file, {})), key=lambda p: p[0])
+                if pts:
+                    ax.errorbar([m for m, _ in pts], [a.mean() for _, a in pts],
+                                yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a in pts],
+                                fmt="s--", capsize=3, color=color, label=f"routed ({skip} skip)")
+            ax.set_title(f"{shape}: {'before' if when == 'before' else 'after'} continued pretraining")
+            ax.set_xlabel("MACs per token / dense")
+            ax.set_ylabel("test NLL (nats)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def report(records: list[dict], shapes: list[str], declaration: dict | None, judged_claims: list[dict] | None,
+           resamples: int = 2000, confidence: float = 0.95, seed: int = 0, spread: dict | None = None) -> dict:
+    """``metrics/frontier_report.json``: every point's claims, the frontiers' points, the declaration and
+    the judged claims."""
+    return {"shapes": shapes, "frontiers": {shape: {name: [{"macs_over_dense": m, "nll": float(a.mean()), "label": label,
+                                                            "rows": int(a.shape[0])} for m, a, label in pts]
+                                                     for name, pts in frontiers(records, shape).items() if name in FRONTIERS}
+                                             for shape in shapes},
+            "claims": [c for shape in shapes for c in claims(records, shape, resamples, confidence, seed, spread)],
+            "between_base_spread": spread,
+            "declaration": declaration, "judged": judged_claims,
+            "points": [{k: v for k, v in r.items() if k != "windows"} for r in records]}
+
+
+def read_declaration(path: Path = DECLARED) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

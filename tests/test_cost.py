@@ -1,0 +1,94 @@
+"""MACs per token (lookahead.graph.cost) counted from the gates as they run, against the closed form,
+hand counts and the evaluate table's independent attention count; and an attention narrower than
+the residual stream (``base.arch.head_dim``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Olmo2Config
+
+from lookahead.graph.cost import attention_width, gate_macs, lm_head_macs, macs_per_token
+from lookahead.graph.nodes import baseline_graph
+from lookahead.lm.olmo2 import ArchConfig, head_dim_of, olmo2_config
+from lookahead.pipeline.evaluate.rows import Shapes, position_figures
+from lookahead.core.errors import ConfigError
+
+
+def config(**kw) -> Olmo2Config:
+    return Olmo2Config(hidden_size=8, intermediate_size=12, num_hidden_layers=4, num_attention_heads=4, vocab_size=61, **kw)
+
+
+def test_a_narrower_attention_costs_its_own_width_in_every_projection_and_key():
+    """head_dim 2 at 4 heads: the attention is 8 wide at d = 16 — Q, K, V, O 16·8 each, QK and
+    AV 2·keys·8 at every head — and the LM head (16·61) is the part no attention width changes."""
+    cfg = Olmo2Config(hidden_size=16, intermediate_size=12, num_hidden_layers=4, num_attention_heads=4,
+                      vocab_size=61, head_dim=2)
+    assert head_dim_of(cfg) == 2 and attention_width(cfg) == 8 and lm_head_macs(cfg) == 16 * 61
+    assert macs_per_token(cfg, 5, 1.0, "query") == 4 * (4 * 16 * 8 + 2 * 5 * 8 + 3 * 16 * 12) + 16 * 61
+    assert macs_per_token(cfg, 5, 0.5, "full") == 4 * (0.5 * 2 * 16 * 8 + 0.5 * (2 * 16 * 8 + 2 * 2.5 * 8)
+                                                       + 3 * 16 * 12) + 16 * 61
+    assert head_dim_of(config()) == 2 and attention_width(config()) == 8  # no head_dim: hidden / heads
+
+
+@pytest.mark.parametrize("mode", ["full", "query", "static"])
+def test_gates_all_on_cost_a_dense_forward_at_each_positions_keys(mode):
+    """Every head on: position t attends t + 1 keys, whatever the mode; the mean over a window of T
+    is the closed form at the prefill mean (T + 1) / 2."""
+    cfg = config()
+    macs = gate_macs(cfg, torch.ones(2, 7, 4, 4), mode)
+    assert macs.shape == (2, 7)
+    for t in range(7):
+        assert macs[0, t].item() == pytest.approx(macs_per_token(cfg, t + 1, 1.0, mode))
+    assert macs.mean().item() == pytest.approx(macs_per_token(cfg, 4.0, 1.0, mode))
+
+
+def test_a_static_mask_costs_the_closed_form_and_routed_gates_count_the_keys_that_ran():
+    """A static mask (half the heads, every position): the closed form's ``static`` at t + 1 keys.
+    One head at alternate positions (full skip): its keys at t are the positions <= t where it ran,
+    counted by hand; under ``query`` every head has its key and value anyway."""
+    cfg = config()
+    static = torch.zeros(1, 6, 4, 4)
+    static[..., :2] = 1
+    macs = gate_macs(cfg, static, "static")
+    for t in range(6):
+        assert macs[0, t].item() == pytest.approx(macs_per_token(cfg, t + 1, 0.5, "static"))
+    one = torch.zeros(1, 6, 4, 4)
+    one[0, ::2, 0, 0] = 1  # layer 0, head 0 at t = 0, 2, 4
+    base = 4 * 3 * 8 * 12 + 8 * 61  # MLPs and the LM head
+    ran = [1, 0, 2, 0, 3, 0]  # keys it attends where it runs
+    for t in range(6):
+        on = t % 2 == 0
+        assert gate_macs(cfg, one, "full")[0, t].item() == base + on * (4 * 8 * 2 + 2 * ran[t] * 2)
+        assert gate_macs(cfg, one, "query")[0, t].item() == base + 16 * 2 * 8 * 2 + on * (2 * 8 * 2 + 2 * (t + 1) * 2)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        gate_macs(cfg, one, "pruned")
+
+
+@pytest.mark.parametrize("skip", ["full", "query"])
+@pytest.mark.parametrize("head_dim", [None, 6])
+def test_gate_macs_agree_with_the_evaluate_tables_attention_flops(skip, head_dim):
+    """The evaluate table counts attention FLOPs (2 per MAC) from the graph's gates its own way
+    (:func:`lookahead.pipeline.evaluate.rows.position_figures`); beside the MLPs and the LM head,
+    :func:`gate_macs` is half of it at every position, random gates included."""
+    cfg = config(**({} if head_dim is None else {"head_dim": head_dim}))
+    lm = type("LM", (), {"config": cfg})()
+    gates = (torch.rand(3, 9, 1 + 16, generator=torch.Generator().manual_seed(2)) < 0.4).float()
+    gates[..., 0] = 1
+    figures = position_figures(baseline_graph(gates, 4, 4, skip), gates, Shapes.of(lm), skip)
+    macs = gate_macs(cfg, gates[..., 1:].reshape(3, 9, 4, 4), skip)
+    rest = 4 * 3 * 8 * 12 + lm_head_macs(cfg)
+    torch.testing.assert_close(macs - rest, figures["attn_flops"].double() / 2)
+
+
+def test_head_dim_sets_the_attention_width_and_is_checked():
+    tokenizer = type("Tok", (), {"__len__": lambda self: 61, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2})()
+    narrow = olmo2_config(ArchConfig(hidden_size=128, n_heads=4, head_dim=16), tokenizer)
+    assert narrow.head_dim == 16 and attention_width(narrow) == 64
+    assert "head_dim" not in olmo2_config(ArchConfig(), tokenizer).to_dict()  # the default model's config.json as it was
+    ArchConfig(hidden_size=128, n_heads=3, head_dim=16)  # heads need not divide the stream once head_dim is set
+    for bad in (7, 0):
+        with pytest.raises(ConfigError, match="head_dim"):
+            ArchConfig(head_dim=bad)
+    with pytest.raises(ConfigError, match="n_heads"):
+        ArchConfig(hidden_size=128, n_heads=3)
