@@ -77,10 +77,10 @@ def headline(judged_claims: list[dict]) -> dict:
 
 
 def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
-    """NLL against MACs over dense, one line per method (static, smaller dense, routed full, routed
-    query), before and after continued pretraining side by side, one row per shape; bars: ±1.96 · the
-    standard error of the mean over the windows (each window's mean over the rows): the token
-    component alone; the claims' intervals add the seeds' and the bases'."""
+    """NLL on the records' windows against MACs over dense, one line per method (static, smaller dense,
+    routed full, routed query), before and after continued pretraining side by side, one row per shape;
+    bars: ±1.96 · the standard error of the mean over the windows (each window's mean over the rows):
+    the token component alone; the claims' intervals add the seeds' and the bases'."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,17 +89,21 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
 
     from lookahead.core.atomic import atomic_file
 
+    windows = " and ".join(sorted({r.get("set") or "test" for r in records}))
     fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 4.5 * len(shapes)), dpi=100, squeeze=False)
     for row, shape in zip(axes, shapes):
         f = frontiers(records, shape)
         routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
         for ax, when in zip(row, ("before", "after")):
-            for kind, color in (("static", "tab:gray"), ("dense", "tab:green")):
+            # the static line drawn wide beneath the dense one: where they share points (a static control
+            # keeping k heads is a dense model of that width) both stay visible
+            for kind, color, width in (("static", "tab:gray", 5.0), ("dense", "tab:green", 1.5)):
                 pts = sorted(f[f"{kind}_{when}"], key=lambda p: p[0])
                 x = [m for m, _, _ in pts]
                 y = [a.mean() for _, a, _ in pts]
                 err = [1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts]
-                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, label=f"{kind} frontier")
+                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, linewidth=width, alpha=0.8,
+                            label=f"{kind} frontier")
             for skip, color in (("full", "tab:blue"), ("query", "tab:orange")):
                 file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
                 macs_key = "deployed" if when == "before" else "phase2_deployed"
@@ -112,7 +116,7 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
                                 fmt="s--", capsize=3, color=color, label=f"routed ({skip} skip)")
             ax.set_title(f"{shape}: {'before' if when == 'before' else 'after'} continued pretraining")
             ax.set_xlabel("MACs per token / dense")
-            ax.set_ylabel("test NLL (nats)")
+            ax.set_ylabel(f"NLL on the {windows} windows (nats)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
