@@ -69,13 +69,18 @@ VARIANT_SETTINGS = {
     "router64": {"predictor.hidden": 64},  # a smaller router: ~1/4 of its MACs (at this width ~5 % of a dense forward)
     "router32": {"predictor.hidden": 32},
     "perlayer": {"predictor.budget": "topk_layer"},  # every layer keeps the same share of its heads
+    "perlayerstatic": {"predictor.budget": "topk_layer_static"},  # each layer the count static importance keeps there
     "phase2x2": {"phase2.train.steps": 400},  # twice the continued pretraining (the controls alike)
 }
 """The research target's variants (``--variants``): each at the routed points where it can change the
-answer (full skip, deep), on the selection windows like every other point."""
+answer (full skip, deep, and where the router costs most of what routing saves), on the selection
+windows like every other point."""
 VARIANT_GRID = (("4x4", "full", 0.25, "router64"), ("4x4", "full", 0.25, "router32"),
                 ("4x4", "full", 0.125, "router32"), ("4x4", "full", 0.25, "perlayer"),
-                ("4x4", "full", 0.25, "phase2x2"), ("4x8", "full", 0.0625, ""), ("4x8", "full", 0.125, "router32"))
+                ("4x4", "full", 0.25, "perlayerstatic"), ("4x4", "full", 0.25, "phase2x2"),
+                # where the router eats what routing saves (0.99 of dense MACs as deployed at these points)
+                ("4x4", "query", 0.5, "router32"), ("4x8", "full", 0.75, "router32"),
+                ("4x8", "full", 0.0625, ""), ("4x8", "full", 0.125, "router32"))
 
 
 @dataclasses.dataclass(frozen=True)
