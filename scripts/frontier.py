@@ -81,6 +81,9 @@ VARIANT_GRID = (("4x4", "full", 0.25, "router64"), ("4x4", "full", 0.25, "router
                 # where the router eats what routing saves (0.99 of dense MACs as deployed at these points)
                 ("4x4", "query", 0.5, "router32"), ("4x8", "full", 0.75, "router32"),
                 ("4x8", "full", 0.0625, ""), ("4x8", "full", 0.125, "router32"))
+DENSE_VARIANTS = (("phase2x2", 64), ("phase2x2", 32))
+"""(variant, width): the smaller dense models whose controls train as a variant's do — the phase2x2
+point (0.89 of dense MACs) is measured against a dense frontier trained alike, between these widths."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +99,17 @@ class Point:
 
     @property
     def name(self) -> str:
+        tail = f"-{self.variant}" if self.variant else ""
         if self.kind == "routed":
-            return f"{self.shape}-{self.skip}-keep{round(self.keep * 1000)}" + (f"-{self.variant}" if self.variant else "")
-        return f"{self.shape}-dense{self.width}-s{self.seed}"
+            return f"{self.shape}-{self.skip}-keep{round(self.keep * 1000)}{tail}"
+        return f"{self.shape}-dense{self.width}-s{self.seed}{tail}"
+
+    @property
+    def controls(self) -> str:
+        """The continued-pretraining settings its controls train under ("": the grid's): a variant that
+        changes them is measured against frontiers trained alike (:func:`lookahead.tools.frontier_fit.frontiers`)."""
+        return ",".join(f"{k}={v}" for k, v in sorted(VARIANT_SETTINGS.get(self.variant, {}).items())
+                        if k.startswith("phase2."))
 
     @property
     def heads(self) -> int:
@@ -111,7 +122,8 @@ class Point:
                     **VARIANT_SETTINGS.get(self.variant, {})}
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise StudyError(f"{self.name}: width {self.width} is no even head dim at {self.heads} heads")
-        return {**out, "base.arch.head_dim": self.width // self.heads, "base.train.seed": self.seed}
+        return {**out, "base.arch.head_dim": self.width // self.heads, "base.train.seed": self.seed,
+                **VARIANT_SETTINGS.get(self.variant, {})}
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -120,8 +132,11 @@ class Point:
 
 def variants(shapes=tuple(SHAPES)) -> list[Point]:
     """The variants of :data:`VARIANT_GRID` at ``shapes``."""
-    return [Point(shape, "routed", skip, keep, variant=variant) for shape, skip, keep, variant in VARIANT_GRID
-            if shape in shapes]
+    routed = [Point(shape, "routed", skip, keep, variant=variant) for shape, skip, keep, variant in VARIANT_GRID
+              if shape in shapes]
+    dense = [Point(DENSE_SHAPE, "dense", width=w, seed=seed, variant=variant) for variant, w in DENSE_VARIANTS
+             for seed in BASE_SEEDS if DENSE_SHAPE in shapes]
+    return routed + dense
 
 
 def grid(shapes=tuple(SHAPES)) -> list[Point]:
@@ -176,8 +191,8 @@ def point_record(point: Point, rev: str, times: dict, scoring_set: str) -> dict:
         raise StudyError(f"{point.name}: the run holds {arch['n_layers']} x {arch['n_heads']} heads")
     window = arch["context_length"]
     files = ("phase1", "phase2", "static_control", "control") if point.kind == "routed" else ("control",)
-    record = {"point": point.name, **dataclasses.asdict(point), "set": scoring_set, "rev": rev[:12],
-              "stage_seconds": times, "windows": {}}
+    record = {"point": point.name, **dataclasses.asdict(point), "controls": point.controls, "set": scoring_set,
+              "rev": rev[:12], "stage_seconds": times, "windows": {}}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Olmo2Config.from_dict(json.loads(output_file(rev, "models/base/config.json", Path(tmp)).read_text()))
         for name in files:

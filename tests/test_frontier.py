@@ -290,3 +290,51 @@ def test_a_point_record_reads_a_runs_files_and_counts_its_macs(study, tmp_path, 
     assert list(record["windows"]) == ["control"] and np.asarray(record["windows"]["control"]["base"]).shape == (1, 4)
     assert record["macs"]["dense"] == pytest.approx(macs_per_token(narrow, 4.5, 1.0, "query") / dense)
     assert record["macs"]["dense"] < 1
+
+
+def test_a_variant_adds_no_frontier_point_and_one_trained_longer_meets_controls_trained_alike(study):
+    """A smaller router at a grid share runs the same static control: the static frontier after keeps one
+    point per head count. A variant that continues pretraining longer is measured after it against its own
+    static and dense controls and the narrower dense models trained as long — not the grid's controls —
+    and before it against the same frontiers as every point (the same base LMs)."""
+    import numpy as np
+
+    from lookahead.tools import frontier_page as page
+    from lookahead.tools.frontier_fit import claims as frontier_claims, frontiers
+
+    rng = np.random.default_rng(2)
+    records = _synthetic(study, rng)
+    grid = records[0]
+    router = dict(grid, point="4x4-full-keep500-router32", variant="router32", controls="",
+                  macs=dict(grid["macs"], deployed=0.82, phase2_deployed=0.82))
+    longer = json.loads(json.dumps(dict(grid, point="4x4-full-keep500-phase2x2", variant="phase2x2")))
+    longer["controls"] = study.Point("4x4", "routed", "full", 0.5, variant="phase2x2").controls
+    assert longer["controls"] == "phase2.train.steps=400"
+    longer["windows"]["static_control"]["hard"] = (np.asarray(grid["windows"]["static_control"]["hard"]) - 0.3).tolist()
+    longer["windows"]["control"]["dense"] = (np.asarray(grid["windows"]["control"]["dense"]) - 0.3).tolist()
+    dense_longer = dict(records[3], point="4x4-dense64-s0-phase2x2", variant="phase2x2", controls=longer["controls"],
+                        windows={"control": {"base": records[3]["windows"]["control"]["base"],
+                                             "dense": (np.asarray(records[3]["windows"]["control"]["dense"]) - 0.3).tolist()}})
+    every = records + [router, longer, dense_longer]
+    with_variants, without = frontiers(every, "4x4"), frontiers(records, "4x4")
+    for name, pts in without.items():  # the grid's frontiers, point for point
+        assert [(m, label) for m, _, label in with_variants[name]] == [(m, label) for m, _, label in pts]
+        assert all(np.array_equal(a, b) for (_, a, _), (_, b, _) in zip(with_variants[name], pts))
+    alike = frontiers(every, "4x4", longer["controls"])
+    assert [label for _, _, label in alike["static_after"]] == ["static control 2/4", "dense control"]
+    assert np.array_equal(alike["static_after"][1][1], np.asarray(longer["windows"]["control"]["dense"]))
+    assert [(m, a.shape[0]) for m, a, _ in alike["dense_after"]] == [(1.0, 1), (0.8, 1)]
+    assert [(m, a.shape[0]) for m, a, _ in alike["dense_before"]] == [(1.0, 1), (0.8, 3)]  # the grid's base LMs
+    by = {(c["point"], c["when"], c["against"]): c for c in frontier_claims(every, "4x4", resamples=300)}
+    ran = np.asarray(longer["windows"]["phase2"]["deployed"]).mean()
+    own = np.asarray(longer["windows"]["static_control"]["hard"]).mean()
+    assert by["4x4-full-keep500-phase2x2", "after", "static"]["estimate"] == pytest.approx(ran - own)
+    assert by["4x4-full-keep500-phase2x2", "after", "static"]["controls"] == "phase2.train.steps=400"
+    assert by["4x4-full-keep500-phase2x2", "before", "static"]["estimate"] == pytest.approx(
+        by["4x4-full-keep500", "before", "static"]["estimate"])  # the same router before, the same frontier
+    assert by["4x4-full-keep500-router32", "after", "static"]["variant"] == "router32"
+    report = page.report(every, ["4x4"], None, None, resamples=100)
+    assert list(report["frontiers_trained_otherwise"]["4x4"]) == ["phase2.train.steps=400"]
+    dense_points = [p for p in study.variants() if p.kind == "dense"]
+    assert [p.name for p in dense_points] == ["4x4-dense64-s0-phase2x2", "4x4-dense32-s0-phase2x2"]
+    assert dense_points[0].overrides("selection")["phase2.train.steps"] == 400

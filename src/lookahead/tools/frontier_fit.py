@@ -116,40 +116,59 @@ def _rows(record: dict, file: str, key: str):
     return np.asarray(record["windows"][file][key], dtype=np.float64)  # (rows, windows)
 
 
-def frontiers(records: list[dict], shape: str) -> dict[str, list[tuple[float, object, str]]]:
+def controls(record: dict) -> str:
+    """The settings a point's controls continued pretraining under ("" the grid's; a variant that trains
+    longer names them): its after-frontiers are drawn from controls trained alike."""
+    return record.get("controls", "")
+
+
+def frontiers(records: list[dict], shape: str, trained: str = "") -> dict[str, list[tuple[float, object, str]]]:
     """Each frontier of ``shape`` as (MACs over dense, (rows, windows) per-window NLLs, label) points:
 
-    - ``static_before``: the stronger static mask at every whole head count (a full-skip routed
-      point's static curve; all heads: the base LM itself);
-    - ``static_after``: each full-skip routed point's static control at its share, and the dense control at 1;
+    - ``static_before``: the stronger static mask at every whole head count (a full-skip grid point's
+      static curve; all heads: the base LM itself);
+    - ``static_after``: the static control at each full-skip point's share (one per head count, a grid
+      point's first), and the dense control at 1;
     - ``dense_before`` / ``dense_after``: at each attention width, the base LMs of the base seeds (one
       row each) and their dense controls (each base seed's control seeds averaged: one row per base);
       the full width is the shape's own base, the narrower ones every dense record's (of any shape:
       the same MACs at the same width).
+
+    The after-frontiers hold controls whose continued pretraining ran under ``trained`` (:func:`controls`)
+    alone; the before-frontiers do not depend on it (the same base LMs).
     """
     routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
-    full = sorted((r for r in routed if r["skip"] == "full"), key=lambda r: r["keep"])
+    grid = sorted((r for r in routed if r["skip"] == "full" and not r.get("variant")), key=lambda r: r["keep"])
+    alike = [r for r in routed if controls(r) == trained]
     out: dict[str, list] = {k: [] for k in FRONTIERS}
-    if full:
-        curve, n = full[0], full[0]["heads_total"]
+    if grid:
+        curve, n = grid[0], grid[0]["heads_total"]
         out["static_before"] = [(curve["macs"][f"static_heads_{k}"], _rows(curve, "phase1", f"static_heads_{k}"),
                                  f"static {k}/{n}") for k in range(1, n + 1)]
-        out["static_after"] = [(r["macs"]["static_control"], _rows(r, "static_control", "hard"),
-                                f"static control {r['static_control_heads']}/{n}") for r in full]
-        out["static_after"].append((1.0, _rows(curve, "control", "dense"), "dense control"))
-    widths: dict[int, list[tuple[float, object, object]]] = {}
-    if routed:  # the base recipe at seed 0: the routed points' own base and its control
-        r = routed[0]
-        widths.setdefault(FULL_WIDTH, []).append((1.0, _rows(r, "control", "base"), _rows(r, "control", "dense")))
+    full = sorted((r for r in alike if r["skip"] == "full"), key=lambda r: (bool(r.get("variant")), r["keep"]))
+    by_heads = {}
+    for r in full:  # the variants of a share run the same static control: one point per head count
+        by_heads.setdefault(r["static_control_heads"], r)
+    for heads, r in sorted(by_heads.items()):
+        out["static_after"].append((r["macs"]["static_control"], _rows(r, "static_control", "hard"),
+                                    f"static control {heads}/{r['heads_total']}"))
+    if alike:
+        out["static_after"].append((1.0, _rows(alike[0], "control", "dense"), "dense control"))
+    before: dict[int, list[tuple[float, object]]] = {}
+    after: dict[int, list[tuple[float, object]]] = {}
+    if routed:  # the base recipe at seed 0: the routed points' own base, and its control trained alike
+        before[FULL_WIDTH] = [(1.0, _rows(routed[0], "control", "base"))]
+    if alike:
+        after[FULL_WIDTH] = [(1.0, _rows(alike[0], "control", "dense"))]
     for r in (r for r in records if r["kind"] == "dense"):  # one dense frontier for every shape (the same MACs)
-        widths.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "base"),
-                                                   _rows(r, "control", "dense")))
-    for width, seeds in sorted(widths.items(), reverse=True):
-        macs = seeds[0][0]
-        before = np.vstack([b.mean(0, keepdims=True) for _, b, _ in seeds])  # (base seeds, windows)
-        after = np.vstack([a.mean(0, keepdims=True) for _, _, a in seeds])
-        out["dense_before"].append((macs, before, f"dense {width}"))
-        out["dense_after"].append((macs, after, f"dense {width} + control"))
+        if not controls(r):
+            before.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "base")))
+        if controls(r) == trained:
+            after.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "dense")))
+    for name, widths, label in (("dense_before", before, ""), ("dense_after", after, " + control")):
+        for width, seeds in sorted(widths.items(), reverse=True):
+            rows = np.vstack([a.mean(0, keepdims=True) for _, a in seeds])  # (base seeds, windows)
+            out[name].append((seeds[0][0], rows, f"dense {width}{label}"))
     return out
 
 
@@ -178,9 +197,11 @@ def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: f
     point's, every point carries the between-base sd of the NLL level at that stage, measured on one
     recipe and *assumed* the same at every width (``base_sd`` in the claim); against the static frontier,
     which runs on the routed point's own base LM, the claim is conditional on that base (none added)."""
-    f = frontiers(records, shape)
+    routed_records = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
+    by_training = {t: frontiers(records, shape, t) for t in {controls(r) for r in routed_records}}
     out = []
-    for r in (r for r in records if r["shape"] == shape and r["kind"] == "routed"):
+    for r in routed_records:
+        f = by_training[controls(r)]
         for when, file, macs_key in CLAIM_SIDES:
             macs = r["macs"].get(macs_key)
             if macs is None or "deployed" not in r["windows"].get(file, {}):
@@ -190,7 +211,8 @@ def claims(records: list[dict], shape: str, resamples: int = 2000, confidence: f
                 points = [(m, a) for m, a, _ in f[f"{against}_{when}"]]
                 base_sd, bases = (spread or {}).get(when, (0.0, 0)) if against == "dense" else (0.0, 0)
                 claim = frontier_claim(routed, macs, points, base_sd, bases, resamples, confidence, seed)
-                out.append({"point": r["point"], "skip": r["skip"], "keep": r["keep"], "when": when, "against": against,
+                out.append({"point": r["point"], "skip": r["skip"], "keep": r["keep"], "variant": r.get("variant", ""),
+                            "controls": controls(r), "when": when, "against": against,
                             "macs_over_dense": macs, "routed_nll": float(routed.mean()), "base_sd": base_sd,
                             "bases": bases, **({} if claim is None else claim), "verdict": verdict(claim)})
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lookahead.tools.frontier_fit import FRONTIERS, claims, frontiers, holm, verdict
+from lookahead.tools.frontier_fit import FRONTIERS, claims, controls, frontiers, holm, verdict
 
 DECLARED = Path("metrics/frontier_declared.json")
 HEADLINE = Path("metrics/frontier.json")
@@ -78,7 +78,8 @@ def headline(judged_claims: list[dict]) -> dict:
 
 def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
     """NLL on the records' windows against MACs over dense, one line per method (static, smaller dense,
-    routed full, routed query), before and after continued pretraining side by side, one row per shape;
+    routed full, routed query; the frontiers the grid's, the variants unjoined points), before and after
+    continued pretraining side by side, one row per shape;
     bars: ±1.96 · the standard error of the mean over the windows (each window's mean over the rows):
     the token component alone; the claims' intervals add the seeds' and the bases'."""
     import matplotlib
@@ -104,16 +105,21 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
                 err = [1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts]
                 ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, linewidth=width, alpha=0.8,
                             label=f"{kind} frontier")
-            for skip, color in (("full", "tab:blue"), ("query", "tab:orange")):
-                file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
-                macs_key = "deployed" if when == "before" else "phase2_deployed"
+            file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
+            macs_key = "deployed" if when == "before" else "phase2_deployed"
+            # the grid's points joined per skip mode; each variant a point of its own (one setting changed)
+            for label, chosen, color, fmt in (
+                    ("routed (full skip)", lambda r: r["skip"] == "full" and not r.get("variant"), "tab:blue", "s--"),
+                    ("routed (query skip)", lambda r: r["skip"] == "query" and not r.get("variant"), "tab:orange",
+                     "s--"),
+                    ("routed variants", lambda r: bool(r.get("variant")), "tab:purple", "D")):
                 pts = sorted(((r["macs"][macs_key], np.asarray(r["windows"][file][key])) for r in routed
-                              if r["skip"] == skip and r["macs"].get(macs_key) is not None
+                              if chosen(r) and r["macs"].get(macs_key) is not None
                               and key in r["windows"].get(file, {})), key=lambda p: p[0])
                 if pts:
                     ax.errorbar([m for m, _ in pts], [a.mean() for _, a in pts],
                                 yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a in pts],
-                                fmt="s--", capsize=3, color=color, label=f"routed ({skip} skip)")
+                                fmt=fmt, capsize=3, color=color, label=label)
             ax.set_title(f"{shape}: {'before' if when == 'before' else 'after'} continued pretraining")
             ax.set_xlabel("MACs per token / dense")
             ax.set_ylabel(f"NLL on the {windows} windows (nats)")
@@ -129,10 +135,18 @@ def report(records: list[dict], shapes: list[str], declaration: dict | None, jud
            resamples: int = 2000, confidence: float = 0.95, seed: int = 0, spread: dict | None = None) -> dict:
     """``metrics/frontier_report.json``: every point's claims, the frontiers' points, the declaration and
     the judged claims."""
-    return {"shapes": shapes, "frontiers": {shape: {name: [{"macs_over_dense": m, "nll": float(a.mean()), "label": label,
-                                                            "rows": int(a.shape[0])} for m, a, label in pts]
-                                                     for name, pts in frontiers(records, shape).items() if name in FRONTIERS}
-                                             for shape in shapes},
+    def listed(points):
+        return [{"macs_over_dense": m, "nll": float(a.mean()), "label": label, "rows": int(a.shape[0])}
+                for m, a, label in points]
+
+    return {"shapes": shapes,
+            "frontiers": {shape: {name: listed(pts) for name, pts in frontiers(records, shape).items() if name in FRONTIERS}
+                          for shape in shapes},
+            # the after-frontiers a variant whose controls train otherwise (frontier_fit.controls) is measured against
+            "frontiers_trained_otherwise": {
+                shape: {t: {name: listed(pts) for name, pts in frontiers(records, shape, t).items() if name.endswith("_after")}
+                        for t in sorted({controls(r) for r in records if r["shape"] == shape} - {""})}
+                for shape in shapes},
             "claims": [c for shape in shapes for c in claims(records, shape, resamples, confidence, seed, spread)],
             "between_base_spread": spread,
             "declaration": declaration, "judged": judged_claims,
