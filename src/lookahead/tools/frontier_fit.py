@@ -152,14 +152,14 @@ def frontiers(records: list[dict], shape: str, trained: str = "") -> dict[str, l
     for heads, r in sorted(by_heads.items()):
         out["static_after"].append((r["macs"]["static_control"], _rows(r, "static_control", "hard"),
                                     f"static control {heads}/{r['heads_total']}"))
-    if alike:
-        out["static_after"].append((1.0, _rows(alike[0], "control", "dense"), "dense control"))
     before: dict[int, list[tuple[float, object]]] = {}
     after: dict[int, list[tuple[float, object]]] = {}
     if routed:  # the base recipe at seed 0: the routed points' own base, and its control trained alike
         before[FULL_WIDTH] = [(1.0, _rows(routed[0], "control", "base"))]
-    if alike:
-        after[FULL_WIDTH] = [(1.0, _rows(alike[0], "control", "dense"))]
+    if alike:  # the dense control: the static frontier's point at 1 and the dense frontier's full width
+        control = _rows(alike[0], "control", "dense")
+        out["static_after"].append((1.0, control, "dense control"))
+        after[FULL_WIDTH] = [(1.0, control)]
     for r in (r for r in records if r["kind"] == "dense"):  # one dense frontier for every shape (the same MACs)
         if not controls(r):
             before.setdefault(r["width"], []).append((r["macs"]["dense"], _rows(r, "control", "base")))
