@@ -292,11 +292,11 @@ def test_a_point_record_reads_a_runs_files_and_counts_its_macs(study, tmp_path, 
     assert record["macs"]["dense"] < 1
 
 
-def test_a_variant_adds_no_frontier_point_and_one_trained_longer_meets_controls_trained_alike(study):
+def test_a_variant_adds_no_frontier_point_and_one_trained_longer_meets_controls_trained_alike(study, tmp_path):
     """A smaller router at a grid share runs the same static control: the static frontier after keeps one
     point per head count. A variant that continues pretraining longer is measured after it against its own
     static and dense controls and the narrower dense models trained as long — not the grid's controls —
-    and before it against the same frontiers as every point (the same base LMs)."""
+    and before it against the same frontiers as every point (the same base LMs); the figure draws it so."""
     import numpy as np
 
     from lookahead.tools import frontier_page as page
@@ -335,6 +335,13 @@ def test_a_variant_adds_no_frontier_point_and_one_trained_longer_meets_controls_
     assert by["4x4-full-keep500-router32", "after", "static"]["variant"] == "router32"
     report = page.report(every, ["4x4"], None, None, resamples=100)
     assert list(report["frontiers_trained_otherwise"]["4x4"]) == ["phase2.train.steps=400"]
+    drawn = page.figure(every, ["4x4"], tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(drawn["4x4 before"]["routed variants"]) == [0.82, longer["macs"]["deployed"]]
+    assert drawn["4x4 after"]["routed variants"] == [0.82]  # the longer one is not set against the grid's controls
+    assert drawn["4x4 after"]["routed variant (phase2.train.steps=400)"] == [longer["macs"]["phase2_deployed"]]
+    assert drawn["4x4 after"]["static frontier (phase2.train.steps=400)"] == [m for m, _, _ in alike["static_after"]]
+    assert drawn["4x4 after"]["static frontier"] == [m for m, _, _ in without["static_after"]]
     dense_points = [p for p in study.variants() if p.kind == "dense"]
     assert [p.name for p in dense_points] == ["4x4-dense64-s0-phase2x2", "4x4-dense32-s0-phase2x2"]
     assert dense_points[0].overrides("selection")["phase2.train.steps"] == 400

@@ -76,12 +76,16 @@ def headline(judged_claims: list[dict]) -> dict:
     return out
 
 
-def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
+def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[str, dict[str, list[float]]]:
     """NLL on the records' windows against MACs over dense, one line per method (static, smaller dense,
-    routed full, routed query; the frontiers the grid's, the variants unjoined points), before and after
-    continued pretraining side by side, one row per shape;
+    routed full, routed query; the frontiers the grid's, the variants unjoined points; after continued
+    pretraining a variant whose controls train otherwise beside the frontiers trained alike, dotted),
+    before and after continued pretraining side by side, one row per shape;
     bars: ±1.96 · the standard error of the mean over the windows (each window's mean over the rows):
-    the token component alone; the claims' intervals add the seeds' and the bases'."""
+    the token component alone; the claims' intervals add the seeds' and the bases'.
+
+    Returns:
+        each panel's ("<shape> <before|after>") series: {label: the MACs over dense of its points}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,10 +96,12 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
 
     windows = " and ".join(sorted({r.get("set") or "test" for r in records}))
     fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 4.5 * len(shapes)), dpi=100, squeeze=False)
+    drawn: dict[str, dict[str, list[float]]] = {}
     for row, shape in zip(axes, shapes):
         f = frontiers(records, shape)
         routed = [r for r in records if r["shape"] == shape and r["kind"] == "routed"]
         for ax, when in zip(row, ("before", "after")):
+            panel = drawn.setdefault(f"{shape} {when}", {})
             # the static line drawn wide beneath the dense one: where they share points (a static control
             # keeping k heads is a dense model of that width) both stay visible
             for kind, color, width in (("static", "tab:gray", 5.0), ("dense", "tab:green", 1.5)):
@@ -105,14 +111,28 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
                 err = [1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts]
                 ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, linewidth=width, alpha=0.8,
                             label=f"{kind} frontier")
+                panel[f"{kind} frontier"] = x
             file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
             macs_key = "deployed" if when == "before" else "phase2_deployed"
-            # the grid's points joined per skip mode; each variant a point of its own (one setting changed)
-            for label, chosen, color, fmt in (
-                    ("routed (full skip)", lambda r: r["skip"] == "full" and not r.get("variant"), "tab:blue", "s--"),
-                    ("routed (query skip)", lambda r: r["skip"] == "query" and not r.get("variant"), "tab:orange",
-                     "s--"),
-                    ("routed variants", lambda r: bool(r.get("variant")), "tab:purple", "D")):
+            # the grid's points joined per skip mode; each variant a point of its own (one setting changed);
+            # after continued pretraining a variant whose controls train otherwise is drawn with the
+            # frontiers it is measured against (dotted), not the grid's
+            series = [("routed (full skip)", lambda r: r["skip"] == "full" and not r.get("variant"), "tab:blue", "s--"),
+                      ("routed (query skip)", lambda r: r["skip"] == "query" and not r.get("variant"), "tab:orange",
+                       "s--"),
+                      ("routed variants", lambda r: bool(r.get("variant")) and (when == "before" or not controls(r)),
+                       "tab:purple", "D")]
+            if when == "after":
+                for t in sorted({controls(r) for r in routed} - {""}):
+                    alike = frontiers(records, shape, t)
+                    for kind, color in (("static", "tab:gray"), ("dense", "tab:green")):
+                        pts = sorted(alike[f"{kind}_after"], key=lambda p: p[0])
+                        ax.errorbar([m for m, _, _ in pts], [a.mean() for _, a, _ in pts],
+                                    yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts],
+                                    fmt="x:", capsize=3, color=color, alpha=0.8, label=f"{kind} frontier ({t})")
+                        panel[f"{kind} frontier ({t})"] = [m for m, _, _ in pts]
+                    series.append((f"routed variant ({t})", lambda r, t=t: controls(r) == t, "tab:red", "P"))
+            for label, chosen, color, fmt in series:
                 pts = sorted(((r["macs"][macs_key], np.asarray(r["windows"][file][key])) for r in routed
                               if chosen(r) and r["macs"].get(macs_key) is not None
                               and key in r["windows"].get(file, {})), key=lambda p: p[0])
@@ -120,6 +140,7 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
                     ax.errorbar([m for m, _ in pts], [a.mean() for _, a in pts],
                                 yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a in pts],
                                 fmt=fmt, capsize=3, color=color, label=label)
+                    panel[label] = [m for m, _ in pts]
             ax.set_title(f"{shape}: {'before' if when == 'before' else 'after'} continued pretraining")
             ax.set_xlabel("MACs per token / dense")
             ax.set_ylabel(f"NLL on the {windows} windows (nats)")
@@ -129,6 +150,7 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> None:
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+    return drawn
 
 
 def report(records: list[dict], shapes: list[str], declaration: dict | None, judged_claims: list[dict] | None,
