@@ -231,6 +231,14 @@ def test_the_results_page_section_shows_the_declared_claims_and_every_point(stud
     for c in judged:
         assert f"| `{c['point']}` | {c['against']} frontier |" in text and f"{c['holm_p_value']:.3g}" in text
     assert text.count("| `4x4-") == len(judged) + 12  # the declared claims, then every point's 12
+    from lookahead.tools.results_frontier import frontier_line
+
+    assert frontier_line(tmp_path / "none.json") is None
+    line = frontier_line(path)  # README's summary line: every judged claim, drawn from the report
+    for c in judged:
+        assert f"− {c['against']} frontier {c['estimate']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]: {c['verdict']}" in line
+    met = all(c["verdict"] == "below" for c in judged)
+    assert line.endswith("met at " + judged[0]["point"] + "." if met else "missed.")
 
 
 def test_a_point_record_reads_a_runs_files_and_counts_its_macs(study, tmp_path, monkeypatch):

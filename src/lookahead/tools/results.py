@@ -47,7 +47,7 @@ from lookahead.core.atomic import atomic_file
 from lookahead.core.report import read_headline
 from lookahead.tools.results_findings import (BASES, HEAD_SCALING, bases_section, decoders_section, head_scaling_section,
                                               modulator_section, phase1_section, phase2_section, summary)
-from lookahead.tools.results_frontier import FRONTIER, frontier_section
+from lookahead.tools.results_frontier import FRONTIER, frontier_line, frontier_section
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
 from lookahead.tools.verdicts import Figures, scored_on, table
 
@@ -64,7 +64,8 @@ def render_readme(root: Path, readme: str) -> str:
         raise ValueError(f"README.md has no results block ({BEGIN} … {END})")
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    block = "\n".join(summary(_stages(root), _runtime(root), _bases(root)))
+    line = frontier_line(root / FRONTIER)
+    block = "\n".join(summary(_stages(root), _runtime(root), _bases(root)) + ([line] if line else []))
     return f"{head}{BEGIN}\n{block}\n{END}{tail}"
 
 

@@ -39,3 +39,27 @@ def frontier_section(path: Path) -> list[str]:
         out += table(("point", "continued pretraining", "MACs / dense", "routed NLL", "against", "routed − frontier",
                        "verdict"), rows) + [""]
     return out
+
+
+def frontier_line(path: Path) -> str | None:
+    """README's line for the study: each declared point's test claims with their Holm verdicts, and
+    whether the research target (a declared point below both frontiers) is met; None before the test
+    windows are scored."""
+    if not path.is_file():
+        return None
+    judged = json.loads(path.read_text(encoding="utf-8")).get("judged") or []
+    if not judged:
+        return None
+    points: dict[str, list[dict]] = {}
+    for c in judged:
+        points.setdefault(c["point"], []).append(c)
+    parts = [f"`{point}` ({claims[0]['macs_over_dense']:.3f} of dense MACs) "
+             + ", ".join(f"− {c['against']} frontier "
+                         f"{interval_cell(c.get('estimate'), c.get('ci_low'), c.get('ci_high'))}: {c['verdict']}"
+                         for c in claims)
+             for point, claims in points.items()]
+    met = [p for p, claims in points.items() if len(claims) == 2 and all(c["verdict"] == "below" for c in claims)]
+    target = f"met at {', '.join(met)}" if met else "missed"
+    return (f"- **NLL against MACs** (after continued pretraining; points declared on the selection windows, "
+            f"test windows, Holm's correction across {len(judged)} claims; [frontier](docs/research/frontier.md)): "
+            f"{'; '.join(parts)}. Below both frontiers (the research target): {target}.")
