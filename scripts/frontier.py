@@ -334,7 +334,7 @@ def write(shapes: list[str], scoring_set: str, declare: bool, commit_each: bool)
         if declaration is None:
             raise StudyError(f"no {page.DECLARED}: declare the headline on the selection windows first (--declare)")
         judged = page.judged(found, declaration, **kw)
-        write_json(page.HEADLINE, page.headline(judged))
+        write_json(page.HEADLINE, page.headline(judged, declaration))
     write_json(page.REPORT if scoring_set == "test" else page.REPORT.with_name("frontier_selection_report.json"),
                page.report(found, shapes, declaration, judged, **kw))
     page.figure(found, shapes, page.FIGURE if scoring_set == "test" else page.FIGURE.with_name("frontier_selection.png"))

@@ -138,11 +138,13 @@ def test_the_headline_point_is_declared_on_selection_and_judged_on_test_with_hol
     assert [c["holm_p_value"] for c in judged] == pytest.approx(holm([c["p_value"] for c in judged]))
     with pytest.raises(ValueError, match="test"):
         frontier_page.judged(selection, declaration)
-    head = frontier_page.headline(judged)
-    key = chosen["point"].replace("-", "_") + "_minus_dense"
+    head = frontier_page.headline(judged, declaration)
     dense = next(c for c in judged if c["against"] == "dense")
-    assert head[key] == dense["estimate"] and head[f"{key}_holm_p"] == dense["holm_p_value"]
-    assert len(json.dumps(head)) < 1200  # a few keys a claim
+    assert head["4x4_dense"] == round(dense["estimate"], 4) and head["4x4_dense_hi"] == round(dense["ci_high"], 4)
+    assert head["4x4_dense_holm_p"] == pytest.approx(dense["holm_p_value"], rel=0.05)
+    assert head["4x4_macs"] == round(dense["macs_over_dense"], 4)
+    two_shapes = dict(head, **{k.replace("4x4", "4x8"): v for k, v in head.items()})
+    assert frontier_page.metrics_width(two_shapes) <= 400  # `dvc metrics show` with both shapes declared
     frontier_page.figure(test, ["4x4"], tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = frontier_page.report(test, ["4x4"], declaration, judged, resamples=300)
@@ -176,9 +178,25 @@ def test_the_study_declares_once_on_selection_then_writes_the_headline_from_test
     headline = json.loads(page.HEADLINE.read_text())
     judged = json.loads(page.REPORT.read_text())["judged"]
     for claim in judged:
-        key = f"{claim['point'].replace('-', '_')}_minus_{claim['against']}"
-        assert headline[key] == pytest.approx(claim["estimate"]) and headline[f"{key}_holm_p"] == claim["holm_p_value"]
+        key = f"4x4_{claim['against']}"
+        assert headline[key] == round(claim["estimate"], 4)
+        assert headline[f"{key}_holm_p"] == pytest.approx(claim["holm_p_value"], rel=0.05)
     assert page.FIGURE.is_file()
+
+
+def test_the_committed_headline_is_drawn_from_the_report_and_fits_a_terminal():
+    """metrics/frontier.json is the committed report's judged claims, rendered by the study's headline,
+    and `dvc metrics show` prints it within 400 columns."""
+    from lookahead.tools import frontier_page as page
+    from tests.consistency import REPO
+
+    if not (REPO / page.HEADLINE).is_file():
+        pytest.skip("the study has not been scored on the test windows")
+    report = json.loads((REPO / page.REPORT).read_text())
+    committed = json.loads((REPO / page.HEADLINE).read_text())
+    assert committed == page.headline(report["judged"], report["declaration"])
+    assert report["declaration"] == json.loads((REPO / page.DECLARED).read_text())
+    assert page.metrics_width(committed) <= 400
 
 
 def test_the_between_base_spread_goes_to_the_dense_frontier_claims_alone(study):

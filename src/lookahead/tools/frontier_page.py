@@ -65,15 +65,27 @@ def judged(records: list[dict], declaration: dict, resamples: int = 2000, confid
     return out
 
 
-def headline(judged_claims: list[dict]) -> dict:
-    """``metrics/frontier.json``: each declared claim's estimate, interval, Holm p-value and verdict, flat
-    (``<point>_minus_<static|dense>``), a few keys per claim so `dvc metrics show` stays narrow."""
+def headline(judged_claims: list[dict], declaration: dict) -> dict:
+    """``metrics/frontier.json``: each declared claim's estimate, interval and Holm p-value, keyed by the
+    shape and the frontier (``<shape>_<static|dense>``, the point named in the declaration), and each
+    declared point's MACs over dense; rounded (4 decimals, p to 2 significant digits) so that
+    `dvc metrics show` stays within 400 columns."""
+    shape_of = {chosen["point"]: shape for shape, chosen in declaration["declared"].items()}
     out = {}
     for c in judged_claims:
-        key = f"{c['point'].replace('-', '_')}_minus_{c['against']}"
-        out.update({key: c.get("estimate"), f"{key}_ci_low": c.get("ci_low"), f"{key}_ci_high": c.get("ci_high"),
-                    f"{key}_holm_p": c["holm_p_value"], f"{key}_macs": c["macs_over_dense"]})
+        shape = shape_of[c["point"]]
+        key = f"{shape}_{c['against']}"
+        rounded = {key: c.get("estimate"), f"{key}_lo": c.get("ci_low"), f"{key}_hi": c.get("ci_high")}
+        out.update({k: None if v is None else round(v, 4) for k, v in rounded.items()})
+        out[f"{key}_holm_p"] = float(f"{c['holm_p_value']:.2g}")
+        out[f"{shape}_macs"] = round(c["macs_over_dense"], 4)
     return out
+
+
+def metrics_width(head: dict, path: str = str(HEADLINE)) -> int:
+    """The columns `dvc metrics show` takes for ``head``: the path, then a column per key as wide as its
+    name or its value."""
+    return len(path) + sum(max(len(k), len(str(v))) + 2 for k, v in head.items())
 
 
 def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[str, dict[str, list[float]]]:
