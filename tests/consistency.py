@@ -28,6 +28,25 @@ EXPORTED = (*results.COMMITTED, "docs/research")
 """What the checks read, as a revision holds it."""
 
 
+def metrics_width(shown: dict, name: str) -> int:
+    """How wide `dvc metrics show <name>` prints, from `dvc metrics show --json`'s output ``shown``:
+    DVC's own table (dvc.compare), as its command renders it."""
+    import io
+
+    from dvc.compare import metrics_table
+
+    one = {rev: {"data": {name: data["data"][name]}} for rev, data in shown.items()}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics_table(one, precision=5, round_digits=True).render()
+    return max(len(line) for line in out.getvalue().splitlines())
+
+
+def headline_width(name: str, figures: dict) -> int:
+    """:func:`metrics_width` of a headline file ``name`` holding ``figures`` in the workspace."""
+    return metrics_width({"workspace": {"data": {name: {"data": figures}}}}, name)
+
+
 @contextlib.contextmanager
 def committed(repo: Path = REPO, rev: str = "HEAD"):
     """A temporary directory holding :data:`EXPORTED` as committed at ``rev`` of ``repo``."""
@@ -126,8 +145,7 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     for key in study.HEADLINE_CLAIMS:
         for suffix in ("", "_ci_low", "_ci_high"):
             assert whole[f"{key}_at_largest{suffix}"] == largest[key + suffix], key + suffix
-    # `dvc metrics show metrics/head_scaling.json`: a column per key, as wide as its name or value
-    width = len("metrics/head_scaling.json") + sum(max(len(k), len(str(v))) + 2 for k, v in table.items())
+    width = headline_width("metrics/head_scaling.json", table)  # `dvc metrics show metrics/head_scaling.json`
     assert width <= 400, width
 
 

@@ -144,7 +144,7 @@ def test_the_headline_point_is_declared_on_selection_and_judged_on_test_with_hol
     assert head["4x4_dense_holm_p"] == pytest.approx(dense["holm_p_value"], rel=0.05)
     assert head["4x4_macs"] == round(dense["macs_over_dense"], 4)
     two_shapes = dict(head, **{k.replace("4x4", "4x8"): v for k, v in head.items()})
-    assert frontier_page.metrics_width(two_shapes) <= 400  # `dvc metrics show` with both shapes declared
+    assert consistency.headline_width(str(frontier_page.HEADLINE), two_shapes) <= 400  # both shapes declared
     frontier_page.figure(test, ["4x4"], tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = frontier_page.report(test, ["4x4"], declaration, judged, resamples=300)
@@ -196,7 +196,7 @@ def test_the_committed_headline_is_drawn_from_the_report_and_fits_a_terminal():
     committed = json.loads((REPO / page.HEADLINE).read_text())
     assert committed == page.headline(report["judged"], report["declaration"])
     assert report["declaration"] == json.loads((REPO / page.DECLARED).read_text())
-    assert page.metrics_width(committed) <= 400
+    assert consistency.headline_width(str(page.HEADLINE), committed) <= 400
 
 
 def test_the_between_base_spread_goes_to_the_dense_frontier_claims_alone(study):

@@ -9,9 +9,7 @@ experiments (`dvc exp run --queue` + `dvc queue start`) land in the same MLflow 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import re
@@ -29,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from lookahead.core.config import flatten
 from lookahead.core.report import MAX_HEADLINE, read_headline
 from tests.conftest import QUEUED_EXPERIMENTS, lock_outs, sh
+from tests.consistency import metrics_width
 
 pytestmark = pytest.mark.slow
 STAGES = ("corpus", "tokenizer", "base", "wordnet", "probe", "init", "contexts", "modulator", "oracle", "static_baselines",
@@ -44,18 +43,6 @@ stages' written by their scoring stages)."""
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def metrics_width(shown: dict, name: str) -> int:
-    """How wide `dvc metrics show <name>` prints, from `dvc metrics show --json`'s output ``shown``:
-    DVC's own table (dvc.compare), as its command renders it."""
-    from dvc.compare import metrics_table
-
-    one = {rev: {"data": {name: data["data"][name]}} for rev, data in shown.items()}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        metrics_table(one, precision=5, round_digits=True).render()
-    return max(len(line) for line in out.getvalue().splitlines())
 
 
 def stage_runs(repo: Path) -> list:

@@ -82,12 +82,6 @@ def headline(judged_claims: list[dict], declaration: dict) -> dict:
     return out
 
 
-def metrics_width(head: dict, path: str = str(HEADLINE)) -> int:
-    """The columns `dvc metrics show` takes for ``head``: the path, then a column per key as wide as its
-    name or its value."""
-    return len(path) + sum(max(len(k), len(str(v))) + 2 for k, v in head.items())
-
-
 def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[str, dict[str, list[float]]]:
     """NLL on the records' windows against MACs over dense, one line per method (static, smaller dense,
     routed full, routed query; the frontiers the grid's, the variants unjoined points; after continued
