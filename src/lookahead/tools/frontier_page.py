@@ -100,6 +100,14 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[
 
     from lookahead.core.atomic import atomic_file
 
+    def bars(ax, points, **style) -> list[float]:
+        """``points`` ((MACs, (rows, windows) NLLs)) as one series in MACs order, the bars ±1.96 · the
+        standard error over the windows; returns their MACs."""
+        points = sorted(points, key=lambda p: p[0])
+        ax.errorbar([m for m, _ in points], [a.mean() for _, a in points],
+                    yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a in points], capsize=3, **style)
+        return [m for m, _ in points]
+
     windows = " and ".join(sorted({r.get("set") or "test" for r in records}))
     fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 4.5 * len(shapes)), dpi=100, squeeze=False)
     drawn: dict[str, dict[str, list[float]]] = {}
@@ -111,13 +119,8 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[
             # the static line drawn wide beneath the dense one: where they share points (a static control
             # keeping k heads is a dense model of that width) both stay visible
             for kind, color, width in (("static", "tab:gray", 5.0), ("dense", "tab:green", 1.5)):
-                pts = sorted(f[f"{kind}_{when}"], key=lambda p: p[0])
-                x = [m for m, _, _ in pts]
-                y = [a.mean() for _, a, _ in pts]
-                err = [1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts]
-                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, color=color, linewidth=width, alpha=0.8,
-                            label=f"{kind} frontier")
-                panel[f"{kind} frontier"] = x
+                panel[f"{kind} frontier"] = bars(ax, [(m, a) for m, a, _ in f[f"{kind}_{when}"]], fmt="o-", color=color,
+                                                 linewidth=width, alpha=0.8, label=f"{kind} frontier")
             file, key = ("phase1", "deployed") if when == "before" else ("phase2", "deployed")
             macs_key = "deployed" if when == "before" else "phase2_deployed"
             # the grid's points joined per skip mode; each variant a point of its own (one setting changed);
@@ -132,21 +135,15 @@ def figure(records: list[dict], shapes: list[str], path: Path = FIGURE) -> dict[
                 for t in sorted({controls(r) for r in routed} - {""}):
                     alike = frontiers(records, shape, t)
                     for kind, color in (("static", "tab:gray"), ("dense", "tab:green")):
-                        pts = sorted(alike[f"{kind}_after"], key=lambda p: p[0])
-                        ax.errorbar([m for m, _, _ in pts], [a.mean() for _, a, _ in pts],
-                                    yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a, _ in pts],
-                                    fmt="x:", capsize=3, color=color, alpha=0.8, label=f"{kind} frontier ({t})")
-                        panel[f"{kind} frontier ({t})"] = [m for m, _, _ in pts]
+                        panel[f"{kind} frontier ({t})"] = bars(ax, [(m, a) for m, a, _ in alike[f"{kind}_after"]],
+                                                               fmt="x:", color=color, alpha=0.8,
+                                                               label=f"{kind} frontier ({t})")
                     series.append((f"routed variant ({t})", lambda r, t=t: controls(r) == t, "tab:red", "P"))
             for label, chosen, color, fmt in series:
-                pts = sorted(((r["macs"][macs_key], np.asarray(r["windows"][file][key])) for r in routed
-                              if chosen(r) and r["macs"].get(macs_key) is not None
-                              and key in r["windows"].get(file, {})), key=lambda p: p[0])
+                pts = [(r["macs"][macs_key], np.asarray(r["windows"][file][key])) for r in routed
+                       if chosen(r) and r["macs"].get(macs_key) is not None and key in r["windows"].get(file, {})]
                 if pts:
-                    ax.errorbar([m for m, _ in pts], [a.mean() for _, a in pts],
-                                yerr=[1.96 * a.mean(0).std(ddof=1) / np.sqrt(a.shape[1]) for _, a in pts],
-                                fmt=fmt, capsize=3, color=color, label=label)
-                    panel[label] = [m for m, _ in pts]
+                    panel[label] = bars(ax, pts, fmt=fmt, color=color, label=label)
             ax.set_title(f"{shape}: {'before' if when == 'before' else 'after'} continued pretraining")
             ax.set_xlabel("MACs per token / dense")
             ax.set_ylabel(f"NLL on the {windows} windows (nats)")
