@@ -36,10 +36,13 @@ def pytest_itemcollected(item):
     """The tests of one tiny run change its repository one after the other: under pytest-xdist
     (`make test`: ``-n 2 --dist loadgroup``) each run's tests are one group, run in order by one
     worker, while the other worker takes the other run's tests and the unit tests. (Marked as each
-    test is collected: pytest-xdist reads the groups in its own ``pytest_collection_modifyitems``.)"""
+    test is collected: pytest-xdist reads the groups in its own ``pytest_collection_modifyitems``.)
+    Such a test is `slow` too, whatever its module says: it waits for a DVC pipeline run, which
+    `make test-fast` leaves out."""
     run = next((run for run in TINY_RUNS if run in item.fixturenames), None)  # the closure: fixtures' fixtures too
     if run is not None:
         item.add_marker(pytest.mark.xdist_group(run))
+        item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):
@@ -337,13 +340,19 @@ def queued_experiments(pipeline_repo, tmp_path_factory) -> tuple[Path, dict, str
     for name, (assignment, _) in QUEUED_EXPERIMENTS.items():
         sh(["dvc", "exp", "run", "--queue", "-n", name, "-S", assignment], path, env)
     sh(["dvc", "queue", "start", "-j", "1"], path, env)
-    deadline, status = time.time() + 600, ""
+    # Wait on the experiments' git refs (refs/exps/<baseline>/<name>, written as each one lands: a git
+    # call costs milliseconds), asking the queue itself (a DVC process: about 2 s of a core, taken from
+    # the experiments it waits for) every 20 s, to see a failure, and once every ref is there.
+    deadline, status, asked = time.time() + 600, "", time.time()
     while time.time() < deadline:
-        status = sh(["dvc", "queue", "status"], path, env)
-        rows = [line for line in status.splitlines() if line.split()[1:2] and line.split()[1] in QUEUED_EXPERIMENTS]
-        if len(rows) == len(QUEUED_EXPERIMENTS) and all("Success" in r or "Failed" in r for r in rows):
-            break
-        time.sleep(2)
+        refs = sh(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], path, env).split()
+        landed = {ref.rsplit("/", 1)[-1] for ref in refs} >= set(QUEUED_EXPERIMENTS)
+        if landed or time.time() - asked > 20:
+            status, asked = sh(["dvc", "queue", "status"], path, env), time.time()
+            rows = [line for line in status.splitlines() if line.split()[1:2] and line.split()[1] in QUEUED_EXPERIMENTS]
+            if len(rows) == len(QUEUED_EXPERIMENTS) and all("Success" in r or "Failed" in r for r in rows):
+                break
+        time.sleep(1)
     for name in QUEUED_EXPERIMENTS:
         row = next((line for line in status.splitlines() if name in line.split()), "")
         assert "Success" in row, status + sh(["dvc", "queue", "logs", name], path, env, check=False)

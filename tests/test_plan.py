@@ -268,7 +268,8 @@ def test_long_context_sparse_heads_take_the_staircase_and_stay_exact(model, monk
     assert calls
 
 
-@pytest.mark.xdist_group("compiled_decode")  # compiles: on the worker that compiles the decode step's graphs
+@pytest.mark.slow  # compiles flex attention's graphs: kept out of `make test-fast`
+@pytest.mark.xdist_group("compiled_decode")  # on the worker that compiles the decode step's graphs
 def test_flex_attention_is_exact_on_every_path_it_takes(model):
     """FlexAttention forced (``attention: flex``): per-token ``query`` prefill over packed active
     queries (a partial last block, a head that never runs in a row), and decoding that visits only
