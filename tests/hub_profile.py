@@ -8,7 +8,8 @@ models replaced by tiny ones of the same kind in a local hub cache, the sizes of
   pipeline reads them there — the hub's code path, without the network.
 - :func:`runnable_profile`: every count (steps, batch sizes, windows) the tiny profile sets lower,
   one seed per research stage (the tiny runs cover seeds), the modulator's windows at the context
-  length, the greedy oracle on one window, two rounds: down to 254 of the 256 heads, every device ``cpu``;
+  length, the greedy oracle on one window, two rounds: down to 254 of the 256 heads, the greedy static
+  mask down to 224, every device ``cpu``;
   everything else — sources, model ids, the predictor's cascade gates, pairs' target, phase 2's
   settings, precisions, learning rates — the 1B profile's.
 """
@@ -46,6 +47,9 @@ def runnable_profile(repo_root: Path) -> dict[str, Any]:
     # (keep 0.97), 13 s with two, for the same code path.
     out["oracle"].update(windows=1, rows=real["oracle"]["rows"])
     out["predictor"]["keep"] = 0.992  # round(0.992 x 256) = 254
+    # the lazy greedy static mask likewise: 32 steps (down to 224 heads: the router's 254 and the
+    # counts near it), where down to 0 it took 136 s of a test run, the longest stage of this run
+    out["static_baselines"]["min_keep"] = 224
     out["modulator"]["seq_len"] = out["base"]["arch"]["context_length"]  # the 1B profile's 1024 > the stand-in's context
     # the 1B profile's micro-batches and checkpointing run here too, as many micro-batches as the tiny batch holds
     for name in ("phase1", "phase2"):
