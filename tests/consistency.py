@@ -145,6 +145,11 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     for key in study.HEADLINE_CLAIMS:
         for suffix in ("", "_ci_low", "_ci_high"):
             assert whole[f"{key}_at_largest{suffix}"] == largest[key + suffix], key + suffix
+    if report["fits_75"]:  # the 75 % rows' claim, at the largest point's 75 % row and over the leg
+        key = study.QUARTER_HEADLINE_CLAIM
+        for suffix in ("", "_ci_low", "_ci_high"):
+            assert whole[f"{key}_75_at_largest{suffix}"] == largest["off_75"][key + suffix], key + suffix
+        assert whole[f"{key}_75_slope"] == report["fits_75"][key]["slope_per_doubling"]["estimate"]
     width = headline_width("metrics/head_scaling.json", table)  # `dvc metrics show metrics/head_scaling.json`
     assert width <= 400, width
 

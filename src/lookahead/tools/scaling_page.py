@@ -69,8 +69,10 @@ def fits(rows: list[dict], scoring, claims: tuple[str, ...] = FIT_CLAIMS) -> dic
 
 # what metrics/head_scaling.json keeps (DESIGN §1: a few keys a researcher compares across experiments;
 # the intervals in metrics/head_scaling_ci.json): two claims at the largest point and their slope over the
-# heads-per-layer leg; every point, claim and fit is in the report
+# heads-per-layer leg, and phase 1's claim at 75 % off the same way (`<claim>_75_…`: the one regime where
+# the per-token advantage grew with the heads); every point, claim and fit is in the report
 HEADLINE_CLAIMS = ("deployed_minus_static_pruning", "phase2_minus_static_control")
+QUARTER_HEADLINE_CLAIM = "deployed_minus_static_pruning"
 # the claims phase 1 at 75 % off has (no phase 2 there), and those of them fitted across points
 QUARTER_KEYS = ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture",
                 "deployed_ratio")
@@ -84,11 +86,14 @@ def headline(study: dict) -> dict:
     window_sets = {r["window_set"] for r in rows}
     out = {"points": ",".join(r["point"] for r in rows), "largest_point": largest["point"],
            "window_set": window_sets.pop() if len(window_sets) == 1 else None}
-    for k in HEADLINE_CLAIMS:
-        out.update({f"{k}_at_largest{suffix}": largest.get(k + suffix) for suffix in ("", "_ci_low", "_ci_high")})
-        slope = study["fits"].get(k, {}).get("slope_per_doubling") or {}
-        out.update({f"{k}_slope": slope.get("estimate"), f"{k}_slope_ci_low": slope.get("ci_low"),
-                    f"{k}_slope_ci_high": slope.get("ci_high")})
+    claims = [(k, k, largest, study["fits"]) for k in HEADLINE_CLAIMS]
+    if QUARTER_HEADLINE_CLAIM in study.get("fits_75", {}):  # the 75 % rows (`make head-scaling SCALING_ARGS=--quarter`)
+        claims.append((QUARTER_HEADLINE_CLAIM, f"{QUARTER_HEADLINE_CLAIM}_75", largest.get("off_75") or {}, study["fits_75"]))
+    for k, name, at_largest, fitted in claims:
+        out.update({f"{name}_at_largest{suffix}": at_largest.get(k + suffix) for suffix in ("", "_ci_low", "_ci_high")})
+        slope = fitted.get(k, {}).get("slope_per_doubling") or {}
+        out.update({f"{name}_slope": slope.get("estimate"), f"{name}_slope_ci_low": slope.get("ci_low"),
+                    f"{name}_slope_ci_high": slope.get("ci_high")})
     return out
 
 
