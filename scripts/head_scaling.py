@@ -50,8 +50,8 @@ from pathlib import Path
 from lookahead.tools.experiments import (StudyError, commit, experiment_rev, fail, output_file, read_json, read_params,
                                          run_experiment, sh)
 from lookahead.tools.scaling_page import (BEGIN, CLAIMS, END, HEADLINE_CLAIMS, PAGE, QUARTER_FIT_CLAIMS,  # noqa: F401
-                                           QUARTER_KEYS, REPORT, STAGES, TABLE, fits, headline, markdown,
-                                           quarter_rows, without_windows, write)
+                                           QUARTER_HEADLINE_CLAIM, QUARTER_KEYS, REPORT, STAGES, TABLE, fits,
+                                           headline, markdown, quarter_rows, without_windows, write)
 
 POINT_DIR = Path("metrics/head_scaling")
 TARGETS = ("score_phase1", "score_phase2", "score_control")  # and every stage they read: phase 1, phase 2, both controls
