@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.static_baselines import METHODS, StaticBaselines
@@ -139,8 +140,9 @@ def static_scores(module, scoring: ScoringSet, keep: int, method: str | None = N
 @torch.no_grad()
 def greedy_scores(module, scoring: ScoringSet, keep: int) -> tuple[np.ndarray, torch.Tensor]:
     """The greedy label-free oracle keeping ``keep`` heads: per-position NLL (P,) and its heads (P, L·H) bool."""
-    if ("greedy", keep) not in scoring.shared:
-        gates = [module.greedy_gates(w[:, :-1], keep) for w, _ in scoring.batches]
+    if ("greedy", keep) not in scoring.shared:  # the scoring stage's longest step: a bar over its batches
+        gates = [module.greedy_gates(w[:, :-1], keep)
+                 for w, _ in tqdm(scoring.batches, desc=f"greedy oracle, {keep} heads", unit="batch", leave=False)]
         nll = _over(module, scoring, lambda i, w: gates[i])
         on = torch.cat([g[..., 1:].reshape(-1, module.n_layers * module.n_heads) > 0 for g in gates]).cpu()
         scoring.shared["greedy", keep] = (nll, on)
@@ -152,7 +154,7 @@ def loo_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
     """Per-position NLL (P,) of the leave-one-out KL oracle keeping its ``keep`` top heads."""
     if "loo_kl" not in scoring.shared:
         scoring.shared["loo_kl"] = [leave_one_out_kl(module.lm, w[:, :-1], module.n_layers, module.n_heads, module.skip)
-                                    for w, _ in scoring.batches]
+                                    for w, _ in tqdm(scoring.batches, desc="leave-one-out KL", unit="batch", leave=False)]
     if ("loo", keep) not in scoring.shared:
         kl = scoring.shared["loo_kl"]
         scoring.shared["loo", keep] = _over(module, scoring, lambda i, w: top_k_gates(kl[i], keep))
