@@ -167,10 +167,12 @@ def report(records: list[dict], shapes: list[str], declaration: dict | None, jud
     return {"shapes": shapes,
             "frontiers": {shape: {name: listed(pts) for name, pts in frontiers(records, shape).items() if name in FRONTIERS}
                           for shape in shapes},
-            # the after-frontiers a variant whose controls train otherwise (frontier_fit.controls) is measured against
+            # the after-frontiers a routed variant whose controls train otherwise (frontier_fit.controls) is
+            # measured against, as the claims and the figure take them
             "frontiers_trained_otherwise": {
                 shape: {t: {name: listed(pts) for name, pts in frontiers(records, shape, t).items() if name.endswith("_after")}
-                        for t in sorted({controls(r) for r in records if r["shape"] == shape} - {""})}
+                        for t in sorted({controls(r) for r in records
+                                         if r["shape"] == shape and r["kind"] == "routed"} - {""})}
                 for shape in shapes},
             "claims": [c for shape in shapes for c in claims(records, shape, resamples, confidence, seed, spread)],
             "between_base_spread": spread,
