@@ -154,7 +154,23 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     assert width <= 400, width
 
 
+def frontier_headline_is_drawn_from_its_report(root: Path) -> None:
+    """metrics/frontier.json is the judged claims of metrics/frontier_report.json, rendered by the study's
+    headline, under the declaration metrics/frontier_declared.json, and `dvc metrics show` prints it
+    within 400 columns (nothing to check before the study is scored on the test windows)."""
+    from lookahead.tools import frontier_page as page
+
+    if not (root / page.HEADLINE).is_file():
+        return
+    report = json.loads((root / page.REPORT).read_text())
+    committed = json.loads((root / page.HEADLINE).read_text())
+    assert committed == page.headline(report["judged"], report["declaration"])
+    assert report["declaration"] == json.loads((root / page.DECLARED).read_text())
+    assert headline_width(str(page.HEADLINE), committed) <= 400
+
+
 CHECKS = (results_page_is_a_fresh_render, no_table_of_the_results_page_mixes_window_sets,
-          head_scaling_default_point_is_the_default_run, head_scaling_page_is_a_fresh_render)
+          head_scaling_default_point_is_the_default_run, head_scaling_page_is_a_fresh_render,
+          frontier_headline_is_drawn_from_its_report)
 """Every check of one committed file against another. A new one joins here, so that the rewrite test
 runs it too."""

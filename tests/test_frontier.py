@@ -185,18 +185,12 @@ def test_the_study_declares_once_on_selection_then_writes_the_headline_from_test
 
 
 def test_the_committed_headline_is_drawn_from_the_report_and_fits_a_terminal():
-    """metrics/frontier.json is the committed report's judged claims, rendered by the study's headline,
-    and `dvc metrics show` prints it within 400 columns."""
+    """As committed (a rerun rewrites the working tree's metrics): the consistency set's check."""
     from lookahead.tools import frontier_page as page
-    from tests.consistency import REPO
 
-    if not (REPO / page.HEADLINE).is_file():
-        pytest.skip("the study has not been scored on the test windows")
-    report = json.loads((REPO / page.REPORT).read_text())
-    committed = json.loads((REPO / page.HEADLINE).read_text())
-    assert committed == page.headline(report["judged"], report["declaration"])
-    assert report["declaration"] == json.loads((REPO / page.DECLARED).read_text())
-    assert consistency.headline_width(str(page.HEADLINE), committed) <= 400
+    with consistency.committed() as root:
+        assert (root / page.HEADLINE).is_file()  # the study is scored on the test windows
+        consistency.frontier_headline_is_drawn_from_its_report(root)
 
 
 def test_the_between_base_spread_goes_to_the_dense_frontier_claims_alone(study):
