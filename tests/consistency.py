@@ -7,6 +7,15 @@ rewrites the working tree's metrics, and on a machine whose CPU differs from the
 last bits (and, through training, more) differ, while the committed pair still agrees. The README's
 two commands in sequence (`make repro`, then `make test`) must pass there
 (tests/test_docs.py::test_a_rerun_on_another_machine_leaves_the_consistency_set_green).
+
+A check that only *reads* one committed file into another (a page rendered from a report, a headline
+copied from it) compares exactly. A check that *recomputes* a float from committed inputs (the
+head-scaling fits refitted from the point files) compares within :data:`lookahead.core.floats.RELATIVE`
+(:func:`assert_recomputed`): the committed run's CPU is not this one, and a least-squares fit or a
+reduction differs in its last bits from one instruction set to another. ``python -m tests.consistency``
+runs the whole set on ``HEAD``; the suite runs it once more with the CPU features restricted to the
+baseline (:func:`restricted_cpu`), so that a bit-for-bit comparison of a recomputed float fails on any
+machine, not only on one whose CPU differs from the committed run's.
 """
 
 from __future__ import annotations
@@ -17,8 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
+from lookahead.core.floats import RELATIVE, mismatches
 from lookahead.core.report import read_headline
 
 from lookahead.tools import results
@@ -69,6 +77,14 @@ def script(name: str):
     return sys.modules[name]
 
 
+def assert_recomputed(recomputed: object, committed: object, what: str) -> None:
+    """A value recomputed from committed inputs is the committed value up to a CPU's last bits
+    (:func:`lookahead.core.floats.mismatches`); the error names every key that differs."""
+    found = mismatches(json.loads(json.dumps(recomputed)), committed, what)
+    assert not found, (f"recomputed from the committed inputs, {len(found)} value(s) differ from the committed file "
+                       f"beyond relative {RELATIVE:g}:\n  " + "\n  ".join(found))
+
+
 def results_page_is_a_fresh_render(root: Path) -> None:
     """docs/results.md and README's summary are what `make results` renders from the metrics."""
     assert results.check(root) == [], "run `make results` and commit the page with the metrics"
@@ -96,10 +112,10 @@ def head_scaling_default_point_is_the_default_run(root: Path) -> None:
                 **json.loads((metrics / "evaluate_ci.json").read_text())}
     for key in ("deployed_minus_static_pruning", "deployed_minus_static_at_equal_macs", "greedy_capture"):
         for suffix in ("", "_ci_low", "_ci_high"):
-            assert point[key + suffix] == pytest.approx(phase1[key + suffix], abs=1e-12), key + suffix
+            assert point[key + suffix] == phase1[key + suffix], key + suffix  # copied: exact
     for key in ("phase2_minus_control", "phase2_minus_static_control"):
         for suffix in ("", "_ci_low", "_ci_high"):
-            assert point[key + suffix] == pytest.approx(evaluate[key + suffix], abs=1e-12), key + suffix
+            assert point[key + suffix] == evaluate[key + suffix], key + suffix
     assert (point["n_layers"], point["n_heads"], point["heads"]) == (4, 4, 16)
     report = json.loads((root / study.REPORT).read_text())
     assert report["points"][0]["point"] == "4x4" and report["points"][0] == {k: study.without_windows(v) for k, v in point.items()
@@ -133,8 +149,8 @@ def head_scaling_page_is_a_fresh_render(root: Path) -> None:
     with contextlib.chdir(root):  # the between-base spread the fits add: root's metrics/bases_report.json
         refitted = study.fits(rows, scoring)
         refitted_75 = study.fits(study.quarter_rows(rows), scoring, study.QUARTER_FIT_CLAIMS)
-    assert json.loads(json.dumps(refitted)) == report["fits"]
-    assert json.loads(json.dumps(refitted_75)) == report["fits_75"]
+    assert_recomputed(refitted, report["fits"], "fits")  # refitted on this CPU: within RELATIVE
+    assert_recomputed(refitted_75, report["fits_75"], "fits_75")
     table = json.loads((root / study.TABLE).read_text())
     whole = read_headline(root / study.TABLE)  # with its intervals and window set (head_scaling_{ci,sd}.json)
     assert whole == study.headline(report) and whole["window_set"] == report["points"][0]["window_set"]
@@ -174,3 +190,55 @@ CHECKS = (results_page_is_a_fresh_render, no_table_of_the_results_page_mixes_win
           frontier_headline_is_drawn_from_its_report)
 """Every check of one committed file against another. A new one joins here, so that the rewrite test
 runs it too."""
+
+
+def restricted_cpu() -> dict[str, str]:
+    """Environment variables that hold numpy, its OpenBLAS and torch to their baseline kernels, below any
+    CPU's own (numpy's dispatch targets all disabled, OpenBLAS's oldest core of the architecture, torch's
+    ``default`` capability): a float recomputed under them differs in its last bits from one the
+    committed run computed with AVX2 or AVX-512 kernels, on any machine."""
+    import platform
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_dispatch__
+    env = {"NPY_DISABLE_CPU_FEATURES": " ".join(__cpu_dispatch__), "ATEN_CPU_CAPABILITY": "default"}
+    core = {"x86_64": "Prescott", "amd64": "Prescott", "aarch64": "ARMV8", "arm64": "ARMV8"}.get(platform.machine().lower())
+    if core:
+        env["OPENBLAS_CORETYPE"] = core
+    return env
+
+
+def kernels() -> dict[str, object]:
+    """Which kernels this process runs: numpy's enabled dispatch targets, OpenBLAS's core (threadpoolctl)."""
+    import numpy
+    import threadpoolctl
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    numpy.ones(2) @ numpy.ones(2)  # OpenBLAS loaded
+    return {"numpy_dispatch": [f for f in __cpu_dispatch__ if __cpu_features__.get(f)],
+            "openblas_core": [i.get("architecture") for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]}
+
+
+def main(rev: str = "HEAD") -> int:
+    """Every check of :data:`CHECKS` on the files as committed at ``rev``; exit 1 where one fails."""
+    print(json.dumps({"kernels": kernels()}), flush=True)
+    failed = []
+    with committed(REPO, rev) as root:
+        for check in CHECKS:
+            try:
+                check(root)
+                print(f"ok      {check.__name__}", flush=True)
+            except AssertionError as error:
+                failed.append(check.__name__)
+                print(f"FAILED  {check.__name__}: {error}", flush=True)
+    print(f"{len(CHECKS) - len(failed)} of {len(CHECKS)} checks of the consistency set pass at {rev}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:2]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -211,6 +212,24 @@ def test_a_rerun_on_another_machine_leaves_the_consistency_set_green(tmp_path):
     # (head_scaling_default_point_is_the_default_run compares figures only while the study and the default run
     # share a window set; scored under earlier rules, it checks the page's statement of them, which no rewrite moves)
     assert set(failed) >= {"results_page_is_a_fresh_render", "head_scaling_page_is_a_fresh_render"}, failed
+
+
+def test_the_consistency_set_holds_on_the_baseline_kernels_of_any_cpu():
+    """The consistency set once more in a process whose numpy, OpenBLAS and torch run their baseline
+    kernels (no AVX2, no AVX-512: tests/consistency.py's restricted_cpu): every float it recomputes then
+    differs in its last bits from the committed run's, on any machine, so a check that compared such a
+    float bit for bit fails here wherever the suite runs (before the shared tolerance, the head-scaling
+    refit did), not only on a CPU unlike the committed run's."""
+    restricted = consistency.restricted_cpu()
+    done = subprocess.run([sys.executable, "-m", "tests.consistency"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **restricted})
+    assert done.returncode == 0, done.stdout + done.stderr
+    kernels = json.loads(done.stdout.splitlines()[0])["kernels"]
+    assert kernels["numpy_dispatch"] == []  # every dispatch target above the baseline disabled
+    if "OPENBLAS_CORETYPE" in restricted:  # x86-64 and aarch64: OpenBLAS on its oldest core, no vector extension
+        assert not {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Sandybridge",
+                    "NeoverseN1", "NeoverseV1"} & set(kernels["openblas_core"]), kernels
+    assert f"{len(consistency.CHECKS)} of {len(consistency.CHECKS)} checks" in done.stdout
 
 
 def test_a_changed_metric_makes_the_committed_page_stale(tmp_path, capsys):

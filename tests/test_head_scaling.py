@@ -37,6 +37,29 @@ def test_the_pages_tables_are_a_fresh_render_of_the_committed_study():
         consistency.head_scaling_page_is_a_fresh_render(root)
 
 
+@pytest.mark.parametrize("moved, caught", [(1e-6, True), (1e-12, False)])
+def test_a_refitted_value_moved_by_one_part_in_a_million_fails_the_check_naming_its_key(study, monkeypatch, moved,
+                                                                                        caught):
+    """The refit is compared within relative 1e-9 (lookahead.core.floats): a CPU's last bits (1e-15 .. 1e-12)
+    pass, a value moved by 1e-6 fails, and the error names the key."""
+    fits = study.fits
+
+    def moved_fits(rows, scoring, *args):
+        out = fits(rows, scoring, *args)
+        if not args:  # the half-off fits; the 75 % rows' stay as refitted
+            out["phase2_minus_control"]["overdispersion"] *= 1 + moved
+        return out
+
+    monkeypatch.setattr(study, "fits", moved_fits)
+    with consistency.committed() as root:
+        if not caught:
+            consistency.head_scaling_page_is_a_fresh_render(root)
+            return
+        with pytest.raises(AssertionError, match=r"fits\.phase2_minus_control\.overdispersion: recomputed .*"
+                                                 r"relative difference 1\.0e-06"):
+            consistency.head_scaling_page_is_a_fresh_render(root)
+
+
 def test_the_75_percent_rows_are_fitted_as_points_of_their_own_and_leave_the_report_without_windows(study):
     """A point's 75 % row with per-window NLLs enters the 75 % fits (its adjacent difference is the difference
     of the rows' mean claims, a closed form); a row without them stays out, and the report keeps neither's
