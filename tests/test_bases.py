@@ -121,3 +121,29 @@ def test_the_committed_report_splits_each_interval_into_its_two_components():
         dense, static, deployed = record["dense_nll"], record["static_pruning_nll"], record["deployed_nll"]
         assert share["mean"] == pytest.approx((deployed - dense) / (static - dense), rel=1e-5)
         assert share["ci_low"] < share["mean"] < share["ci_high"]
+
+
+def test_each_bases_absolute_headlines_are_its_runs_and_their_spread_is_the_report_s():
+    """`figures` of the committed report (what `make verify` judges a fresh run's absolute figures by): seed 0
+    is the committed run, so its value of every figure is that run's headline — exactly where the base kept
+    the headline, to the 7 decimals of the per-window means where it comes from phase 2's and the controls'
+    score files (bases.SCORED_FIGURES: the map from headline to score array is right); the mean and sd are
+    those of the bases' values; a claim is not among them (it is judged across bases in `claims`)."""
+    from lookahead.core.floats import mismatches
+    from tests import consistency
+
+    with consistency.committed() as root:
+        report = json.loads((root / bases.REPORT).read_text())
+        records = [json.loads(p.read_text()) for p in sorted((root / bases.BASE_DIR).glob("seed*.json"))]
+        committed = {stage: read_headline(root / "metrics" / f"{stage}.json")
+                     for stage in ("phase1", "evaluate", "diffusion", "modulator", "phase2", "control", "static_control")}
+    figures = report["figures"]
+    consistency.assert_recomputed(bases.figures(records), figures, "figures")  # means and sds: refitted on this CPU
+    assert set(bases.SCORED_FIGURES) <= set(figures) and {"evaluate.static_control_nll", "phase1.deployed_nll"} <= set(figures)
+    for name, figure in figures.items():
+        stage, key = name.split(".", 1)
+        assert f"{key}_sd" in committed[stage] and f"{key}_ci_low" not in committed[stage], name
+        tolerance = 1e-6 if name in bases.SCORED_FIGURES else 0.0
+        assert abs(figure["per_base"]["0"] - committed[stage][key]) <= tolerance, (name, figure, committed[stage][key])
+        values = np.array(list(figure["per_base"].values()))
+        assert len(values) == report["bases"] and not mismatches(values.std(ddof=1), figure["sd"])

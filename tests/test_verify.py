@@ -45,8 +45,8 @@ def write(repo, name, figures):
 def test_a_rerun_on_the_same_bytes_is_within_everywhere(repo, capsys):
     assert main(["--repo", str(repo)]) == 0
     out = capsys.readouterr().out
-    assert "0 of 0 claims agree with HEAD in sign and interval; 1 of 1 research headlines within their spread " \
-           "(3 seed sd, at least 0.5%); 4 of 4 other figures within 2%." in out
+    assert "0 of 0 claims agree with HEAD in verdict, sign and interval; 1 of 1 research headlines within their spread " \
+           "(between base LMs for 0; 3 seed sd, at least 0.5%, for the rest); 4 of 4 other figures within 2%." in out
     assert "a.seeds" not in out and "ratio_sd" not in out  # the spread and the seed count are not figures
 
 
@@ -115,6 +115,13 @@ def test_a_claim_is_judged_by_its_interval_and_fails_on_a_flipped_sign(repo, cap
     assert not row.sign_flipped and not row.within
     assert main(["--repo", str(repo)]) == 1
     assert "b.gap (intervals apart)" in capsys.readouterr().out
+    # the same sign, the intervals overlap, but the interval here reaches 0 where the committed one excluded it:
+    # the claim's verdict changed (holds -> unresolved)
+    write(repo, "b", {"nll": 4.0, **claim(-0.004, -0.008, 0.0005)})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.verdict_changed and not row.sign_flipped and not row.within
+    assert main(["--repo", str(repo)]) == 1
+    assert "b.gap (verdict changed: below -> straddles 0)" in capsys.readouterr().out
     # a claim that lost its interval cannot be judged
     write(repo, "b", {"nll": 4.0, "gap": -0.009})
     assert main(["--repo", str(repo)]) == 1
@@ -177,7 +184,7 @@ def test_a_claim_measured_across_base_lms_is_judged_by_its_prediction_interval(r
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "bases"], cwd=repo, check=True)
     half = stats.t.ppf(0.975, 2) * (0.01 ** 2 * (1 + 1 / 3) + 0.002 ** 2) ** 0.5
-    inside = -0.02 + 0.95 * half  # intervals apart from the committed run's, inside the prediction
+    inside = -0.02 - 0.95 * half  # intervals apart from the committed run's, inside the prediction, below 0 as committed
     write(repo, "b", {"nll": 4.0, **claim(inside, inside - 0.004, inside + 0.004), "gap_se": 0.002})
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
     assert row.prediction == pytest.approx((-0.02 - half, -0.02 + half)) and row.within and row.committed == -0.02
@@ -186,8 +193,56 @@ def test_a_claim_measured_across_base_lms_is_judged_by_its_prediction_interval(r
     write(repo, "b", {"nll": 4.0, **claim(outside, outside - 0.004, outside + 0.004), "gap_se": 0.002})
     assert main(["--repo", str(repo)]) == 1
     assert "OUTSIDE THE PREDICTION" in capsys.readouterr().out
+    # inside the prediction, which straddles 0, but above 0 where the claim was below it: its verdict flipped
+    flipped = -0.02 + 0.95 * half
+    write(repo, "b", {"nll": 4.0, **claim(flipped, flipped - 0.004, flipped + 0.004), "gap_se": 0.002})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.prediction[0] <= flipped <= row.prediction[1] and row.verdict_changed and not row.within
+    assert main(["--repo", str(repo)]) == 1
+    assert "b.gap (sign flipped)" in capsys.readouterr().out
     # one base measures no spread: the committed run's interval judges it, as before
     (repo / "metrics" / "bases_report.json").write_text(json.dumps({**bases, "bases": 1}))
     subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "one base"], cwd=repo, check=True)
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
     assert row.prediction is None and row.basis == "interval"
+
+
+def test_an_absolute_headline_measured_across_base_lms_is_judged_by_the_spread_between_them(repo, capsys):
+    """A fresh run trains another base LM, and its absolute figures move with it by more than their seeds'
+    spread: where `make bases` measured a headline on each base (`figures` of metrics/bases_report.json), a
+    run agreeing with every claim passes however far its NLLs sit from the committed run's in seed sds,
+    and fails outside the prediction interval or where a claim's verdict flips; a headline without a base
+    spread keeps its seed spread."""
+    from scipy import stats
+
+    committed = {"nll": 4.36, "nll_sd": 0.002, "level": 4.5, "level_sd": 0.002, "seeds": 3,
+                 **claim(-0.09, -0.10, -0.08)}
+    write(repo, "b", committed)
+    bases = {"bases": 3, "claims": {"gap": {"stage": "b", "across": {"mean": -0.095, "sd": 0.008,
+                                                                      "ci_low": -0.11, "ci_high": -0.08}}},
+             "figures": {"b.nll": {"per_base": {"0": 4.36, "1": 4.345, "2": 4.335}, "mean": 4.3467, "sd": 0.0127}}}
+    (repo / "metrics" / "bases_report.json").write_text(json.dumps(bases))
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "bases"], cwd=repo, check=True)
+    # another CPU's run: the NLL 0.022 lower (11 seed sd, over 0.5 %), the claim where it was
+    here = {**committed, "nll": 4.3378, **claim(-0.092, -0.102, -0.082), "gap_se": 0.005}
+    write(repo, "b", here)
+    rows = {r.figure: r for r in verify(repo, "HEAD")}
+    half = stats.t.ppf(0.975, 2) * (0.0127 ** 2 * (1 + 1 / 3) + 0.002 ** 2 / 3) ** 0.5
+    assert rows["b.nll"].basis == "bases" and rows["b.nll"].prediction == pytest.approx((4.3467 - half, 4.3467 + half))
+    assert rows["b.nll"].research and not rows["b.nll"].claim and rows["b.nll"].within
+    assert rows["b.level"].basis == "0.5%"  # no spread between bases measured: its seed spread (floor 0.5 %)
+    assert main(["--repo", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 1 claims agree" in out and "3 of 3 research headlines within their spread (between base LMs for 1;" in out
+    # an absolute figure outside what another base LM gives
+    write(repo, "b", {**here, "nll": 4.3467 - 1.05 * half})
+    assert main(["--repo", str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert "OUTSIDE: b.nll" in out and "OUTSIDE THE PREDICTION" in out
+    # every headline within, a claim's verdict flipped: inside the prediction (-0.095 +- 0.04), yet unresolved
+    write(repo, "b", {**here, **claim(-0.06, -0.13, 0.01), "gap_se": 0.035})
+    (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
+    assert row.prediction[0] < -0.06 < row.prediction[1] and row.verdict_changed
+    assert main(["--repo", str(repo)]) == 1
+    assert "CLAIMS FAILED: b.gap (verdict changed: below -> straddles 0)" in capsys.readouterr().out

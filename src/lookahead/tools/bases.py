@@ -22,7 +22,10 @@ the committed bases:
   its sd over bases and its 95 % interval;
 - ``metrics/bases_report.json``: every base's figure and interval (the same as its run's headline:
   the same bootstrap of the same windows), the across-bases interval and verdict, and each claim's
-  prediction interval for one fresh run (``make verify``).
+  prediction interval for one fresh run (``make verify``); and under ``figures`` every research
+  headline that is not a claim (an absolute NLL, a share: a figure with a seed sd) with its value on
+  each base, their mean and their sd: the spread between base LMs that ``make verify`` judges a fresh
+  run's absolute figures by (:func:`figures`).
 
 The across-bases interval is :func:`lookahead.core.intervals.paired_interval` with bases in place of
 seeds: the per-window differences averaged over each base's seeds, stacked over bases; se² =
@@ -265,6 +268,7 @@ def tables(records: list[dict], scoring: ScoringConfig) -> dict:
     report["per_base"] = {str(r["seed"]): {"base_val_nll": r["headlines"].get("base", {}).get("val_nll"),
                                            **phase1_nlls(r["headlines"].get("phase1", {})),
                                            "other_claims": other_claims(r["headlines"])} for r in records}
+    report["figures"] = figures(records)
     return report
 
 
@@ -285,6 +289,51 @@ def other_claims(headlines: dict) -> dict:
                 out[f"{stage}.{name}"] = {"mean": figures.get(name), "ci_low": figures[key],
                                           "ci_high": figures.get(f"{name}_ci_high")}
     return out
+
+
+SCORED_FIGURES = {
+    "phase2.dense_nll": "phase2.dense", "phase2.hard_nll": "phase2.hard", "phase2.deployed_nll": "phase2.deployed",
+    "control.val_nll": "control.dense",
+    "static_control.val_nll": "static_control.hard", "static_control.dense_nll": "static_control.dense",
+}
+"""The headlines of the stages whose headline files a base does not keep (phase 2 and its controls), each as
+the score file's array whose mean over the test windows and seeds it is (``file.key`` of the record's
+per-window means: the same figure to the 7 decimals they are rounded to)."""
+
+
+def figures(records: list[dict]) -> dict:
+    """Every research headline that is not a claim, on each base: ``{"<stage>.<key>": {"per_base": {seed: value},
+    "mean", "sd"}}`` (sd over bases, ``None`` for one base). A research headline is a number with a seed sd
+    beside it (``<key>_sd``) and no interval (a claim, with ``_ci_low``, is judged across bases in ``claims``);
+    the stages whose headlines a base keeps (:data:`HEADLINE_STAGES`) give them as their runs wrote them, phase 2
+    and its controls from the score files' per-window means (:data:`SCORED_FIGURES`). A figure some base lacks
+    is left out."""
+    def value(record: dict, name: str) -> float | None:
+        stage, key = name.split(".", 1)
+        if name in SCORED_FIGURES:
+            return float(_array(record, SCORED_FIGURES[name]).mean()) if measured_ref(record, SCORED_FIGURES[name]) else None
+        headline = record["headlines"].get(stage, {})
+        number = headline.get(key)
+        return float(number) if isinstance(number, (int, float)) and not isinstance(number, bool) else None
+
+    names = dict.fromkeys([f"{stage}.{key}" for r in records for stage in HEADLINE_STAGES
+                           for key in r["headlines"].get(stage, {})
+                           if f"{key}_sd" in r["headlines"][stage] and f"{key}_ci_low" not in r["headlines"][stage]]
+                          + list(SCORED_FIGURES))
+    out = {}
+    for name in names:
+        values = {str(r["seed"]): value(r, name) for r in records}
+        if any(v is None for v in values.values()):
+            continue
+        v = np.asarray(list(values.values()))
+        out[name] = {"per_base": values, "mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else None}
+    return out
+
+
+def measured_ref(record: dict, ref: str) -> bool:
+    """Whether the record's score files hold ``file.key``."""
+    name, key = ref.split(".", 1)
+    return key in record["windows"].get(name, {})
 
 
 def headline_of(report: dict) -> dict:

@@ -8,22 +8,32 @@ Every headline figure of every ``metrics/<stage>.json`` (with its spreads and in
 compared with the same figure at the revision, within a tolerance:
 
 - a **research headline** — a figure measured over seeds, i.e. one with a ``<name>_sd`` beside it
-  — within ``--sd-factor`` (3) times its seed sd (the larger of the two runs'), and never tighter
-  than ``--floor`` (0.5 %) of the committed value (a spread of 0 over seeds is no promise that
-  another machine gives the same bits). One outside makes the command exit 1;
+  — that the committed run measured **across base LMs** (``metrics/bases_report.json``, ``figures``:
+  ``make bases``, at least 2 bases) within its prediction interval for one fresh run: the mean over
+  bases ± t(B − 1) · sqrt(sd_bases² (1 + 1/B) + the run's own se²), se = its seed sd / √seeds
+  (:func:`lookahead.tools.bases.prediction_interval`). A fresh run on another CPU trains another base
+  LM, and every absolute figure moves with it by more than its seeds' spread (the bases' val NLLs
+  4.286–4.313 at the default). One outside makes the command exit 1;
+- any other research headline within ``--sd-factor`` (3) times its seed sd (the larger of the two
+  runs'), and never tighter than ``--floor`` (0.5 %) of the committed value (a spread of 0 over seeds
+  is no promise that another machine gives the same bits). One outside makes the command exit 1;
 - a **claim** — a paired difference with its interval, ``<name>_ci_low`` and ``<name>_ci_high``
-  beside it (:mod:`lookahead.core.intervals`) — by its interval: it fails where its sign flips (the
-  committed interval excludes 0 and the value here lies on the other side of 0) or where the two
-  runs' intervals do not overlap (the difference of the two estimates is outside what both intervals
-  together allow). One failing claim makes the command exit 1;
-- a claim the committed run measured **across base LMs** (``metrics/bases_report.json``,
-  ``make bases``: at least 2 bases) by its prediction interval for one fresh run instead — the mean
-  over bases ± t(B − 1) · sqrt(sd_bases² (1 + 1/B) + the run's own se²)
-  (:func:`lookahead.tools.bases.prediction_interval`): a fresh run trains its own base LM, and the
-  committed run's interval is conditional on one. Outside it, the command exits 1;
+  beside it (:mod:`lookahead.core.intervals`) — by its interval: it fails where its **verdict
+  changes** (its interval here lies on another side of the claim's reference than the committed one:
+  below, straddling or above; the reference is 0, or the claim's own, e.g. 0.6 for
+  ``greedy_capture``), where its sign flips (the committed interval excludes 0 and the value here lies
+  on the other side of 0) or where the two runs' intervals do not overlap (the difference of the two
+  estimates is outside what both intervals together allow). One failing claim makes the command exit 1;
+- a claim the committed run measured **across base LMs** by its prediction interval for one fresh
+  run instead of the overlap of intervals (the committed run's interval is conditional on one base
+  LM), and by its verdict across base LMs. Outside the prediction, or with another verdict, the
+  command exits 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
   docs/reproducibility.md) and are not research claims.
+
+Every numeric comparison also admits a CPU's last-bit difference (:mod:`lookahead.core.floats`:
+relative 1e-9), so that a figure of spread 0 committed on one CPU is not "outside" on another.
 
 ``--against DIR`` compares with another workspace's ``metrics/`` instead of a git revision (the
 replicate, ``lookahead.tools.replicate``, does).
@@ -45,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lookahead.core.config import flatten
+from lookahead.core.floats import close
 from lookahead.core.report import SIBLINGS, read_headline, sibling_path
 
 SD_SUFFIX = "_sd"
@@ -68,7 +79,10 @@ class Row:
     here_interval: tuple[float, float] | None = None
     """A claim's intervals (basis `interval`)."""
     prediction: tuple[float, float] | None = None
-    """Where a fresh run's claim should land, from the claim across base LMs (basis `prediction`)."""
+    """Where a fresh run's figure should land, from the spread between base LMs (basis `prediction`: a claim;
+    `bases`: a research headline)."""
+    reference: float = 0.0
+    """A claim's reference: its verdict is where its interval lies against it."""
 
     @property
     def difference(self) -> float | None:
@@ -89,19 +103,33 @@ class Row:
         return (low > 0 and float(self.here) <= 0) or (high < 0 and float(self.here) >= 0)
 
     @property
+    def verdict_changed(self) -> bool:
+        """A claim whose interval here lies on another side of its reference than the committed one."""
+        if not (self.claim and self.committed_interval and self.here_interval):
+            return False
+        return side(self.committed_interval, self.reference) != side(self.here_interval, self.reference)
+
+    @property
     def within(self) -> bool:
         if self.prediction is not None:
-            return _number(self.here) and self.prediction[0] <= float(self.here) <= self.prediction[1]
+            inside = _number(self.here) and self.prediction[0] <= float(self.here) <= self.prediction[1]
+            return inside and not self.verdict_changed
         if self.claim:
             if self.committed_interval is None or self.here_interval is None or not _number(self.here):
                 return False  # a claim without its interval on one side cannot be judged
             (a_low, a_high), (b_low, b_high) = self.committed_interval, self.here_interval
-            return not self.sign_flipped and a_low <= b_high and b_low <= a_high
+            return not (self.sign_flipped or self.verdict_changed) and a_low <= b_high and b_low <= a_high
         if _number(self.committed) and _number(self.here):
             if not (math.isfinite(float(self.committed)) and math.isfinite(float(self.here))):
                 return math.isnan(float(self.committed)) == math.isnan(float(self.here))
-            return abs(self.difference) <= self.tolerance
+            return abs(self.difference) <= self.tolerance or close(float(self.here), float(self.committed))
         return self.committed == self.here
+
+
+def side(interval: tuple[float, float], reference: float) -> str:
+    """Where an interval lies against a claim's reference: the claim's verdict, whichever side it claims."""
+    low, high = interval
+    return "below" if high < reference else "above" if low > reference else "straddles"
 
 
 def _number(value: object) -> bool:
@@ -138,7 +166,8 @@ def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: 
             continue
         a, b = old.get(name), new.get(name)
         if name + LOW in old or name + LOW in new:
-            rows.append(Row(f"{stage}.{name}", a, b, 0.0, True, "interval", _interval(old, name), _interval(new, name)))
+            rows.append(Row(f"{stage}.{name}", a, b, 0.0, True, "interval", _interval(old, name), _interval(new, name),
+                            reference=claim_references().get(name, 0.0)))
             continue
         sds = [float(v) for v in (old.get(name + SD_SUFFIX), new.get(name + SD_SUFFIX)) if _number(v)]
         research = bool(sds)
@@ -176,14 +205,20 @@ def render(rows: list[Row]) -> str:
     header = ("figure", "committed", "here", "difference", "tolerance", "")
     lines = [header]
     for row in rows:
+        if row.prediction is not None and not row.claim:
+            verdict = "within" if row.within else "OUTSIDE THE PREDICTION"
+            lines.append((row.figure, f"{_fmt(row.committed)} (across bases)", _fmt(row.here), _fmt(row.difference),
+                          f"prediction {_fmt_interval(row.prediction)}", verdict))
+            continue
         if row.prediction is not None:
-            verdict = "agrees" if row.within else "OUTSIDE THE PREDICTION"
+            verdict = "agrees" if row.within else ("VERDICT CHANGED" if row.verdict_changed else "OUTSIDE THE PREDICTION")
             lines.append((row.figure, f"{_fmt(row.committed)} (across bases)",
                           f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}", _fmt(row.difference),
                           f"prediction {_fmt_interval(row.prediction)}", verdict))
             continue
         if row.claim:
-            verdict = "agrees" if row.within else ("SIGN FLIPPED" if row.sign_flipped else "INTERVALS APART")
+            verdict = "agrees" if row.within else ("SIGN FLIPPED" if row.sign_flipped else
+                                                   "VERDICT CHANGED" if row.verdict_changed else "INTERVALS APART")
             committed = f"{_fmt(row.committed)} {_fmt_interval(row.committed_interval)}"
             here = f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}"
             lines.append((row.figure, committed, here, _fmt(row.difference), "interval", verdict))
@@ -222,25 +257,45 @@ def verify(repo: Path, rev: str, sd_factor: float = 3.0, rel_tol: float = 0.02, 
     return rows
 
 
+def claim_references() -> dict[str, float]:
+    """Each claim's reference where it is not 0 (``greedy_capture``: 0.6), as the claims across base LMs
+    declare them (:data:`lookahead.tools.bases.CLAIMS`)."""
+    from lookahead.tools.bases import CLAIMS, RATIOS
+
+    return {c.name: c.reference for c in (*CLAIMS, *RATIOS)}
+
+
 def predicted(rows: list[Row], here: dict, stage: str, bases: dict | None) -> list[Row]:
-    """``rows`` with each claim that the committed run measured across base LMs (``bases``: its
-    ``metrics/bases_report.json``, at least 2 bases) judged by its prediction interval for one fresh
-    run (:func:`lookahead.tools.bases.prediction_interval`, the run's own ``_se`` added): a fresh run
-    trains its own base LM, so the committed run's interval, conditional on one base, is not where it
-    must land. The committed figure shown is the mean over bases."""
-    claims = (bases or {}).get("claims", {})
+    """``rows`` with what the committed run measured across base LMs (``bases``: its
+    ``metrics/bases_report.json``, at least 2 bases) judged by the prediction interval for one fresh run
+    (:func:`lookahead.tools.bases.prediction_interval`, the run's own standard error added): a fresh run
+    trains its own base LM, so the committed run's figures, conditional on one base, are not where it must
+    land. A claim (its ``claims``) shows the mean over bases as the committed figure and keeps its verdict
+    across bases to agree with; a research headline (its ``figures``: an absolute NLL, a share) is judged
+    by the spread between bases where it has one, and by its seed spread only where it has none."""
     if not bases or bases.get("bases", 0) < 2:
         return rows
     from lookahead.tools.bases import prediction_interval
 
+    claims, figures = bases.get("claims", {}), bases.get("figures", {})
     for row in rows:
         name = row.figure.split(".", 1)[1]
-        across = claims.get(name, {}).get("across")
-        if not row.claim or across is None or claims[name].get("stage") != stage or not _number(row.here):
+        if not _number(row.here):
             continue
-        row.committed, row.basis = across["mean"], "prediction"
-        row.prediction = prediction_interval(across["mean"], across["sd"], bases["bases"],
-                                             float(here.get(f"{name}_se") or 0.0))
+        across = claims.get(name, {}).get("across")
+        if row.claim and across is not None and claims[name].get("stage") == stage:
+            row.committed, row.basis = across["mean"], "prediction"
+            if _number(across.get("ci_low")) and _number(across.get("ci_high")):
+                row.committed_interval = (float(across["ci_low"]), float(across["ci_high"]))
+            row.prediction = prediction_interval(across["mean"], across["sd"], bases["bases"],
+                                                 float(here.get(f"{name}_se") or 0.0))
+            continue
+        spread = figures.get(row.figure)
+        if row.research and not row.claim and spread is not None and _number(spread.get("sd")):
+            seeds = here.get("seeds") if _number(here.get("seeds")) else 1
+            run_se = float(here.get(f"{name}{SD_SUFFIX}") or 0.0) / math.sqrt(max(int(seeds), 1))
+            row.committed, row.basis = spread["mean"], "bases"
+            row.prediction = prediction_interval(spread["mean"], spread["sd"], bases["bases"], run_se)
     return rows
 
 
@@ -260,6 +315,15 @@ def _merged(parts: list[dict | None]) -> dict | None:
     for part in parts[1:]:
         merged.update(part or {})
     return merged
+
+
+def why_failed(row: Row) -> str:
+    if row.sign_flipped:
+        return "sign flipped"
+    if row.verdict_changed:
+        return f"verdict changed: {side(row.committed_interval, row.reference)} -> {side(row.here_interval, row.reference)} " \
+               f"{row.reference:g}"
+    return "outside the prediction" if row.prediction is not None else "intervals apart"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,13 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     outside = [r for r in research if not r.within]
     failed = [r for r in claims if not r.within]
     other = [r for r in rows if not r.research and not r.within]
-    print(f"\n{len(claims) - len(failed)} of {len(claims)} claims agree with {where} in sign and interval; "
+    across = sum(r.basis == "bases" for r in research)
+    print(f"\n{len(claims) - len(failed)} of {len(claims)} claims agree with {where} in verdict, sign and interval; "
           f"{len(research) - len(outside)} of {len(research)} research headlines within their spread "
-          f"({args.sd_factor:g} seed sd, at least {args.floor:.1%}); {len(rows) - len(research) - len(claims) - len(other)} "
+          f"(between base LMs for {across}; {args.sd_factor:g} seed sd, at least {args.floor:.1%}, for the rest); "
+          f"{len(rows) - len(research) - len(claims) - len(other)} "
           f"of {len(rows) - len(research) - len(claims)} other figures within {args.rel_tol:.0%}.")
     if failed:
-        print("CLAIMS FAILED: " + ", ".join(f"{r.figure} ({'sign flipped' if r.sign_flipped else 'intervals apart'})"
-                                           for r in failed))
+        print("CLAIMS FAILED: " + ", ".join(f"{r.figure} ({why_failed(r)})" for r in failed))
     if outside:
         print("OUTSIDE: " + ", ".join(r.figure for r in outside))
     return 1 if outside or failed else 0
