@@ -115,13 +115,11 @@ def test_a_claim_is_judged_by_its_interval_and_fails_on_a_flipped_sign(repo, cap
     assert not row.sign_flipped and not row.within
     assert main(["--repo", str(repo)]) == 1
     assert "b.gap (intervals apart)" in capsys.readouterr().out
-    # the same sign, the intervals overlap, but the interval here reaches 0 where the committed one excluded it:
-    # the claim's verdict changed (holds -> unresolved)
+    # the same sign, the intervals overlap, the interval here reaches 0 where the committed one excluded it: the
+    # claim is weaker here (unresolved), not reversed: no verdict flipped, the intervals agree
     write(repo, "b", {"nll": 4.0, **claim(-0.004, -0.008, 0.0005)})
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
-    assert row.verdict_changed and not row.sign_flipped and not row.within
-    assert main(["--repo", str(repo)]) == 1
-    assert "b.gap (verdict changed: below -> straddles 0)" in capsys.readouterr().out
+    assert not row.verdict_flipped and not row.sign_flipped and row.within
     # a claim that lost its interval cannot be judged
     write(repo, "b", {"nll": 4.0, "gap": -0.009})
     assert main(["--repo", str(repo)]) == 1
@@ -197,7 +195,7 @@ def test_a_claim_measured_across_base_lms_is_judged_by_its_prediction_interval(r
     flipped = -0.02 + 0.95 * half
     write(repo, "b", {"nll": 4.0, **claim(flipped, flipped - 0.004, flipped + 0.004), "gap_se": 0.002})
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
-    assert row.prediction[0] <= flipped <= row.prediction[1] and row.verdict_changed and not row.within
+    assert row.prediction[0] <= flipped <= row.prediction[1] and row.verdict_flipped and not row.within
     assert main(["--repo", str(repo)]) == 1
     assert "b.gap (sign flipped)" in capsys.readouterr().out
     # one base measures no spread: the committed run's interval judges it, as before
@@ -240,9 +238,31 @@ def test_an_absolute_headline_measured_across_base_lms_is_judged_by_the_spread_b
     assert main(["--repo", str(repo)]) == 1
     out = capsys.readouterr().out
     assert "OUTSIDE: b.nll" in out and "OUTSIDE THE PREDICTION" in out
-    # every headline within, a claim's verdict flipped: inside the prediction (-0.095 +- 0.04), yet unresolved
-    write(repo, "b", {**here, **claim(-0.06, -0.13, 0.01), "gap_se": 0.035})
+    # every headline within, a claim's verdict flipped: inside the prediction (-0.095 +- 0.155), yet above 0
+    write(repo, "b", {**here, **claim(0.04, 0.02, 0.06), "gap_se": 0.035})
     (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.gap"]
-    assert row.prediction[0] < -0.06 < row.prediction[1] and row.verdict_changed
+    assert row.prediction[0] < 0.04 < row.prediction[1] and row.verdict_flipped and not row.within
     assert main(["--repo", str(repo)]) == 1
-    assert "CLAIMS FAILED: b.gap (verdict changed: below -> straddles 0)" in capsys.readouterr().out
+    assert "CLAIMS FAILED: b.gap (sign flipped)" in capsys.readouterr().out
+
+
+def test_a_claim_across_base_lms_fails_where_its_verdict_flips_against_its_own_reference(repo, capsys):
+    """greedy_capture is claimed above 0.6 (lookahead.tools.bases): across bases it fails (below 0.6); a fresh
+    run inside the prediction interval whose own interval lies above 0.6 flips that verdict, though its sign
+    (against 0) is the committed one; one whose interval straddles 0.6, or lies below it, agrees."""
+    write(repo, "b", {"nll": 4.0, "greedy_capture": 0.5, "greedy_capture_sd": 0.01, "greedy_capture_se": 0.02,
+                      "greedy_capture_ci_low": 0.46, "greedy_capture_ci_high": 0.54})
+    bases = {"bases": 3, "claims": {"greedy_capture": {"stage": "b", "across": {
+        "mean": 0.55, "sd": 0.05, "ci_low": 0.45, "ci_high": 0.58}}}}
+    (repo / "metrics" / "bases_report.json").write_text(json.dumps(bases))
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "bases"], cwd=repo, check=True)
+    for value, low, high, flipped in ((0.64, 0.61, 0.67, True), (0.6, 0.57, 0.63, False), (0.5, 0.47, 0.53, False)):
+        write(repo, "b", {"nll": 4.0, "greedy_capture": value, "greedy_capture_se": 0.015,
+                          "greedy_capture_ci_low": low, "greedy_capture_ci_high": high})
+        (row,) = [r for r in verify(repo, "HEAD") if r.figure == "b.greedy_capture"]
+        assert row.reference == 0.6 and row.prediction[0] < value < row.prediction[1] and not row.sign_flipped
+        assert row.verdict_flipped == flipped and row.within != flipped, value
+        assert main(["--repo", str(repo)]) == (1 if flipped else 0)
+        out = capsys.readouterr().out
+        assert ("CLAIMS FAILED: b.greedy_capture (verdict flipped: below -> above 0.6)" in out) == flipped

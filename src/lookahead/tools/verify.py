@@ -19,15 +19,15 @@ compared with the same figure at the revision, within a tolerance:
   is no promise that another machine gives the same bits). One outside makes the command exit 1;
 - a **claim** — a paired difference with its interval, ``<name>_ci_low`` and ``<name>_ci_high``
   beside it (:mod:`lookahead.core.intervals`) — by its interval: it fails where its **verdict
-  changes** (its interval here lies on another side of the claim's reference than the committed one:
-  below, straddling or above; the reference is 0, or the claim's own, e.g. 0.6 for
-  ``greedy_capture``), where its sign flips (the committed interval excludes 0 and the value here lies
+  flips** (the committed interval lies below the claim's reference and the one here above it, or the
+  other way round; the reference is 0, or the claim's own, e.g. 0.6 for ``greedy_capture``; an
+  interval that straddles it has no verdict to flip), where its sign flips (the committed interval excludes 0 and the value here lies
   on the other side of 0) or where the two runs' intervals do not overlap (the difference of the two
   estimates is outside what both intervals together allow). One failing claim makes the command exit 1;
 - a claim the committed run measured **across base LMs** by its prediction interval for one fresh
   run instead of the overlap of intervals (the committed run's interval is conditional on one base
-  LM), and by its verdict across base LMs. Outside the prediction, or with another verdict, the
-  command exits 1;
+  LM), and its verdict against the verdict across base LMs. Outside the prediction, or with the
+  verdict flipped, the command exits 1;
 - every other figure within ``--rel-tol`` (2 %) of the committed value (strings: equal). These are
   reported, and do not fail the check: they move with the machine (base pretraining is one seed,
   docs/reproducibility.md) and are not research claims.
@@ -103,22 +103,25 @@ class Row:
         return (low > 0 and float(self.here) <= 0) or (high < 0 and float(self.here) >= 0)
 
     @property
-    def verdict_changed(self) -> bool:
-        """A claim whose interval here lies on another side of its reference than the committed one."""
+    def verdict_flipped(self) -> bool:
+        """A claim whose interval here lies on the other side of its reference than the committed one: the
+        committed verdict was resolved (below or above) and the one here is resolved the other way. A claim
+        that is unresolved on either side has no verdict to flip (its interval, or its prediction, judges it)."""
         if not (self.claim and self.committed_interval and self.here_interval):
             return False
-        return side(self.committed_interval, self.reference) != side(self.here_interval, self.reference)
+        committed, here = side(self.committed_interval, self.reference), side(self.here_interval, self.reference)
+        return "straddles" not in (committed, here) and committed != here
 
     @property
     def within(self) -> bool:
         if self.prediction is not None:
             inside = _number(self.here) and self.prediction[0] <= float(self.here) <= self.prediction[1]
-            return inside and not self.verdict_changed
+            return inside and not self.verdict_flipped
         if self.claim:
             if self.committed_interval is None or self.here_interval is None or not _number(self.here):
                 return False  # a claim without its interval on one side cannot be judged
             (a_low, a_high), (b_low, b_high) = self.committed_interval, self.here_interval
-            return not (self.sign_flipped or self.verdict_changed) and a_low <= b_high and b_low <= a_high
+            return not (self.sign_flipped or self.verdict_flipped) and a_low <= b_high and b_low <= a_high
         if _number(self.committed) and _number(self.here):
             if not (math.isfinite(float(self.committed)) and math.isfinite(float(self.here))):
                 return math.isnan(float(self.committed)) == math.isnan(float(self.here))
@@ -211,14 +214,14 @@ def render(rows: list[Row]) -> str:
                           f"prediction {_fmt_interval(row.prediction)}", verdict))
             continue
         if row.prediction is not None:
-            verdict = "agrees" if row.within else ("VERDICT CHANGED" if row.verdict_changed else "OUTSIDE THE PREDICTION")
+            verdict = "agrees" if row.within else ("VERDICT FLIPPED" if row.verdict_flipped else "OUTSIDE THE PREDICTION")
             lines.append((row.figure, f"{_fmt(row.committed)} (across bases)",
                           f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}", _fmt(row.difference),
                           f"prediction {_fmt_interval(row.prediction)}", verdict))
             continue
         if row.claim:
             verdict = "agrees" if row.within else ("SIGN FLIPPED" if row.sign_flipped else
-                                                   "VERDICT CHANGED" if row.verdict_changed else "INTERVALS APART")
+                                                   "VERDICT FLIPPED" if row.verdict_flipped else "INTERVALS APART")
             committed = f"{_fmt(row.committed)} {_fmt_interval(row.committed_interval)}"
             here = f"{_fmt(row.here)} {_fmt_interval(row.here_interval)}"
             lines.append((row.figure, committed, here, _fmt(row.difference), "interval", verdict))
@@ -320,8 +323,8 @@ def _merged(parts: list[dict | None]) -> dict | None:
 def why_failed(row: Row) -> str:
     if row.sign_flipped:
         return "sign flipped"
-    if row.verdict_changed:
-        return f"verdict changed: {side(row.committed_interval, row.reference)} -> {side(row.here_interval, row.reference)} " \
+    if row.verdict_flipped:
+        return f"verdict flipped: {side(row.committed_interval, row.reference)} -> {side(row.here_interval, row.reference)} " \
                f"{row.reference:g}"
     return "outside the prediction" if row.prediction is not None else "intervals apart"
 
