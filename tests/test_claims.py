@@ -215,7 +215,7 @@ def test_the_replicate_reruns_from_the_base_in_a_scratch_copy_and_judges_every_c
     code = replicate_main(["--repo", str(repo), "--workdir", str(scratch), "--report", str(report)])
     out = capsys.readouterr().out
     assert code == 1  # the toy's claim flips its sign in the replicate
-    assert "SIGN FLIPPED" in out and "claims agreeing in sign and interval: 0 of 1 (failed: evaluate.gap)" in out
+    assert "SIGN FLIPPED" in out and "claims agreeing in verdict, sign and interval: 0 of 1 (failed: evaluate.gap)" in out
     assert "the stages base, evaluate rerun with `base.init_perturbation: 0.0001`" in out
     assert out == report.read_text() + "\n"  # the report is the table printed
     assert not scratch.exists()  # removed at the end

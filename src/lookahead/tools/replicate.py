@@ -10,7 +10,8 @@ seeds see. This reruns, in a scratch copy of the workspace, every stage from the
 the base's initial weights moved by one float32 ulp in a seeded share of their entries
 (``base.init_perturbation``), which makes pretraining diverge as it does between CPUs; then it
 compares every figure of the replicate with the workspace's, as ``make verify`` does (claims by
-their intervals: sign and overlap; research headlines by their seed spread), and prints the table.
+their intervals: verdict, sign and overlap; research headlines by the spread between base LMs where
+``make bases`` measured it, else by their seed spread), and prints the table.
 
 The workspace must hold a complete run (``dvc status`` clean). The scratch copy is the working
 tree's files (``git ls-files``: committed or not, ignored ones left out), the outputs of the stages
@@ -170,13 +171,14 @@ def report_text(rows: list[Row], fraction: float, wall_s: float, stages: list[st
         f"weights) in {wall_s / 60:.1f} min. `committed` is this workspace's run, `here` the replicate's; claims carry "
         "their 95 % interval (docs/reproducibility.md).",
         "",
-        f"- claims agreeing in sign and interval: {s['claims_agree']} of {s['claims']}"
+        f"- claims agreeing in verdict, sign and interval: {s['claims_agree']} of {s['claims']}"
         + (f" (failed: {', '.join(s['claims_failed'])})" if s["claims_failed"] else ""),
-        f"- research headlines within 3 seed sd: {s['research_within']} of {s['research']}"
+        f"- research headlines within their spread (between base LMs where `make bases` measured it, else 3 seed sd): "
+        f"{s['research_within']} of {s['research']}"
         + (f" (outside: {', '.join(s['research_outside'])})" if s["research_outside"] else ""),
         "",
         "## Claims", "", "```", render(claims), "```", "",
-        "## Research headlines (seed spread)", "", "```", render(research), "```", "",
+        "## Research headlines (the spread between base LMs, or the seeds')", "", "```", render(research), "```", "",
         "## How far the emulation moved the base", "", "```", render(emulation_rows(rows)), "```", "",
         "## Every other figure (reported, not judged: 2 %)", "", "```",
         render([r for r in rows if not r.research]), "```", "",
