@@ -192,6 +192,15 @@ CHECKS = (results_page_is_a_fresh_render, no_table_of_the_results_page_mixes_win
 runs it too."""
 
 
+def numpy_cpu() -> tuple[list[str], dict[str, bool]]:
+    """numpy's dispatch targets above its baseline, and which CPU features this process may use."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return list(__cpu_dispatch__), dict(__cpu_features__)
+
+
 def restricted_cpu() -> dict[str, str]:
     """Environment variables that hold numpy, its OpenBLAS and torch to their baseline kernels, below any
     CPU's own (numpy's dispatch targets all disabled, OpenBLAS's oldest core of the architecture, torch's
@@ -199,11 +208,8 @@ def restricted_cpu() -> dict[str, str]:
     committed run computed with AVX2 or AVX-512 kernels, on any machine."""
     import platform
 
-    try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__
-    except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_dispatch__
-    env = {"NPY_DISABLE_CPU_FEATURES": " ".join(__cpu_dispatch__), "ATEN_CPU_CAPABILITY": "default"}
+    dispatch, _ = numpy_cpu()
+    env = {"NPY_DISABLE_CPU_FEATURES": " ".join(dispatch), "ATEN_CPU_CAPABILITY": "default"}
     core = {"x86_64": "Prescott", "amd64": "Prescott", "aarch64": "ARMV8", "arm64": "ARMV8"}.get(platform.machine().lower())
     if core:
         env["OPENBLAS_CORETYPE"] = core
@@ -215,12 +221,9 @@ def kernels() -> dict[str, object]:
     import numpy
     import threadpoolctl
 
-    try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    dispatch, features = numpy_cpu()
     numpy.ones(2) @ numpy.ones(2)  # OpenBLAS loaded
-    return {"numpy_dispatch": [f for f in __cpu_dispatch__ if __cpu_features__.get(f)],
+    return {"numpy_dispatch": [f for f in dispatch if features.get(f)],
             "openblas_core": [i.get("architecture") for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]}
 
 

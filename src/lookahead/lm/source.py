@@ -69,15 +69,8 @@ class ModelSource:
             self.gguf_file()
 
     def gguf_file(self) -> Path:
-        """The GGUF file ``model`` names: a path, or a file of an installed distribution."""
-        if DISTRIBUTION_SEPARATOR in self.model and not Path(self.model).is_file():
-            name, file = self.model.split(DISTRIBUTION_SEPARATOR, 1)
-            path = distribution_file(name, file)
-        else:
-            path = Path(self.model)
-        if not path.is_file():
-            raise ConfigError("base.model", f"GGUF file {path} not found")
-        return path
+        """The GGUF file ``model`` names (:func:`gguf_path`)."""
+        return gguf_path(self.model)
 
     def checked_gguf_file(self) -> Path:
         """:meth:`gguf_file`, its sha256 checked against ``sha256``."""
@@ -132,14 +125,25 @@ class ModelSource:
 
 def dequantized(model):
     """A model transformers loaded from GGUF as the plain fp32 model it already is in memory: its quantizer
-    and ``quantization_config`` dropped, so that ``save_pretrained`` writes an ordinary directory."""
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    for attribute in ("is_quantized", "quantization_method"):
-        if getattr(model, attribute, None):
-            setattr(model, attribute, False if attribute == "is_quantized" else None)
+    and ``quantization_config`` dropped (the quantizer's own ``remove_quantization_config``), so that
+    ``save_pretrained`` writes an ordinary directory."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     return model
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file ``model`` (``base.model``) names: a path, or ``<distribution>:<file>`` inside an installed
+    Python distribution."""
+    if DISTRIBUTION_SEPARATOR in model and not Path(model).is_file():
+        name, file = model.split(DISTRIBUTION_SEPARATOR, 1)
+        path = distribution_file(name, file)
+    else:
+        path = Path(model)
+    if not path.is_file():
+        raise ConfigError("base.model", f"GGUF file {path} not found")
+    return path
 
 
 def distribution_file(name: str, file: str) -> Path:

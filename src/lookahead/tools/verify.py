@@ -163,6 +163,7 @@ def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: 
     """The rows of one stage: every figure of either side except the ``_sd`` columns and the
     intervals themselves (a claim's row carries its intervals)."""
     old, new = flatten(committed), flatten(here)
+    references = claim_references()
     rows = []
     for name in list(old) + [k for k in new if k not in old]:
         if name.endswith((SD_SUFFIX, LOW, HIGH, "_se")) or name in NOT_FIGURES:
@@ -170,7 +171,7 @@ def compare(committed: dict, here: dict, stage: str, sd_factor: float, rel_tol: 
         a, b = old.get(name), new.get(name)
         if name + LOW in old or name + LOW in new:
             rows.append(Row(f"{stage}.{name}", a, b, 0.0, True, "interval", _interval(old, name), _interval(new, name),
-                            reference=claim_references().get(name, 0.0)))
+                            reference=references.get(name, 0.0)))
             continue
         sds = [float(v) for v in (old.get(name + SD_SUFFIX), new.get(name + SD_SUFFIX)) if _number(v)]
         research = bool(sds)
