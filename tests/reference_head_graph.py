@@ -14,7 +14,8 @@ from transformers.models.olmo2.modeling_olmo2 import apply_rotary_pos_emb
 @torch.no_grad()
 def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: torch.Tensor,
                       skip: str = "full") -> torch.Tensor:
-    """Logits (B, T, V) of an Olmo2ForCausalLM run over the head graph (adjacency, gates).
+    """Logits (B, T, V) of an Olmo2ForCausalLM or a LlamaForCausalLM run over the head graph
+    (adjacency, gates).
 
     adjacency (N, N) shared or (B, T, N, N); gates (N,) or (B, T, N), entry 0 ignored.
     For head j (layer l, head h) at position t:
@@ -28,9 +29,15 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
     skip="query": a head off at t has no query or output there, but its key and value at t exist:
       the k-norm's ms is the plain mean Σ_h |k_h|² / (D H) over the layer's heads, the q-norm's is
       gated as above, attention runs over every key t' ≤ t with no log g term, and o_j keeps its g_j.
+
+    Llama: q_j, k_j, v_j read input_layernorm(x_j), k and v from the rows of head j's key/value head
+    (j // group); no QK-norm; o_j = g_j · W_O[j] z_j (no norm after the attention); the MLP reads
+    post_attention_layernorm of the stream.
     """
     cfg = model.config
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    llama = cfg.model_type == "llama"
+    group = n_heads // (cfg.num_key_value_heads or n_heads)
     core = model.model
     bsz, seq = ids.shape
     n = 1 + n_layers * n_heads
@@ -52,16 +59,19 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
         v = torch.zeros_like(q)
         for h, j in enumerate(nodes):
             rows = slice(h * d_head, (h + 1) * d_head)
+            kv_rows = slice((h // group) * d_head, (h // group + 1) * d_head)
             for b in range(bsz):
                 for t in range(seq):
                     x = mlp_sum[b, t].clone()
                     for i, o in contrib.items():
                         x = x + a[b, t, i, j] * o[b, t]
+                    if llama:
+                        x = layer.input_layernorm(x)
                     q[h, b, t] = attn.q_proj.weight[rows] @ x
-                    k[h, b, t] = attn.k_proj.weight[rows] @ x
-                    v[h, b, t] = attn.v_proj.weight[rows] @ x
+                    k[h, b, t] = attn.k_proj.weight[kv_rows] @ x
+                    v[h, b, t] = attn.v_proj.weight[kv_rows] @ x
         # QK-norm over the heads' own slices, weighted by their gates
-        for name, vec, norm in (("q", q, attn.q_norm), ("k", k, attn.k_norm)):
+        for name, vec, norm in () if llama else (("q", q, attn.q_norm), ("k", k, attn.k_norm)):
             for b in range(bsz):
                 for t in range(seq):
                     w = torch.stack([g[b, t, j] for j in nodes])
@@ -99,9 +109,12 @@ def reference_forward(model, ids: torch.Tensor, adjacency: torch.Tensor, gates: 
                 s_sum = sum(g[b, t, j] * head_out[h, b, t] for h, j in enumerate(nodes))
                 rms = torch.sqrt(s_sum.pow(2).mean() + post.variance_epsilon)
                 for h, j in enumerate(nodes):
-                    contrib[j][b, t] = g[b, t, j] * post.weight * head_out[h, b, t] / rms
+                    if llama:
+                        contrib[j][b, t] = g[b, t, j] * head_out[h, b, t]
+                    else:
+                        contrib[j][b, t] = g[b, t, j] * post.weight * head_out[h, b, t] / rms
         stream = stream + sum(contrib[j] for j in nodes)
-        m = layer.post_feedforward_layernorm(layer.mlp(stream))
+        m = layer.mlp(post(stream)) if llama else layer.post_feedforward_layernorm(layer.mlp(stream))
         stream = stream + m
         mlp_sum = mlp_sum + m
     return model.lm_head(core.norm(stream))

@@ -1,7 +1,9 @@
 """The per-head pieces of the head-graph runtime (:mod:`lookahead.graph.runtime`): a layer's
-weights sliced per head, per-head projections, OLMo2's QK-norm with a gated mean square folded into
-RoPE, attention with gated keys, and the post-attention norm that turns the gated sum of head
-outputs into each head's contribution. Shapes: h heads, B rows, T positions, D = head_dim, d = hidden.
+weights sliced per head (keys and values of query head h from its key/value head h // group),
+per-head projections, a QK-norm with a gated mean square folded into RoPE (for families that
+normalise queries and keys), attention with gated keys, and the family's turn of the gated sum of
+head outputs into each head's contribution. Shapes: h heads, B rows, T positions, D = head_dim,
+d = hidden. The family (:mod:`lookahead.lm.families`) says what differs between models.
 """
 
 from __future__ import annotations
@@ -10,20 +12,29 @@ import torch
 import torch.nn.functional as F
 
 
-def head_weights(layer, heads: torch.Tensor | None):
+def head_weights(family, layer, heads: torch.Tensor | None):
     """Per-head slices of one layer's attention weights for heads ``heads`` (None: all): W_qkv
-    (h, d, 3D), W_O (h, D, d), q/k norm weights (h, 2, D)."""
+    (h, d, 3D) — each query head's own query rows and its group's key and value rows —, W_O
+    (h, D, d), q/k norm weights (h, 2, D) (None for a family without QK-norm)."""
     attn = layer.self_attn
     d_head = attn.head_dim
     hidden = attn.q_proj.weight.shape[1]
     h_all = attn.q_proj.weight.shape[0] // d_head
+    group = family.shape.group
 
-    w_qkv = torch.cat([w.view(h_all, d_head, hidden) for w in (attn.q_proj.weight, attn.k_proj.weight,
-                                                                attn.v_proj.weight)], dim=1)  # (H, 3D, d)
+    def per_head(w):  # (H, D, d): a key/value head's rows repeated for each query head of its group
+        return w.view(h_all, d_head, hidden) if group == 1 else w.view(-1, d_head, hidden).repeat_interleave(group, 0)
+
+    w_qkv = torch.cat([attn.q_proj.weight.view(h_all, d_head, hidden), per_head(attn.k_proj.weight),
+                       per_head(attn.v_proj.weight)], dim=1)  # (H, 3D, d)
     w_o = attn.o_proj.weight.view(hidden, h_all, d_head).permute(1, 2, 0)  # (H, D, d)
-    qk_w = torch.stack([attn.q_norm.weight.view(h_all, d_head), attn.k_norm.weight.view(h_all, d_head)], dim=1)
+    qk_w = None
+    if family.qk_norm:
+        q_w, k_w, _ = family.qk_norm_weights(layer)
+        qk_w = torch.stack([q_w, k_w], dim=1)
     if heads is not None:
-        w_qkv, w_o, qk_w = w_qkv[heads], w_o[heads], qk_w[heads]
+        w_qkv, w_o = w_qkv[heads], w_o[heads]
+        qk_w = None if qk_w is None else qk_w[heads]
     return w_qkv.transpose(1, 2), w_o, qk_w
 
 
@@ -58,30 +69,41 @@ def qk_norm_rope(x: torch.Tensor, ms: torch.Tensor, eps: float, c: torch.Tensor,
     return out[..., 0, :], out[..., 1, :]
 
 
-def head_outputs(layer, heads, x, g, cos, sin_signed, contributions: bool = True,
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """RoPE in its rolled form, x · cos + roll(x, D/2) · sign · sin, for a family without QK-norm:
+    x (…, D) float32, cos/sin_signed broadcastable to it; in ``dtype``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed).to(dtype)
+
+
+def head_outputs(family, layer, heads, x, g, cos, sin_signed, contributions: bool = True,
                  query: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their inputs x
-    (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): the stock
-    post-attention norm of the gated attention output.
+    """Contributions (h, B, T, d) of heads ``heads`` (None: all) of ``layer`` from their input
+    streams x (h, B, T, d) (None unless ``contributions``), and their sum (B, T, d): what the
+    attention adds to the stream (``family.contributions``: OLMo2's post-attention norm of the gated
+    attention output, Llama's plain sum).
 
     g: None (all on), (h,) shared gates or (h, B, T) per-position gates. ``query``: the gates act
     on the query side only (``runtime.skip: query``): every key and value exists, the k-norm's mean
     square is over all heads, and only the q-norm's is weighted by the gates.
     """
     attn = layer.self_attn
-    eps = attn.q_norm.variance_epsilon
-    w_qkv, w_o, qk_w = head_weights(layer, heads)
+    w_qkv, w_o, qk_w = head_weights(family, layer, heads)
     d_head = attn.head_dim
-    qkv = project(x, w_qkv)  # (h, B, T, 3D)
+    dtype = x.dtype
+    qkv = project(family.attention_input(layer, x), w_qkv)  # (h, B, T, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
     w = None if g is None else (g[:, None, None] if g.dim() == 1 else g)  # broadcastable to (h, B, T)
-    sumsq = qk.float().pow(2).sum(-1)  # (h, B, T, 2)
-    if query and w is not None:  # q: the gated mean; k: every head's
-        ms = torch.cat([gated_mean(sumsq[..., :1], w), sumsq[..., 1:].mean(0)], dim=-1) / d_head
+    if family.qk_norm:
+        eps = family.qk_norm_weights(layer)[2]
+        sumsq = qk.float().pow(2).sum(-1)  # (h, B, T, 2)
+        if query and w is not None:  # q: the gated mean; k: every head's
+            ms = torch.cat([gated_mean(sumsq[..., :1], w), sumsq[..., 1:].mean(0)], dim=-1) / d_head
+        else:
+            ms = gated_mean(sumsq, w) / d_head  # (B, T, 2)
+        table = rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
+        q, k = qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
     else:
-        ms = gated_mean(sumsq, w) / d_head  # (B, T, 2)
-    table = rope_tables(qk_w, cos, sin_signed)[:, None]  # (h, 1, T, 2, 2, D)
-    q, k = qk_norm_rope(qk.float(), ms, eps, table[..., 0, :, :], table[..., 1, :, :], qk.dtype)  # (h, B, T, D)
+        q, k = rope(qk.float(), cos[:, None], sin_signed[:, None], qk.dtype).unbind(-2)  # (h, B, T, D)
 
     # per-position gates: keys carry log g (not in query mode: every key exists); shared gates are
     # constant over keys and leave the softmax be
@@ -89,17 +111,7 @@ def head_outputs(layer, heads, x, g, cos, sin_signed, contributions: bool = True
     o = project(z, w_o)  # (h, B, T, d)
     if w is not None:
         o = o * w[..., None].to(o.dtype)
-    return post_norm(layer, o.sum(0).float(), o if contributions else None, x.dtype)
-
-
-def post_norm(layer, s: torch.Tensor, o: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """OLMo2's post-attention RMSNorm of the gated attention sum s (…, d) float32, in the stock
-    norm's order of operations: (the heads' contributions o · w_post / rms, o (h, …, d) — None
-    when o is None —, the normed sum w_post · s / rms), both in ``dtype``."""
-    inv_rms = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + layer.post_attention_layernorm.variance_epsilon)
-    w_post = layer.post_attention_layernorm.weight
-    total = (w_post * (s * inv_rms)).to(dtype)
-    return None if o is None else (o.float() * (w_post * inv_rms)).to(dtype), total
+    return family.contributions(layer, o.sum(0).float(), o if contributions else None, dtype)
 
 
 GATE_FLOOR = 1e-12

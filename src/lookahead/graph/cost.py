@@ -2,8 +2,9 @@
 side of "NLL as deployed" (phase 1's ``deployed_macs_over_dense``, ``benchmarks/runtime.py``'s ideal).
 
 Counted: the weight matrices a token goes through and attention's QK and AV; not counted: the
-embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token). The attention is
-``n_heads · head_dim`` wide (:func:`lookahead.lm.olmo2.head_dim_of`: narrower than the residual
+embedding lookup, norms, softmax and the top-K (each O(d) or O(L·H) per token). The LM head costs
+d·V whether or not it is tied to the embedding (a tied head is still a matmul). The attention is
+``n_heads · head_dim`` wide (:func:`lookahead.lm.families.base.head_dim_of`: narrower than the residual
 stream in the smaller dense models of docs/research/frontier.md). Non-embedding MACs leave out the
 LM head's d·V (:func:`lm_head_macs`), the share that does not shrink with the attention.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lookahead.lm.olmo2 import head_dim_of
+from lookahead.lm.families.base import head_dim_of
 
 
 MODES = ("full", "query", "static")
@@ -25,12 +26,14 @@ def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
     ``full``, it has no query, key, value or output there, and a running head's keys are the
     positions it runs at (a share ``on`` of them); ``query``, every key and value exists. A head off
     *for every token* (``static``: pruning): it has no query, key, value or output anywhere, and a
-    kept head runs at every position, so it attends every key. ``cfg``: a transformers OLMo2 config."""
+    kept head runs at every position, so it attends every key. Under grouped-query attention keys
+    and values are the key/value heads' (:func:`kv_width`) and ``on`` is also the share of key/value
+    groups that run (routing whole groups). ``cfg``: a transformers config of a supported family."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     d, a = cfg.hidden_size, attention_width(cfg)
     keys = context * (on if mode == "full" else 1.0)
-    kv = 2 * d * a * (1.0 if mode == "query" else on)
+    kv = 2 * d * kv_width(cfg) * (1.0 if mode == "query" else on)
     attention = on * (2 * d * a + 2 * keys * a)  # q and o projections, QK and AV of the running heads
     return cfg.num_hidden_layers * (kv + attention + 3 * d * cfg.intermediate_size) + lm_head_macs(cfg)
 
@@ -38,6 +41,12 @@ def macs_per_token(cfg, context: float, on: float, mode: str) -> float:
 def attention_width(cfg) -> int:
     """Width of a layer's queries (and keys, values): n_heads · head_dim."""
     return cfg.num_attention_heads * head_dim_of(cfg)
+
+
+def kv_width(cfg) -> int:
+    """Width of a layer's keys (and values): n_kv_heads · head_dim (the attention's width without
+    grouping)."""
+    return (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * head_dim_of(cfg)
 
 
 def lm_head_macs(cfg) -> int:
@@ -50,19 +59,25 @@ def gate_macs(cfg, on: torch.Tensor, mode: str) -> torch.Tensor:
     runs at that position), prefill, counted from the gates as they run rather than from their
     share: under ``full`` (and ``static``: a pruned head is off at every position) a running head at
     t attends the positions s <= t at which it ran (no other keys exist); under ``query`` every head
-    has a key and value at every position and a running head attends all t + 1. The closed form
-    :func:`macs_per_token` is this at gates of one share spread evenly."""
+    has a key and value at every position and a running head attends all t + 1. Under grouped-query
+    attention a key/value head is computed where any head of its group runs, and a running head
+    attends its group's keys. The closed form :func:`macs_per_token` is this at gates of one share
+    spread evenly."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     on = on.double()
     b, t, n_layers, n_heads = on.shape
     d, head = cfg.hidden_size, head_dim_of(cfg)
+    n_kv = kv_width(cfg) // head
+    group = n_heads // n_kv
     if mode == "query":
         keys = torch.arange(1, t + 1, dtype=on.dtype)[None, :, None, None]  # (1, T, 1, 1)
-        kv = 2 * d * head * n_heads * n_layers
+        kv = 2 * d * head * n_kv * n_layers
     else:
-        keys = on.cumsum(1)  # (B, T, L, H): positions <= t at which the head ran
-        kv = (2 * d * head * on).sum((-2, -1))  # (B, T)
+        on_kv = on if group == 1 else on.unflatten(-1, (n_kv, group)).amax(-1)  # (B, T, L, H_kv)
+        keys = on_kv.cumsum(1)  # (B, T, L, H_kv): positions <= t at which the group ran
+        keys = keys if group == 1 else keys.repeat_interleave(group, -1)
+        kv = (2 * d * head * on_kv).sum((-2, -1))  # (B, T)
     attention = (on * (2 * d * head + 2 * keys * head)).sum((-2, -1))  # (B, T): q, o, QK and AV
     return kv + attention + n_layers * 3 * d * cfg.intermediate_size + lm_head_macs(cfg)
 

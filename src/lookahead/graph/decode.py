@@ -53,7 +53,7 @@ import torch.fx.experimental._config
 import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
-from lookahead.graph.plan import KVCache, Output, _binary, _fused, _rope, gated_forward
+from lookahead.graph.plan import KVCache, Output, _binary, _fused, _rope, _split, gated_forward
 from lookahead.graph.runtime import SKIP_MODES, check_model
 
 BUCKETS = {"cuda": (True, 256), "cpu": (False, 1)}
@@ -70,10 +70,10 @@ class DecodeError(LookaheadError, ValueError):
 
 
 class DecodeStep:
-    """Routed decode steps of an OLMo2 causal LM with one compiled graph per step kind.
+    """Routed decode steps of a causal LM with one compiled graph per step kind.
 
     Args:
-        model: a transformers ``Olmo2ForCausalLM`` in eval mode.
+        model: a transformers causal LM of a supported family (:mod:`lookahead.lm.families`) in eval mode.
         batch: rows decoded side by side.
         capacity: positions the cache holds (prompt plus new tokens).
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
@@ -83,7 +83,8 @@ class DecodeStep:
     """
 
     def __init__(self, model, batch: int, capacity: int, skip: str, router=None):
-        self.n_layers, self.n_heads = check_model(model)
+        shape = check_model(model).shape
+        self.n_layers, self.n_heads, self.group = shape.n_layers, shape.n_heads, shape.group
         if skip not in SKIP_MODES:
             raise DecodeError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
         if router is not None and getattr(router.predictor.cfg, "weights", "binary") != "binary":
@@ -99,7 +100,7 @@ class DecodeStep:
         self.fused = [_fused(layer) for layer in model.model.layers[: self.n_layers]]
         # every pair stores each step's key and value (and the k-norm spans it) in ``query`` mode,
         # only the running pairs in ``full`` mode: the per-token graph's input that says which
-        self.every = torch.full((self.n_layers, batch, self.n_heads), skip == "query", device=self.device)
+        self.every = torch.full((self.n_layers, batch, shape.n_kv_heads), skip == "query", device=self.device)
         self.graphs = _model_graphs(model)
         self._route = self.graphs.route(router) if router is not None else None
 
@@ -127,10 +128,11 @@ class DecodeStep:
         if gates.dim() == 1:  # a shared topology: its running heads' caches only, (B, h_l, capacity, D)
             self.shared = gates.clone()
             self.weights = shared_weights(self.model, gates, self.skip)
-            runs = [(gates[1:] > 0).view(self.n_layers, self.n_heads)[idx].nonzero()[:, 0] for idx in range(self.n_layers)]
-            self.keys = [kv[idx, 0][:, run].clone() if len(run) else None for idx, run in enumerate(runs)]
-            self.values = [kv[idx, 1][:, run].clone() if len(run) else None for idx, run in enumerate(runs)]
-        else:  # per token: every (row, head)'s, (B·H, capacity, D)
+            # the key/value heads of the running heads, (B, h_kv, capacity, D) per layer
+            runs = [None if w is None else w[2] for w in self.weights]
+            self.keys = [None if run is None else kv[idx, 0][:, run].clone() for idx, run in enumerate(runs)]
+            self.values = [None if run is None else kv[idx, 1][:, run].clone() for idx, run in enumerate(runs)]
+        else:  # per token: every (row, key/value head)'s, (B·H_kv, capacity, D)
             self.keys = [kv[idx, 0].flatten(0, 1).clone() for idx in range(self.n_layers)]
             self.values = [kv[idx, 1].flatten(0, 1).clone() for idx in range(self.n_layers)]
         self.cache.kv = None
@@ -177,7 +179,7 @@ class DecodeStep:
                 raise DecodeError("per-token gates need a step prefilled with per-token gates, and 0/1 head gates "
                                   "with the source's gate 1")
             g = gates
-            on, order, counts, longest = _bookkeeping(gates[:, 0, 1:] > 0, cache.stored, self.n_layers)
+            on, order, counts, longest = _bookkeeping(gates[:, 0, 1:] > 0, cache.stored, self.n_layers, self.group)
         else:
             raise DecodeError(f"gates must be ({n},) shared or ({self.batch}, 1, {n}) per token; got {tuple(gates.shape)}")
         sizes = torch.cat([counts, longest]).tolist()  # the one host read of the step
@@ -196,49 +198,56 @@ class DecodeStep:
 
 def _layers_step(c, ids, pos, on, every, order, counts, fused, all_keys, all_values, stored, *sizes):
     """Every layer of one per-token step (see the module docstring). ``on`` (L, B, H): the running
-    pairs; ``every`` (L, B, H): True in ``query`` mode, where every pair stores the step's key and
+    pairs; ``every`` (L, B, H_kv): True in ``query`` mode, where every pair stores the step's key and
     value and the k-norm spans them all, False in ``full`` mode, where the running pairs do (one
     graph serves both); ``fused``: each layer's W_qkv; ``sizes``: each layer's pairs, then each
-    layer's keys read."""
-    model, n_layers = c.model, c.n_layers
-    bsz, n_heads, d_head = ids.shape[0], c.n_heads, c.d_head
+    layer's keys read. Under grouped attention the cache is per (row, key/value head) and a running
+    (row, head) pair reads its group's."""
+    model, n_layers, family = c.model, c.n_layers, c.family
+    bsz, n_heads, d_head, group = ids.shape[0], c.n_heads, c.d_head, c.group
     core = model.model
     x = core.embed_tokens(ids)  # (B, 1, d)
     cos, sin = core.rotary_emb(x, pos[None])  # (1, 1, D)
     cos, sin = cos[:, :, None], sin[:, :, None]  # (1, 1, 1, D) against (B, 1, H, D)
     rows = bsz * n_heads
-    flat = torch.arange(rows, device=ids.device)
+    kv_rows = rows // group
+    flat = torch.arange(kv_rows, device=ids.device)
     realized = []
     for idx, layer in enumerate(core.layers[:n_layers]):
         n_pairs, n_keys = sizes[idx], sizes[n_layers + idx]
-        stores = on[idx] | every[idx]  # (B, H)
-        gf, sf = on[idx].to(torch.float32), stores.to(torch.float32)
-        q, k, v = F.linear(x, fused[idx]).view(bsz, 1, 3, n_heads, d_head).unbind(2)  # (B, 1, H, D)
+        on_kv = on[idx] if group == 1 else on[idx].unflatten(-1, (-1, group)).any(-1)  # (B, H_kv): where a head runs
+        stores = on_kv | every[idx]  # (B, H_kv)
+        q, k, v = _split(F.linear(family.attention_input(layer, x), fused[idx]), c.shape)  # (B, 1, H | H_kv, D)
         attn = layer.self_attn
-        q_w, k_w = attn.q_norm.weight.view(n_heads, d_head), attn.k_norm.weight.view(n_heads, d_head)
-        q_ms = (q.float().square().sum(-1)[:, 0] * gf).sum(-1) / (gf.sum(-1).clamp_min(1e-12) * d_head)  # (B,)
-        k_ms = (k.float().square().sum(-1)[:, 0] * sf).sum(-1) / (sf.sum(-1).clamp_min(1e-12) * d_head)
-        q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + c.eps)[:, None, None, None]).to(q.dtype), cos, sin)
-        k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)[:, None, None, None]).to(k.dtype), cos, sin)
-        keys, values = all_keys[idx], all_values[idx]  # (B·H, capacity, D)
+        if family.qk_norm:
+            gf, sf = on[idx].to(torch.float32), stores.to(torch.float32)
+            q_w, k_w, eps = family.qk_norm_weights(layer)
+            q_ms = (q.float().square().sum(-1)[:, 0] * gf).sum(-1) / (gf.sum(-1).clamp_min(1e-12) * d_head)  # (B,)
+            k_ms = (k.float().square().sum(-1)[:, 0] * sf).sum(-1) / (sf.sum(-1).clamp_min(1e-12) * d_head)
+            q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + eps)[:, None, None, None]).to(q.dtype), cos, sin)
+            k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + eps)[:, None, None, None]).to(k.dtype), cos, sin)
+        else:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        keys, values = all_keys[idx], all_values[idx]  # (B·H_kv, capacity, D)
         # every pair writes at its next slot; only those that store advance (module docstring)
-        at = stored[idx].view(rows)
-        keys.index_put_((flat, at), k.reshape(rows, d_head))
-        values.index_put_((flat, at), v.reshape(rows, d_head))
+        at = stored[idx].view(kv_rows)
+        keys.index_put_((flat, at), k.reshape(kv_rows, d_head))
+        values.index_put_((flat, at), v.reshape(kv_rows, d_head))
         stored[idx] += stores.long()
-        length = stored[idx].view(rows)
+        length = stored[idx].view(kv_rows)
         sel = order[idx, :n_pairs]  # the running pairs first; past counts[idx], padding
+        kv_sel = sel if group == 1 else (sel // n_heads) * (n_heads // group) + (sel % n_heads) // group
         real = torch.arange(n_pairs, device=ids.device) < counts[idx]
-        seen = torch.arange(n_keys, device=ids.device) < torch.where(real, length[sel], 1)[:, None]  # (P, n)
+        seen = torch.arange(n_keys, device=ids.device) < torch.where(real, length[kv_sel], 1)[:, None]  # (P, n)
         queries = q.reshape(rows, d_head)[sel].float()  # (P, D): returned below, so computed once
         realized.append(queries)
-        scores = (queries[:, None, :] * keys[sel, :n_keys].float()).sum(-1)
+        scores = (queries[:, None, :] * keys[kv_sel, :n_keys].float()).sum(-1)
         weights = torch.softmax(scores.mul(c.scale).masked_fill(~seen, float("-inf")), dim=-1)  # (P, n)
-        z = (weights[..., None] * values[sel, :n_keys].float()).sum(1).to(x.dtype)  # (P, D)
+        z = (weights[..., None] * values[kv_sel, :n_keys].float()).sum(1).to(x.dtype)  # (P, D)
         target = torch.where(real, sel, rows)
         out = x.new_zeros(rows + 1, d_head).index_put_((target,), z)[:rows].view(bsz, 1, n_heads * d_head)
-        x = x + layer.post_attention_layernorm(F.linear(out, attn.o_proj.weight))
-        x = x + layer.post_feedforward_layernorm(layer.mlp(x))
+        x = x + family.attention_output(layer, F.linear(out, attn.o_proj.weight))
+        x = x + family.mlp(layer, x)
     hidden = core.norm(x)
     # the queries are graph outputs so that inductor computes them once: left to fusion, their
     # QK-norm and RoPE are recomputed inside the score loop for every key
@@ -247,10 +256,14 @@ def _layers_step(c, ids, pos, on, every, order, counts, fused, all_keys, all_val
 
 def shared_weights(model, gates: torch.Tensor, skip: str) -> list[tuple | None]:
     """Per layer, what a shared topology's step reads (None: no head runs there): W_qkv with the rows
-    of the running heads' queries, the keys the k-norm spans (every head's in ``query`` mode, the
-    running heads' first) and the running heads' values; the running heads' q- and k-norm weights;
-    the output projection's columns of the running heads."""
-    n_layers, n_heads = check_model(model)
+    of the running heads' queries, the keys the step stores (the running heads' key/value heads
+    first, then in ``query`` mode every other one, which the k-norm spans) and the running heads'
+    values; the running heads (h,) and their key/value heads (h_kv,); the q- and k-norm weights of
+    those (None for a family without QK-norm); the output projection's columns of the running
+    heads; and under grouped attention each running head's index among its layer's h_kv (else None)."""
+    family = check_model(model)
+    shape = family.shape
+    n_layers, n_heads, group, d_head = shape.n_layers, shape.n_heads, shape.group, shape.head_dim
     on = (gates[1:] > 0).view(n_layers, n_heads)
     out = []
     for idx, layer in enumerate(model.model.layers[:n_layers]):
@@ -259,15 +272,22 @@ def shared_weights(model, gates: torch.Tensor, skip: str) -> list[tuple | None]:
             out.append(None)
             continue
         attn = layer.self_attn
-        d_head = attn.head_dim
-        keys = torch.cat([run, (~on[idx]).nonzero()[:, 0]]) if skip == "query" else run  # running heads first
+        groups = run if group == 1 else torch.unique(run // group)
+        rest = torch.ones(shape.n_kv_heads, dtype=torch.bool, device=run.device)
+        rest[groups] = False
+        keys = torch.cat([groups, rest.nonzero()[:, 0]]) if skip == "query" else groups  # running ones first
 
         def rows(w, heads):
-            return w.view(n_heads, d_head, -1)[heads].flatten(0, 1)
-        w_qkv = torch.cat([rows(attn.q_proj.weight, run), rows(attn.k_proj.weight, keys), rows(attn.v_proj.weight, run)])
-        q_w, k_w = attn.q_norm.weight.view(n_heads, d_head)[run], attn.k_norm.weight.view(n_heads, d_head)[run]
+            return w.view(-1, d_head, w.shape[-1])[heads].flatten(0, 1)
+        w_qkv = torch.cat([rows(attn.q_proj.weight, run), rows(attn.k_proj.weight, keys),
+                           rows(attn.v_proj.weight, groups)])
+        norms = None
+        if family.qk_norm:
+            q_w, k_w, _ = family.qk_norm_weights(layer)
+            norms = (q_w[run], k_w[groups])
         w_o = attn.o_proj.weight.view(-1, n_heads, d_head)[:, run].flatten(1)
-        out.append((w_qkv, q_w, k_w, w_o))
+        index = None if group == 1 else torch.searchsorted(groups, run // group)
+        out.append((w_qkv, run, groups, norms, w_o, index))
     return out
 
 
@@ -279,32 +299,39 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 def _shared_step(c, ids, pos, weights, all_keys, all_values, n_keys):
     """Every layer of one step under a shared topology: the running heads' projections, QK-norm
-    (the k-norm over every head's keys in ``query`` mode), their cache write and
-    ``scaled_dot_product_attention`` over their ``n_keys`` keys; the output projection of their columns."""
-    core = c.model.model
+    where the family has it (the k-norm over every head's keys in ``query`` mode), their cache write
+    and ``scaled_dot_product_attention`` over their ``n_keys`` keys; the output projection of their
+    columns (:func:`shared_weights`)."""
+    core, family = c.model.model, c.family
     bsz, d_head = ids.shape[0], c.d_head
     x = core.embed_tokens(ids)  # (B, 1, d)
     cos, sin = core.rotary_emb(x, pos[None])
     cos, sin = cos[:, :, None], sin[:, :, None]  # (1, 1, 1, D)
     for idx, layer in enumerate(core.layers[: c.n_layers]):
         if weights[idx] is not None:
-            w_qkv, q_w, k_w, w_o = weights[idx]
-            h = q_w.shape[0]
-            qkv = F.linear(x, w_qkv).view(bsz, 1, -1, d_head)  # (B, 1, h + h_k + h, D), h_k ≥ h
-            # the running heads' keys are the first h of the h_k the k-norm spans; every slice here
-            # is valid for any h_k ≥ h, so one graph serves both skip modes (h_k = h in ``full``)
-            q, k, v, normed = qkv[:, :, :h], qkv[:, :, h : 2 * h], qkv[:, :, -h:], qkv[:, :, h:-h]
-            q_ms = q.float().square().mean((-1, -2), keepdim=True)
-            k_ms = normed.float().square().mean((-1, -2), keepdim=True)
-            q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + c.eps)).to(q.dtype), cos, sin)
-            k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)).to(k.dtype), cos, sin)
-            keys, values = all_keys[idx], all_values[idx]  # (B, h, capacity, D)
+            w_qkv, run, groups, norms, w_o, index = weights[idx]
+            h, h_kv = run.shape[0], groups.shape[0]
+            qkv = F.linear(family.attention_input(layer, x), w_qkv).view(bsz, 1, -1, d_head)  # (B, 1, h + h_k + h_kv, D)
+            # the running heads' keys are the first h_kv of the h_k stored; every slice here is valid
+            # for any h_k ≥ h_kv, so one graph serves both skip modes (h_k = h_kv in ``full``)
+            q, k, v, normed = qkv[:, :, :h], qkv[:, :, h : h + h_kv], qkv[:, :, -h_kv:], qkv[:, :, h:-h_kv]
+            if norms is not None:
+                q_w, k_w = norms
+                q_ms = q.float().square().mean((-1, -2), keepdim=True)
+                k_ms = normed.float().square().mean((-1, -2), keepdim=True)
+                q = _rope(q_w * (q.float() * torch.rsqrt(q_ms + c.eps)).to(q.dtype), cos, sin)
+                k = _rope(k_w * (k.float() * torch.rsqrt(k_ms + c.eps)).to(k.dtype), cos, sin)
+            else:
+                q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            keys, values = all_keys[idx], all_values[idx]  # (B, h_kv, capacity, D)
             keys.index_copy_(2, pos, k.transpose(1, 2))
             values.index_copy_(2, pos, v.transpose(1, 2))
-            z = F.scaled_dot_product_attention(q.transpose(1, 2), keys[:, :, :n_keys], values[:, :, :n_keys],
-                                               scale=c.scale)  # (B, h, 1, D)
-            x = x + layer.post_attention_layernorm(F.linear(z.transpose(1, 2).reshape(bsz, 1, -1), w_o))
-        x = x + layer.post_feedforward_layernorm(layer.mlp(x))
+            keys, values = keys[:, :, :n_keys], values[:, :, :n_keys]
+            if index is not None:  # each running head reads its group's keys and values
+                keys, values = keys[:, index], values[:, index]
+            z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, scale=c.scale)  # (B, h, 1, D)
+            x = x + family.attention_output(layer, F.linear(z.transpose(1, 2).reshape(bsz, 1, -1), w_o))
+        x = x + family.mlp(layer, x)
     hidden = core.norm(x)
     return c.model.lm_head(hidden), hidden
 
@@ -315,14 +342,16 @@ def _pairs(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.sort((~on).to(torch.uint8), dim=-1, stable=True).indices, on.sum(-1)
 
 
-def _bookkeeping(g: torch.Tensor, stored: torch.Tensor, n_layers: int):
+def _bookkeeping(g: torch.Tensor, stored: torch.Tensor, n_layers: int, group: int = 1):
     """A per-token step's pairs: g (B, L·H) bool → on (L, B, H), order (L, B·H), counts (L,) and each
-    layer's longest key run among its running pairs after the step (L,; ``stored`` (L, B, H): the
-    keys each (row, head) holds, every position in ``query`` mode)."""
+    layer's longest key run among its running pairs after the step (L,; ``stored`` (L, B, H_kv): the
+    keys each (row, key/value head) holds, every position in ``query`` mode; ``group`` query heads
+    read each)."""
     bsz = g.shape[0]
     on = _fresh(g.view(bsz, n_layers, -1).transpose(0, 1))  # (L, B, H)
     order, counts = _pairs(on.view(n_layers, -1))
-    return on, order, counts, ((stored + 1) * on).amax((1, 2))
+    per_head = stored if group == 1 else stored.repeat_interleave(group, -1)
+    return on, order, counts, ((per_head + 1) * on).amax((1, 2))
 
 
 class _ModelGraphs:
@@ -332,9 +361,12 @@ class _ModelGraphs:
 
     def __init__(self, model):
         self.model, self.compilations, self.compile_s = model, 0, 0.0
-        self.n_layers, self.n_heads = check_model(model)
-        attn = model.model.layers[0].self_attn
-        self.d_head, self.scale, self.eps = attn.head_dim, attn.scaling, attn.q_norm.variance_epsilon
+        self.family = check_model(model)
+        self.shape = self.family.shape
+        self.n_layers, self.n_heads, self.group = self.shape.n_layers, self.shape.n_heads, self.shape.group
+        first = model.model.layers[0]
+        self.d_head, self.scale = self.shape.head_dim, first.self_attn.scaling
+        self.eps = self.family.qk_norm_weights(first)[2] if self.family.qk_norm else None
         self.mode = MODES.get(next(model.parameters()).device.type, "default")
         self.layers = torch.compile(functools.partial(_layers_step, self), backend=_counting(self, self.mode),
                                     dynamic=True)
@@ -346,14 +378,14 @@ class _ModelGraphs:
         """``router``'s step compiled (once per router): its gates for the step (B, 1, N) from the token
         and the previous hidden state, and the step's bookkeeping (:func:`_bookkeeping`)."""
         if id(router) not in self.routes:
-            predictor, embed, n_layers = router.predictor, self.model.model.embed_tokens, self.n_layers
+            predictor, embed, n_layers, group = router.predictor, self.model.model.embed_tokens, self.n_layers, self.group
 
             def route(ids, previous, stored):
                 emb = embed(ids).float()
                 context = emb if predictor.cfg.input == "embedding" else torch.cat([emb, previous], dim=-1)
                 geo = router.geo(ids) if predictor.geo_dim else None
                 g = predictor.route(context, geo, hard=True)[1]
-                return (g, *_bookkeeping(g[:, 0, 1:] > 0, stored, n_layers))
+                return (g, *_bookkeeping(g[:, 0, 1:] > 0, stored, n_layers, group))
 
             # the router is kept beside its graph: an id is unique only while its object lives
             self.routes[id(router)] = (router, torch.compile(route, backend=_counting(self, self.mode), dynamic=True))

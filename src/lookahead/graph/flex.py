@@ -141,7 +141,9 @@ def _call(q, k, v, block_mask, scale):
     first = key not in _SEEN
     tic = time.perf_counter()
     try:
-        out = _kernel()(q, k, v, block_mask=block_mask, scale=scale)
+        # keys and values with their own head count: query head h reads key/value head h // group
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+        out = _kernel()(q, k, v, block_mask=block_mask, scale=scale, **gqa)
     except Exception as err:  # noqa: BLE001 - a compiler failure: the SDPA paths stay
         if _WORKS.get(kind) or ATTENTION == "flex":
             raise FlexError(f"FlexAttention failed on {kind} ({type(err).__name__}: {err}); "
@@ -215,13 +217,13 @@ def packed_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ac
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                      on: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """One query per (row, head) against its cached keys: q (B, H, D), keys/values (B, H, C, D) the
-    cache's whole buffers (C a multiple of :data:`BLOCK`), lengths (B, H) the keys each holds, on
-    (B, H) bool → (B, H, D), 0 where off (None: Flex does not compile here). An off (row, head) visits no key block; one that runs, the
+    """One query per (row, head) against its cached keys: q (B, H, D), keys/values (B, H_kv, C, D) the
+    cache's whole buffers (C a multiple of :data:`BLOCK`; query head h reads key/value head
+    h // (H / H_kv)), lengths (B, H) the keys each query head sees, on (B, H) bool → (B, H, D), 0 where off (None: Flex does not compile here). An off (row, head) visits no key block; one that runs, the
     blocks its keys fill."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    bsz, n_heads, cap, _ = keys.shape
+    cap = keys.shape[2]
     if cap % BLOCK:
         raise FlexError(f"the cache's capacity must be a multiple of {BLOCK}; got {cap}")
     lengths = lengths.to(torch.int32)

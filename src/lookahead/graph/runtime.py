@@ -1,21 +1,26 @@
-"""The head-graph runtime (docs/design.md): an OLMo2 forward pass in which every attention head reads
-its own input stream, built from the outputs of the heads that feed it.
+"""The head-graph runtime (docs/design.md): a causal LM's forward pass in which every attention head
+reads its own input stream, built from the outputs of the heads that feed it. What differs between
+model families (norm placement, QK-norm, the query → key/value head map, the MLP) is asked of the
+model's family (:mod:`lookahead.lm.families`); this module names none.
 
 For head j of layer l (node 1 + l·H + h) the input is
 
     x_j = A[0, j] · e + Σ_{l' < l} m_{l'} + Σ_{i a head of an earlier layer} A[i, j] · o_i
 
 with e the token embedding, m the MLP contributions and o the head contributions. q_j, k_j, v_j are
-head j's own slices of the projections applied to x_j. OLMo2 normalises q and k over the full width
-(QK-norm): here the mean square is taken over the concatenation of the heads' own slices, each
-head weighted by its gate — the stock function when every gate is 1, the mean over the heads that
-run when gates are hard (so a soft pass with hard gates equals a hard pass that skips work).
+head j's own slices of the projections applied to x_j (a pre-norm family normalises x_j first);
+under grouped-query attention k_j and v_j are the rows of j's key/value head, whose query heads share
+one input stream (their columns of A must be equal: :func:`check_groups`). A family with QK-norm over
+the full width normalises q and k over the concatenation of the heads' own slices, each head weighted
+by its gate — the stock function when every gate is 1, the mean over the heads that run when gates
+are hard (so a soft pass with hard gates equals a hard pass that skips work).
 
-Head contribution: o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms_l, where rms_l is the RMS of the layer's
-gated attention sum Σ_j g_j W_O[j] z_j, computed as OLMo2's post-attention RMSNorm does it:
-sqrt(mean(s²) + eps) with the model's own eps. The eps is the near-zero choice: a layer whose heads
-are all off at a position contributes exactly 0 there, the division is always defined, and o is
-continuous in g. Σ_j o_j is then exactly the stock post-attention norm of the attention output.
+Head contribution, post-norm family: o_j = g_j · w_post ⊙ (W_O[j] z_j) / rms_l, where rms_l is the
+RMS of the layer's gated attention sum Σ_j g_j W_O[j] z_j, computed as the stock post-attention
+RMSNorm does it: sqrt(mean(s²) + eps) with the model's own eps. The eps is the near-zero choice: a
+layer whose heads are all off at a position contributes exactly 0 there, the division is always
+defined, and o is continuous in g. Σ_j o_j is then exactly the stock post-attention norm of the
+attention output. Pre-norm family: o_j = g_j · W_O[j] z_j, and the contributions simply add up.
 
 The MLP of layer l and the final norm see the standard stream e + Σ o + Σ m of gated contributions.
 A head that is off at a position (g = 0) has no query, key or value there: the other positions'
@@ -54,6 +59,7 @@ from lookahead.core.checkpointing import layer_call
 from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.lm.families import Family, Shape, family_of
 
 
 class TopologyError(LookaheadError, ValueError):
@@ -80,17 +86,36 @@ def recorded_skip(meta: dict) -> str:
     return meta.get("runtime", {}).get("skip", "full")
 
 
-def check_model(model) -> tuple[int, int]:
-    """(n_layers, n_heads) of a transformers OLMo2 causal LM the runtime can rewire."""
-    cfg = getattr(model, "config", None)
-    if getattr(cfg, "model_type", None) != "olmo2" or not hasattr(model, "lm_head"):
-        raise TopologyError(f"forward_with_topology runs transformers Olmo2ForCausalLM models; got {type(model).__name__}")
-    if cfg.num_key_value_heads != cfg.num_attention_heads:
-        raise TopologyError("grouped-query attention (num_key_value_heads < num_attention_heads) shares keys "
-                            "between heads and has no per-head input stream; use a model with one KV head per head")
-    if cfg.attention_bias:
-        raise TopologyError("attention_bias=True is not supported: the output projection's bias belongs to no head")
-    return cfg.num_hidden_layers, cfg.num_attention_heads
+def check_model(model) -> Family:
+    """The family of a causal LM the runtime can rewire (:func:`lookahead.lm.families.family_of`:
+    validated once per model, an unsupported family or feature refused naming its config key)."""
+    return family_of(model)
+
+
+def check_groups(adjacency: torch.Tensor | None, gates: torch.Tensor | None, shape: Shape, skip: str) -> None:
+    """Under grouped-query attention a key/value group has one input stream and, in ``full`` mode,
+    one gate per position: its query heads' columns of the adjacency must be equal, and so must
+    their per-position gates (a single query head cannot drop keys its group shares). Shared gates
+    may differ inside a group: the group's keys and values exist where any of its heads runs."""
+    if shape.group == 1:
+        return
+    n_layers, n_kv, group = shape.n_layers, shape.n_kv_heads, shape.group
+    differ = torch.zeros(n_layers, n_kv, dtype=torch.bool)
+    if adjacency is not None:
+        cols = adjacency.detach()[..., 1:].unflatten(-1, (n_layers, n_kv, group))  # (…, N, L, G, g)
+        differ = (cols != cols[..., :1]).flatten(0, -4).any(0).any(-1)  # (L, G)
+    if bool(differ.any()):
+        layer, grp = differ.nonzero()[0].tolist()
+        raise TopologyError(f"layer {layer}, key/value group {grp}: its query heads read different input streams "
+                            "(adjacency columns differ); under grouped-query attention a group has one stream")
+    if skip == "full" and gates is not None and gates.dim() > 1:
+        g = gates.detach()[..., 1:].unflatten(-1, (n_layers, n_kv, group))
+        differ = (g != g[..., :1]).flatten(0, -4).any(0).any(-1)
+        if bool(differ.any()):
+            layer, grp = differ.nonzero()[0].tolist()
+            raise TopologyError(f"layer {layer}, key/value group {grp}: full skip of a single query head on a grouped "
+                                "model (its group's keys and values are shared); route whole key/value groups "
+                                "(routing unit: group) or use runtime.skip: query")
 
 
 def default_gates(adjacency: torch.Tensor) -> torch.Tensor:
@@ -140,10 +165,10 @@ def _allowed(n_layers: int, n_heads: int, device: torch.device) -> torch.Tensor:
 
 def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tensor,
                           gates: torch.Tensor | None = None, hard: bool = False, skip: str = "full") -> torch.Tensor:
-    """Logits (B, T, V) of an OLMo2 causal LM run over a head graph.
+    """Logits (B, T, V) of a causal LM (:mod:`lookahead.lm.families`) run over a head graph.
 
     Args:
-        model: a transformers ``Olmo2ForCausalLM`` (frozen or trainable; gradients flow to its
+        model: a transformers causal LM of a supported family (frozen or trainable; gradients flow to its
             weights and to ``adjacency`` / ``gates``).
         input_ids: (B, T) token ids.
         adjacency: edge weights A[i, j], zero outside ``graph.allowed_mask``: (N, N) shared by all
@@ -156,8 +181,10 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     if skip not in SKIP_MODES:
         raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
     query = skip == "query"
-    n_layers, n_heads = check_model(model)
+    family = check_model(model)
+    n_layers, n_heads = family.shape.n_layers, family.shape.n_heads
     _validate(adjacency, gates, input_ids, n_layers, n_heads)
+    check_groups(adjacency, gates, family.shape, skip)
     if gates is None:
         gates = default_gates(adjacency.detach())
     shared = adjacency.dim() == 2
@@ -185,7 +212,7 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
     else:  # per position every layer's nodes are its heads' own slice, each run (the gates say where)
         all_on = gates_fixed and bool((gates[..., 1:] == 1).all())
         layers = [(slice(1 + i * n_heads, 1 + (i + 1) * n_heads), None, all_on) for i in range(n_layers)]
-    packing = (_Packing(gates, n_layers, n_heads, core.layers[0].self_attn.head_dim)
+    packing = (_Packing(gates, n_layers, n_heads, family.shape.head_dim)
                if hard and not query and not shared and not all_on else None)
     if packing is not None:
         cos_sin = torch.stack([cos, sin_signed], dim=1)  # (T, 2, D), read by position
@@ -205,21 +232,21 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
         last = layer_idx == n_layers - 1  # no head reads the last layer's contributions
         g = None if ones else g_all[cols]  # (h,) | (h, B, T)
         if shared and (heads is None or len(heads)):
-            out = attention.head_outputs(layer, heads, _mix_shared(a, cols, msum, sources), g, cos, sin_signed,
-                                         not last, query)
+            out = attention.head_outputs(family, layer, heads, _mix_shared(a, cols, msum, sources), g, cos,
+                                         sin_signed, not last, query)
         elif not shared:
             x_tok = _mix_tokens(a, cols, msum, sources)  # (B·T, h, d)
             if packing is not None:
-                out = _packed_heads(layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
+                out = _packed_heads(family, layer, packing.layer(layer_idx), x_tok, msum, cos_sin, not last)
             else:
                 x = x_tok.view(bsz, t, -1, d).permute(2, 0, 1, 3)
-                o, total = attention.head_outputs(layer, heads, x, g, cos, sin_signed, not last, query)
+                o, total = attention.head_outputs(family, layer, heads, x, g, cos, sin_signed, not last, query)
                 out = None if o is None else o.view(-1, bsz * t, d), total
         contribution = None
         if out is not None:
             contribution = out[0]
             stream = stream + out[1]
-        mlp = layer.post_feedforward_layernorm(layer.mlp(stream))
+        mlp = family.mlp(layer, stream)
         return contribution, stream + mlp, msum + mlp
 
     for layer_idx, layer in enumerate(core.layers[:n_layers]):
@@ -322,7 +349,7 @@ class _Packing:
         return slots, row, row_dst, tok_dst, pos, gates, self.g_tok[:, idx : idx + 1], self.binary
 
 
-def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
+def _packed_heads(family, layer, packing, x_tok, msum, rope, contributions: bool = True
                   ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
     """``attention.head_outputs`` for per-position hard gates, computing only the (head, position) pairs with g > 0.
 
@@ -337,23 +364,27 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     if slots == 0:
         return None
     attn = layer.self_attn
-    eps = attn.q_norm.variance_epsilon
     d_head = attn.head_dim
     n_h, (bsz, t, d) = x_tok.shape[1], msum.shape
 
-    w_qkv, w_o, qk_w = attention.head_weights(layer, None)
+    w_qkv, w_o, qk_w = attention.head_weights(family, layer, None)
     xp = x_tok.reshape(-1, d).index_select(0, row_of_slot).view(n_h, bsz, slots, d)  # input streams of the slots
-    qkv = attention.project(xp, w_qkv)  # (h, B, S, 3D)
+    qkv = attention.project(family.attention_input(layer, xp), w_qkv)  # (h, B, S, 3D)
     qk, v = qkv[..., : 2 * d_head].unflatten(-1, (2, d_head)), qkv[..., 2 * d_head:]
 
-    sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
-    if not binary:
-        sumsq = sumsq * gp[..., None].float()
-    # the gated mean square per token (padding slots: a spare row), then back to the slots
-    ms = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, tok_dst, sumsq.view(-1, 2)).div_(g_tok).index_select(0, tok_dst)
     cos_sin = rope.index_select(0, pos).view(n_h, bsz, slots, 2, 1, -1)  # each slot's position's
-    x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
-    q, k = attention.qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype)
+    if family.qk_norm:
+        eps = family.qk_norm_weights(layer)[2]
+        sumsq = qk.float().pow(2).sum(-1)  # (h, B, S, 2)
+        if not binary:
+            sumsq = sumsq * gp[..., None].float()
+        # the gated mean square per token (padding slots: a spare row), then back to the slots
+        ms = sumsq.new_zeros(bsz * t + 1, 2).index_add_(0, tok_dst, sumsq.view(-1, 2)).div_(g_tok).index_select(0, tok_dst)
+        x = qk.float() * qk_w.float()[:, None, None]  # the norm weights, applied before RoPE here
+        q, k = attention.qk_norm_rope(x, ms.view(n_h, bsz, slots, 2), eps, cos_sin[..., 0, :, :], cos_sin[..., 1, :, :],
+                                      qk.dtype)
+    else:
+        q, k = attention.rope(qk.float(), cos_sin[..., 0, :, :], cos_sin[..., 1, :, :], qk.dtype).unbind(-2)
 
     # Real slots are in position order and padding comes last, so "key slot <= query slot" is
     # exactly "a real key at or before the query's position": slot-causal attention. Gates other
@@ -368,5 +399,5 @@ def _packed_heads(layer, packing, x_tok, msum, rope, contributions: bool = True
     s = (z_tok.view(bsz * t, n_h * d_head) @ attn.o_proj.weight.T).float()  # gated attention sum (B·T, d)
     # (h, B·T, d) contributions, exactly 0 where g = 0
     o = torch.bmm(z_tok.view(bsz * t, n_h, d_head).transpose(0, 1), w_o) if contributions else None
-    o, total = attention.post_norm(layer, s, o, xp.dtype)
+    o, total = family.contributions(layer, s, o, xp.dtype)
     return o, total.view(bsz, t, d)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from lookahead.core.errors import require
+from lookahead.lm.families.base import head_dim_of
+
+__all__ = ["ArchConfig", "head_dim_of", "olmo2_config"]
 
 
 @dataclasses.dataclass
@@ -77,9 +80,3 @@ def olmo2_config(arch: ArchConfig, tokenizer):
         pad_token_id=tokenizer.pad_token_id,
         **width,
     )
-
-
-def head_dim_of(config) -> int:
-    """Per-head query/key/value width of an HF config: its ``head_dim`` where it names one (as
-    transformers' OLMo2 attention reads it), else hidden_size / num_attention_heads."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

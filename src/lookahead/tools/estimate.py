@@ -54,11 +54,14 @@ class Arch:
     hidden: int
     ffn: int
     vocab: int
+    kv_heads: int | None = None
+    """Key/value heads under grouped-query attention (None: one per query head)."""
 
     @property
     def body(self) -> int:
         """Parameters of the transformer blocks (attention, MLP, norms)."""
-        return self.layers * (4 * self.hidden**2 + 3 * self.hidden * self.ffn + 4 * self.hidden)
+        kv = self.hidden * (self.kv_heads or self.heads) // self.heads  # keys' (and values') width
+        return self.layers * (2 * self.hidden**2 + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 4 * self.hidden)
 
     @property
     def params(self) -> int:
@@ -91,7 +94,7 @@ def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vo
 
         cfg = AutoConfig.from_pretrained(model, revision=revision, local_files_only=True)
         return (Arch(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size,
-                     cfg.vocab_size), f"{model} config")
+                     cfg.vocab_size, getattr(cfg, "num_key_value_heads", None)), f"{model} config")
     except Exception:  # noqa: BLE001 - not cached here: the published shape
         published = _published(model)
         if published is not None:
