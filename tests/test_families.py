@@ -17,7 +17,7 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from lookahead.graph.nodes import allowed_mask, head_graph, n_nodes
 from lookahead.graph.plan import KVCache, execute, gated_forward
 from lookahead.graph.runtime import TopologyError, forward_with_topology
-from lookahead.lm.families import FamilyError, family_of
+from lookahead.lm.families.registry import FamilyError, family_of
 from tests.reference_head_graph import reference_forward
 from tests.test_runtime import TOL, tiny_olmo2
 

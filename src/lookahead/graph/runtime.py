@@ -59,7 +59,7 @@ from lookahead.core.checkpointing import layer_call
 from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
 from lookahead.graph.nodes import allowed_mask, n_nodes
-from lookahead.lm.families import Family, Shape, family_of
+from lookahead.lm.families.registry import Family, Shape, family_of
 
 
 class TopologyError(LookaheadError, ValueError):
