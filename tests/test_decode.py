@@ -194,3 +194,32 @@ def test_generate_command_compiles_on_request(model, router, monkeypatch, capsys
     figures = json.loads(compiled[2])
     assert figures["compiled"] is True and json.loads(eager[2])["compiled"] is False
     assert figures["routed_decode_tokens_per_s"] > 0 and figures["dense_decode_tokens_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    from tests.test_families import tiny_llama
+
+    return tiny_llama(n_heads=6, kv_heads=2, hidden=48, rope_theta=500000.0)
+
+
+@pytest.mark.parametrize("kind", ["shared", "per-token"])
+def test_compiled_steps_on_a_grouped_llama_equal_the_independent_reference(grouped, kind):
+    """Grouped-query attention (6 query heads over 2 key/value heads): the cache per key/value head,
+    a running pair reading its group's keys; per-token key/value groups off (``full``) and query
+    heads off (``query``), and a static mask with groups partly on, against transformers' own model
+    with the routed attention function (tests/reference_routed.py). One graph per kind serves both modes."""
+    from tests.reference_routed import routed_reference
+    from tests.test_families import unit_gates
+
+    ids = torch.randint(0, 61, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(5))
+    for skip in ("full", "query"):
+        gates = (unit_gates(grouped, (), 0.4, "query", seed=1) if kind == "shared"
+                 else unit_gates(grouped, tuple(ids.shape), 0.5, skip, seed=2))
+        step = DecodeStep(grouped, ids.shape[0], ids.shape[1], skip)
+        per = gates.dim() > 1
+        step.prefill(ids[:, :PROMPT], gates[:, :PROMPT] if per else gates)
+        logits = torch.cat([step.step(ids[:, t : t + 1], gates[:, t : t + 1] if per else gates)[0].logits
+                            for t in range(PROMPT, ids.shape[1])], 1)
+        ref = routed_reference(grouped, ids, gates, skip)[:, PROMPT:]
+        assert (logits - ref).abs().max().item() <= TOL, skip
