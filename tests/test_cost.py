@@ -92,3 +92,51 @@ def test_head_dim_sets_the_attention_width_and_is_checked():
             ArchConfig(head_dim=bad)
     with pytest.raises(ConfigError, match="n_heads"):
         ArchConfig(hidden_size=128, n_heads=3)
+
+
+def test_grouped_keys_and_values_cost_their_own_heads_where_any_head_of_the_group_runs():
+    """Llama, 6 query heads over 2 key/value groups (head_dim 2, d = 12): a key/value head is 12·2
+    wide per projection. ``query``: both groups' keys and values at every position, t + 1 keys per
+    running head. ``full``: one head of group 0 at t = 0, 2, 4 and another of group 0 at t = 1 —
+    the group's keys and values exist at t = 0, 1, 2, 4 and a running head attends every one of
+    them so far; group 1 never runs and costs nothing. The LM head costs d·V, tied or not."""
+    from transformers import LlamaConfig
+
+    def llama(tied):
+        return LlamaConfig(hidden_size=12, intermediate_size=10, num_hidden_layers=1, num_attention_heads=6,
+                           num_key_value_heads=2, vocab_size=61, tie_word_embeddings=tied)
+
+    cfg = llama(True)
+    assert lm_head_macs(cfg) == lm_head_macs(llama(False)) == 12 * 61
+    d, hd, mlp, head = 12, 2, 3 * 12 * 10, 12 * 61
+    on = torch.ones(1, 5, 1, 6)
+    q = gate_macs(cfg, on, "query")
+    for t in range(5):
+        assert q[0, t].item() == 2 * d * hd * 2 + 6 * (2 * d * hd + 2 * (t + 1) * hd) + mlp + head
+        assert q[0, t].item() == pytest.approx(macs_per_token(cfg, t + 1, 1.0, "query"))
+    one = torch.zeros(1, 5, 1, 6)
+    one[0, [0, 2, 4], 0, 0] = 1
+    one[0, 1, 0, 2] = 1  # heads 0 and 2 are both in group 0 (heads 0-2)
+    full = gate_macs(cfg, one, "full")
+    keys = [1, 2, 3, 0, 4]  # group 0's keys at positions <= t where it ran (none computed at t = 3)
+    for t in range(5):
+        ran = bool(one[0, t].any())
+        expected = (2 * d * hd + (2 * d * hd + 2 * keys[t] * hd)) * ran + mlp + head
+        assert full[0, t].item() == expected
+    assert gate_macs(cfg, one, "query")[0, 3].item() == 2 * d * hd * 2 + mlp + head  # no head runs: k, v still
+
+
+def test_the_estimates_weight_count_charges_keys_and_values_their_own_heads():
+    """``make estimate``'s block parameters under grouped-query attention: Q and O d², K and V
+    d·(d·kv/H), the MLP 3·d·ffn — every linear weight of a Llama layer, counted by torch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lookahead.tools.estimate import Arch
+
+    cfg = LlamaConfig(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, vocab_size=61)
+    linear = sum(m.weight.numel() for m in LlamaForCausalLM(cfg).model.layers.modules()
+                 if isinstance(m, torch.nn.Linear))
+    arch = Arch(2, 6, 24, 40, 61, kv_heads=2)
+    assert arch.body - 2 * 4 * 24 == linear  # less the block's norm weights (4·d: OLMo2's count)
+    assert Arch(2, 6, 24, 40, 61).body - Arch(2, 6, 24, 40, 61, kv_heads=2).body == 2 * 2 * 24 * (24 - 8)
