@@ -6,6 +6,7 @@ tests/test_plan.py; a third family adds one row to :data:`LLAMAS`' kind of list 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -236,3 +237,35 @@ def test_the_executors_name_no_family():
     found = [f"{path.name}:{i}: {line.strip()}" for path in sorted(graph.glob("*.py"))
              for i, line in enumerate(path.read_text().splitlines(), 1) if names.search(line)]
     assert not found, "family names in the executors:\n" + "\n".join(found)
+
+
+def test_the_generate_command_runs_a_grouped_llama(tiny_tokenizer, tmp_path, capsys):
+    """``python -m lookahead.graph.generate`` on a saved grouped Llama (6 query heads over 2 key/value
+    heads) with a head-gate router: routed (``query`` skip: query heads per token) and dense decoding;
+    every head kept, routed generation is transformers' own greedy decoding; a router over single
+    query heads under ``full`` skip is refused with a clear error, not run."""
+    from lookahead.graph.generate import Router, generate, main
+    from lookahead.graph.predictor import save_predictor
+    from tests.test_plan import head_router
+
+    model = tiny_llama(n_heads=6, kv_heads=2, hidden=48, tie=True, rope_theta=100000.0)
+    model.resize_token_embeddings(len(tiny_tokenizer))
+    model.config.pad_token_id, model.config.eos_token_id = tiny_tokenizer.pad_token_id, tiny_tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "lm")
+    tiny_tokenizer.save_pretrained(tmp_path / "lm")
+    save_predictor(head_router(model), tmp_path / "predictor.safetensors")
+
+    prompt = torch.tensor([tiny_tokenizer("alpha beta")["input_ids"]])
+    stock = model.generate(prompt, max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(prompt))
+    assert torch.equal(generate(model, Router(head_router(model, keep=1.0), model), prompt, 5, "query").ids, stock)
+
+    main(["--model", str(tmp_path / "lm"), "--predictor", str(tmp_path / "predictor.safetensors"),
+          "--prompt", "alpha beta", "--max-new-tokens", "5", "--skip", "query"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[routed] ") and out[1].startswith("[dense] ")
+    figures = json.loads(out[2])
+    assert figures["skip"] == "query" and figures["active_head_fraction"] == 0.5
+    assert figures["routed_decode_tokens_per_s"] > 0
+    with pytest.raises(SystemExit, match="full skip of a single query head"):
+        main(["--model", str(tmp_path / "lm"), "--predictor", str(tmp_path / "predictor.safetensors"),
+              "--prompt", "alpha beta", "--max-new-tokens", "3", "--skip", "full"])
