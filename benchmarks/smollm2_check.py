@@ -55,42 +55,26 @@ def load(model: str, sha256: str):
     return source.load_model().eval(), source.load_tokenizer()
 
 
-def unit_gates(shape, lead: tuple, off: float, skip: str, gen: torch.Generator) -> torch.Tensor:
-    """0/1 gates (*lead, N), source 1: query heads per token under ``query`` skip, key/value groups
-    (all their heads) under ``full`` skip, each off with probability ``off``."""
-    units = shape.n_heads if skip == "query" else shape.n_kv_heads
-    g = (torch.rand(*lead, shape.n_layers, units, generator=gen) >= off).float()
-    g = g.repeat_interleave(shape.n_heads // units, -1).flatten(-2)
-    return torch.cat([torch.ones(*lead, 1), g], -1)
-
-
 def executors(model, shape, steps: int):
     """name → f(ids, gates, skip) → logits (B, T, V): every executor of the head graph."""
     from lookahead.graph.decode import DecodeStep
     from lookahead.graph.nodes import head_graph
     from lookahead.graph.plan import KVCache, execute, gated_forward
     from lookahead.graph.runtime import forward_with_topology
+    from tests.reference_routed import stepwise
 
     def graph(g):
         return head_graph(g, shape.n_layers, shape.n_heads)
 
     def cached(ids, g, skip):
-        prompt = ids.shape[1] - steps
         cache = KVCache(model, ids.shape[0], ids.shape[1], skip)
-        per = g.dim() > 1
-        out = [gated_forward(model, ids[:, :prompt], g[:, :prompt] if per else g, skip, cache).logits]
-        for t in range(prompt, ids.shape[1]):
-            out.append(gated_forward(model, ids[:, t : t + 1], g[:, t : t + 1] if per else g, skip, cache).logits)
-        return torch.cat(out, 1)
+        run = lambda i, gi: gated_forward(model, i, gi, skip, cache).logits  # noqa: E731
+        return stepwise(run, run, ids, g, ids.shape[1] - steps)
 
     def compiled(ids, g, skip):
-        prompt = ids.shape[1] - steps
         step = DecodeStep(model, ids.shape[0], ids.shape[1], skip)
-        per = g.dim() > 1
-        out = [step.prefill(ids[:, :prompt], g[:, :prompt] if per else g).logits]
-        for t in range(prompt, ids.shape[1]):
-            out.append(step.step(ids[:, t : t + 1], g[:, t : t + 1] if per else g)[0].logits)
-        return torch.cat(out, 1)
+        return stepwise(lambda i, gi: step.prefill(i, gi).logits, lambda i, gi: step.step(i, gi)[0].logits,
+                        ids, g, ids.shape[1] - steps)
 
     return {
         "runtime_soft": lambda ids, g, skip: forward_with_topology(model, ids, graph(g), g, skip=skip),
@@ -108,28 +92,27 @@ def exactness(model, ids: torch.Tensor, off: float, steps: int, seed: int) -> di
     against its float64 ones (``reference_<skip>_fp32_vs_fp64_...``, the floor no float32 executor
     can beat), and the plan is compared with the reference again with both in float64."""
     from lookahead.lm.families.registry import family_of
-    from tests.reference_routed import routed_reference
+    from tests.reference_routed import routed_reference, unit_gates
 
     shape = family_of(model).shape
     n = 1 + shape.n_layers * shape.n_heads
-    gates = {skip: unit_gates(shape, tuple(ids.shape), off, skip, torch.Generator().manual_seed(seed))
-             for skip in ("query", "full")}
+    gates = {skip: unit_gates(model.config, tuple(ids.shape), off, skip, seed) for skip in ("query", "full")}
     # a static mask (any query head off, a group's keys kept while one of its heads runs)
-    gates["static"] = unit_gates(shape, (), off, "query", torch.Generator().manual_seed(seed + 1))
+    gates["static"] = unit_gates(model.config, (), off, "query", seed + 1)
     skip_of = {"query": "query", "full": "full", "static": "full"}
-    out, want = {}, {}
+    out = {}
     with torch.no_grad():
         stock = model(ids).logits
         want = {k: routed_reference(model, ids, g, skip_of[k]) for k, g in gates.items()}
-        for name, run in executors(model, shape, steps).items():
+        runs = executors(model, shape, steps)
+        for name, run in runs.items():
             out[f"{name}_all_on_max_abs_logit_diff"] = (run(ids, torch.ones(*ids.shape, n), "query") - stock).abs().max().item()
             for skip in ("query", "full"):
                 out[f"{name}_{skip}_units_off_max_abs_logit_diff"] = (run(ids, gates[skip], skip) - want[skip]).abs().max().item()
-        plan = executors(model, shape, steps)["plan"]
+        plan = runs["plan"]
         out["plan_static_units_off_max_abs_logit_diff"] = (plan(ids, gates["static"], "full") - want["static"]).abs().max().item()
         model.double()
-        try:
-            plan = executors(model, shape, steps)["plan"]
+        try:  # in place: the executors run the float64 weights
             for k, g in gates.items():
                 exact = routed_reference(model, ids, g.double(), skip_of[k])
                 out[f"reference_{k}_fp32_vs_fp64_max_abs_logit_diff"] = (want[k].double() - exact).abs().max().item()

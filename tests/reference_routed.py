@@ -3,7 +3,9 @@ own forward (``LlamaForCausalLM``) with an attention function of this file's, sh
 ``lookahead.graph``. Eager attention over the key/value heads repeated per query head; in ``full`` skip
 a key position where its group has no running head gets −inf (a zeroed key would still get weight),
 a soft gate adds log g there; the off heads' slices of o_proj's input are zeroed (soft gates scale
-them). Used by tests/test_families.py and benchmarks/smollm2_check.py."""
+them). Beside it, what the checks feed it and the executors: :func:`unit_gates` (random routed
+units) and :func:`stepwise` (an executor run as prefill, then one position per call). Used by
+tests/test_families.py, tests/test_decode.py and benchmarks/smollm2_check.py."""
 
 from __future__ import annotations
 
@@ -51,3 +53,25 @@ def routed_reference(model, ids: torch.Tensor, gates: torch.Tensor, skip: str) -
         return model(ids).logits
     finally:
         model.set_attn_implementation(before)
+
+
+def unit_gates(config, lead: tuple, off: float, skip: str, seed: int) -> torch.Tensor:
+    """Random 0/1 gates (*lead, N) for a model of ``config``, the source 1: query heads under ``query``
+    skip, key/value groups (all their heads alike) under ``full`` skip, each off with probability ``off``."""
+    n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+    units = n_heads if skip == "query" else (getattr(config, "num_key_value_heads", None) or n_heads)
+    g = (torch.rand(*lead, n_layers, units, generator=torch.Generator().manual_seed(seed)) >= off).float()
+    g = g.repeat_interleave(n_heads // units, -1).flatten(-2)
+    return torch.cat([torch.ones(*lead, 1), g], -1)
+
+
+def stepwise(prefill, step, ids: torch.Tensor, gates: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits (B, T, V) of an executor that continues a sequence: ``prefill(ids, gates)`` over the first
+    ``prompt`` positions, then ``step(ids, gates)`` one position per call (each → logits); per-position
+    gates (B, T, N) are sliced alike, shared gates (N,) passed whole."""
+    def part(a, b):
+        return gates[:, a:b] if gates.dim() > 1 else gates
+
+    out = [prefill(ids[:, :prompt], part(0, prompt))]
+    out += [step(ids[:, t : t + 1], part(t, t + 1)) for t in range(prompt, ids.shape[1])]
+    return torch.cat(out, 1)

@@ -209,17 +209,14 @@ def test_compiled_steps_on_a_grouped_llama_equal_the_independent_reference(group
     a running pair reading its group's keys; per-token key/value groups off (``full``) and query
     heads off (``query``), and a static mask with groups partly on, against transformers' own model
     with the routed attention function (tests/reference_routed.py). One graph per kind serves both modes."""
-    from tests.reference_routed import routed_reference
-    from tests.test_families import unit_gates
+    from tests.reference_routed import routed_reference, stepwise, unit_gates
 
     ids = torch.randint(0, 61, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(5))
     for skip in ("full", "query"):
-        gates = (unit_gates(grouped, (), 0.4, "query", seed=1) if kind == "shared"
-                 else unit_gates(grouped, tuple(ids.shape), 0.5, skip, seed=2))
+        gates = (unit_gates(grouped.config, (), 0.4, "query", seed=1) if kind == "shared"
+                 else unit_gates(grouped.config, tuple(ids.shape), 0.5, skip, seed=2))
         step = DecodeStep(grouped, ids.shape[0], ids.shape[1], skip)
-        per = gates.dim() > 1
-        step.prefill(ids[:, :PROMPT], gates[:, :PROMPT] if per else gates)
-        logits = torch.cat([step.step(ids[:, t : t + 1], gates[:, t : t + 1] if per else gates)[0].logits
-                            for t in range(PROMPT, ids.shape[1])], 1)
+        logits = stepwise(lambda i, g: step.prefill(i, g).logits, lambda i, g: step.step(i, g)[0].logits,
+                          ids, gates, PROMPT)[:, PROMPT:]
         ref = routed_reference(grouped, ids, gates, skip)[:, PROMPT:]
         assert (logits - ref).abs().max().item() <= TOL, skip

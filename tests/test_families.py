@@ -19,7 +19,7 @@ from lookahead.graph.plan import KVCache, execute, gated_forward
 from lookahead.graph.runtime import TopologyError, forward_with_topology
 from lookahead.lm.families.registry import FamilyError, family_of
 from tests.reference_head_graph import reference_forward
-from tests.reference_routed import routed_reference
+from tests.reference_routed import routed_reference, stepwise, unit_gates
 from tests.test_runtime import TOL, tiny_olmo2
 
 VOCAB = 61
@@ -63,17 +63,6 @@ def shape_of(model):
     return cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
 
 
-def unit_gates(model, lead: tuple, p_off: float, skip: str, seed: int) -> torch.Tensor:
-    """Random 0/1 gates (*lead, N), source 1: per query head under ``query`` skip, per key/value group
-    (its heads equal) under ``full`` skip."""
-    n_layers, n_heads, n_kv = shape_of(model)
-    gen = torch.Generator().manual_seed(seed)
-    units = n_heads if skip == "query" else n_kv
-    g = (torch.rand(*lead, n_layers, units, generator=gen) > p_off).float()
-    g = g.repeat_interleave(n_heads // units, -1).flatten(-2)
-    return torch.cat([torch.ones(*lead, 1), g], -1)
-
-
 # ---- the executors -------------------------------------------------------------------------------
 
 PROMPT = 5
@@ -82,11 +71,8 @@ PROMPT = 5
 def cached(model, ids, gates, skip):
     """The plan's KV cache: the prompt, then one position per call."""
     cache = KVCache(model, ids.shape[0], ids.shape[1], skip)
-    per = gates.dim() > 1
-    out = [gated_forward(model, ids[:, :PROMPT], gates[:, :PROMPT] if per else gates, skip, cache).logits]
-    for t in range(PROMPT, ids.shape[1]):
-        out.append(gated_forward(model, ids[:, t : t + 1], gates[:, t : t + 1] if per else gates, skip, cache).logits)
-    return torch.cat(out, 1)
+    run = lambda i, g: gated_forward(model, i, g, skip, cache).logits  # noqa: E731
+    return stepwise(run, run, ids, gates, PROMPT)
 
 
 def graph_of(model, gates):
@@ -118,9 +104,9 @@ def test_every_executor_with_every_head_on_equals_transformers(llama, ids, execu
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-position"])
 @pytest.mark.parametrize("executor", list(EXECUTORS))
 def test_units_off_equal_the_independent_reference(llama, ids, executor, shared, skip):
-    gates = unit_gates(llama, () if shared else tuple(ids.shape), 0.5, skip, seed=3)
+    gates = unit_gates(llama.config, () if shared else tuple(ids.shape), 0.5, skip, seed=3)
     if shared:  # a static mask: any query head may be off, its group's keys exist while one head runs
-        gates = unit_gates(llama, (), 0.5, "query", seed=3)
+        gates = unit_gates(llama.config, (), 0.5, "query", seed=3)
     want = routed_reference(llama, ids, gates, skip)
     assert (EXECUTORS[executor](llama, ids, gates, skip) - want).abs().max().item() <= TOL
     # and the reference is not blind to the gates: all heads on is another function
@@ -130,7 +116,7 @@ def test_units_off_equal_the_independent_reference(llama, ids, executor, shared,
 @torch.no_grad()
 @pytest.mark.parametrize("skip", ["full", "query"])
 def test_soft_unit_gates_equal_the_independent_reference(llama, ids, skip):
-    gates = unit_gates(llama, tuple(ids.shape), 0.3, skip, seed=4)
+    gates = unit_gates(llama.config, tuple(ids.shape), 0.3, skip, seed=4)
     soft = gates * torch.rand(gates.shape, generator=torch.Generator().manual_seed(5)).clamp_min(0.05)
     if skip == "full":  # one gate per group
         n_layers, n_heads, n_kv = shape_of(llama)
@@ -210,7 +196,7 @@ def test_an_unsupported_family_or_rope_is_refused_naming_its_config_key():
 
 def test_full_skip_of_one_query_head_of_a_group_is_refused_naming_layer_and_group(ids):
     model = tiny_llama(n_heads=6, kv_heads=2)
-    gates = unit_gates(model, tuple(ids.shape), 0.0, "query", seed=0)
+    gates = unit_gates(model.config, tuple(ids.shape), 0.0, "query", seed=0)
     gates[0, 3, 1 + 6 + 4] = 0  # layer 1, head 4: group 1 (heads 3, 4, 5)
     for run in (lambda: execute(model, ids, graph_of(model, gates), gates, "full"),
                 lambda: forward_with_topology(model, ids, graph_of(model, gates), gates, skip="full"),
