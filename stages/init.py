@@ -6,6 +6,7 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
+from lookahead.lm.families.base import read_unit
 from lookahead.pipeline.init import HEADLINE, FactorsConfig, InitConfig, build_init
 
 
@@ -22,11 +23,14 @@ def main(argv: list[str] | None = None) -> None:
         "init": load_section(args.params, "init", InitConfig),
         "predictor": load_section(args.params, "predictor", FactorsConfig, partial=True),
     }
+    unit = read_unit(args.params)
     if args.dry_run:
-        return print_config(configs)
+        return print_config({**configs, "runtime.unit": unit})
     check_inputs(args.inputs)
-    with stage_run("init", {k: to_dict(v) for k, v in configs.items()}) as run:
-        metrics = build_init(configs["init"], configs["predictor"], args.base, args.wordnet, args.heads, args.out)
+    params = {k: to_dict(v) for k, v in configs.items()} | ({"runtime.unit": unit} if unit != "head" else {})
+    with stage_run("init", params) as run:
+        metrics = build_init(configs["init"], configs["predictor"], args.base, args.wordnet, args.heads, args.out,
+                             unit=unit)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 

@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> None:
     check_inputs(args.inputs)
     params = {"oracle": to_dict(configs["oracle"]), "predictor.keep": keep,
               "runtime.skip": configs["runtime"].skip, "base.arch": {"context_length": context_length}}
+    if configs["runtime"].unit != "head":
+        params["runtime.unit"] = configs["runtime"].unit
     with stage_run("oracle", params) as run:
         metrics = build_oracle(configs["oracle"], keep, configs["runtime"].skip, context_length,
-                               args.base, args.tokens, args.out)
+                               args.base, args.tokens, args.out, configs["runtime"].unit)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 

@@ -10,6 +10,7 @@ from lookahead.core.config import load_section, to_dict
 from lookahead.core.inputs import check_inputs
 from lookahead.core.report import write_metrics
 from lookahead.core.tracking import stage_run
+from lookahead.graph.runtime import RuntimeConfig
 from lookahead.pipeline.static_baselines import HEADLINE, StaticBaselinesConfig, build_static_baselines
 
 
@@ -24,13 +25,16 @@ def main(argv: list[str] | None = None) -> None:
     configs = {"static_baselines": load_section(args.params, "static_baselines", StaticBaselinesConfig),
                "windows": load_section(args.params, "windows", WindowsConfig)}
     context_length = read_context_length(args.params)
+    unit = load_section(args.params, "runtime", RuntimeConfig).unit
     if args.dry_run:
-        return print_config({**configs, "base.arch.context_length": context_length})
+        return print_config({**configs, "base.arch.context_length": context_length, "runtime.unit": unit})
     check_inputs(args.inputs)
     params = {k: to_dict(v) for k, v in configs.items()} | {"base.arch": {"context_length": context_length}}
+    if unit != "head":
+        params["runtime.unit"] = unit
     with stage_run("static_baselines", params) as run:
         report = build_static_baselines(configs["static_baselines"], configs["windows"], context_length, args.base,
-                                        args.tokens, args.out)
+                                        args.tokens, args.out, unit)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
 
 

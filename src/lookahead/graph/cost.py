@@ -62,13 +62,16 @@ def gate_macs(cfg, on: torch.Tensor, mode: str) -> torch.Tensor:
     has a key and value at every position and a running head attends all t + 1. Under grouped-query
     attention a key/value head is computed where any head of its group runs, and a running head
     attends its group's keys. The closed form :func:`macs_per_token` is this at gates of one share
-    spread evenly."""
+    spread evenly. Gates over key/value groups (B, T, L, H_kv; ``runtime.unit: group``) count each
+    group's query heads."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     on = on.double()
-    b, t, n_layers, n_heads = on.shape
     d, head = cfg.hidden_size, head_dim_of(cfg)
     n_kv = kv_width(cfg) // head
+    if on.shape[-1] == n_kv != cfg.num_attention_heads:  # a group's gate is each of its heads'
+        on = on.repeat_interleave(cfg.num_attention_heads // n_kv, -1)
+    b, t, n_layers, n_heads = on.shape
     group = n_heads // n_kv
     if mode == "query":
         keys = torch.arange(1, t + 1, dtype=on.dtype)[None, :, None, None]  # (1, T, 1, 1)

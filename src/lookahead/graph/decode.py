@@ -53,6 +53,7 @@ import torch.fx.experimental._config
 import torch.nn.functional as F
 
 from lookahead.core.errors import LookaheadError
+from lookahead.graph.nodes import widen
 from lookahead.graph.plan import KVCache, Output, _binary, _fused, _rope, _split, gated_forward
 from lookahead.graph.runtime import SKIP_MODES, check_model
 
@@ -116,7 +117,9 @@ class DecodeStep:
         return self.graphs.compile_s
 
     def prefill(self, prompt: torch.Tensor, gates: torch.Tensor) -> Output:
-        """The prompt (B, P) through the plan under ``gates`` ((N,) shared or (B, P, N)), filling the cache."""
+        """The prompt (B, P) through the plan under ``gates`` ((N,) shared or (B, P, N); over query
+        heads or key/value groups), filling the cache."""
+        gates = widen(gates, self.n_layers, self.n_heads, self.group)
         if prompt.shape[0] != self.batch:
             raise DecodeError(f"this step decodes {self.batch} rows; the prompt has {prompt.shape[0]}")
         if self.cache.kv is None:
@@ -148,7 +151,8 @@ class DecodeStep:
         """One position per row: ``ids`` (B, 1) under ``gates`` ((N,) shared, (B, 1, N) per token) or,
         with a router, the gates it predicts from ``previous`` (B, 1, d), the final hidden state of
         the step before. Returns the step's :class:`Output` (logits (B, 1, V), hidden (B, 1, d)) and
-        the gates it ran (B, 1, N)."""
+        the gates it ran over query heads (B, 1, N); gates over key/value groups are widened."""
+        gates = widen(gates, self.n_layers, self.n_heads, self.group)
         cache = self.cache
         if cache.length == 0:
             raise DecodeError("prefill the prompt first (DecodeStep.prefill)")
@@ -379,12 +383,13 @@ class _ModelGraphs:
         and the previous hidden state, and the step's bookkeeping (:func:`_bookkeeping`)."""
         if id(router) not in self.routes:
             predictor, embed, n_layers, group = router.predictor, self.model.model.embed_tokens, self.n_layers, self.group
+            n_heads = self.n_heads
 
             def route(ids, previous, stored):
                 emb = embed(ids).float()
                 context = emb if predictor.cfg.input == "embedding" else torch.cat([emb, previous], dim=-1)
                 geo = router.geo(ids) if predictor.geo_dim else None
-                g = predictor.route(context, geo, hard=True)[1]
+                g = widen(predictor.route(context, geo, hard=True)[1], n_layers, n_heads, group)  # over query heads
                 return (g, *_bookkeeping(g[:, 0, 1:] > 0, stored, n_layers, group))
 
             # the router is kept beside its graph: an id is unique only while its object lives

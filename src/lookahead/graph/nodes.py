@@ -4,6 +4,12 @@ Node 0 is the token-embedding source; node ``1 + l·H + h`` is head h of layer l
 An edge i → j is allowed when layer(i) < layer(j), the source being at layer −1: the mask is block
 upper-triangular, so every allowed adjacency is acyclic by construction.
 
+Under ``runtime.unit: group`` (grouped-query attention) a node is a whole key/value group: node
+``1 + l·G + g`` is group g of layer l, N = 1 + L·G. Everything that counts or selects nodes works
+on that graph; the executors widen it to query heads at their entry (:func:`widen`: a head takes its
+group's gate, an edge between heads its groups' weight), and per-head statistics enter it summed over
+each group's heads (:func:`pool`).
+
 Three interchangeable forms of one topology:
 
 - dense adjacency (…, N, N), zero outside the allowed mask;
@@ -87,6 +93,37 @@ def static_topology(importance: torch.Tensor, fraction: float, skip: str = "full
     n_layers, n_heads = importance.shape
     gates = static_gates(importance, round(fraction * n_layers * n_heads))
     return baseline_graph(gates, n_layers, n_heads, skip), gates
+
+
+def unit_nodes(n_layers: int, n_heads: int, group: int) -> torch.Tensor:
+    """For each node of the query-head graph (1 + L·H), the node of the key/value-group graph
+    (1 + L·H/group) that holds it: the source 0, head h of layer l in group h // group. (N,) int64"""
+    return torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.arange(n_layers * n_heads) // group])
+
+
+def widen(x: torch.Tensor | None, n_layers: int, n_heads: int, group: int, dims: int = 1) -> torch.Tensor | None:
+    """Gates (…, 1 + L·G) (``dims=1``) or an adjacency (…, 1 + L·G, 1 + L·G) (``dims=2``) over
+    key/value groups, as the same topology over query heads (…, 1 + L·H): every head of a group takes
+    its gate, every edge between heads the weight between their groups (differentiable). Anything
+    else — already over heads, a model without groups, None — is returned as it is."""
+    if x is None or group == 1 or x.shape[-1] != n_nodes(n_layers, n_heads // group):
+        return x
+    index = unit_nodes(n_layers, n_heads, group).to(x.device)
+    for axis in range(x.dim() - dims, x.dim()):
+        x = x.index_select(axis, index)
+    return x
+
+
+def pool(x, group: int, dims: int = 1):
+    """A per-head statistic over heads in the last ``dims`` axes (each of L·H, or H) summed over each
+    key/value group's ``group`` heads: (…, L, H) → (…, L, H/group); a head affinity (L·H, L·H) →
+    (L·G, L·G) with ``dims=2``. Numpy arrays and tensors alike; ``group`` 1 returns ``x``."""
+    if group == 1:
+        return x
+    for axis in range(x.ndim - dims, x.ndim):
+        shape = tuple(x.shape)
+        x = x.reshape(*shape[:axis], shape[axis] // group, group, *shape[axis + 1:]).sum(axis + 1)
+    return x
 
 
 def n_edges(n_layers: int, n_heads: int) -> int:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from lookahead.core.checkpointing import layer_call
 from lookahead.graph import attention, flex, staircase
-from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_groups, check_model,
+from lookahead.graph.runtime import (SKIP_MODES, TopologyError, _allowed, _validate, check_groups, check_model, to_heads,
                                       forward_with_topology)
 
 
@@ -77,6 +77,7 @@ def execute(model, input_ids: torch.Tensor, adjacency: torch.Tensor, gates: torc
     (``forward_with_topology(hard=True)``). The same function either way (tests: ≤ 1e-5, gradients too)."""
     family = check_model(model)
     n_layers, n_heads = family.shape.n_layers, family.shape.n_heads
+    adjacency, gates = to_heads(family.shape, adjacency, gates)
     grad = torch.is_grad_enabled()
     if grad and (adjacency.requires_grad or (gates is not None and (gates.requires_grad
                                                                     or (gates.dim() > 1 and skip == "full")))):
@@ -190,7 +191,10 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
         cache: continue (and fill) a :class:`KVCache`.
         layer_inputs: also return the residual stream entering each layer (``Output.layer_inputs``).
+
+    Gates over key/value groups (``runtime.unit: group``) are widened to their query heads.
     """
+    _, gates = to_heads(check_model(model).shape, None, gates)
     if not _binary(gates):
         raise TopologyError("gated_forward runs 0/1 head gates with the source's gate 1; soft gates run through "
                             "lookahead.graph.runtime.forward_with_topology")

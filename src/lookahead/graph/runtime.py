@@ -56,9 +56,11 @@ import functools
 import torch
 
 from lookahead.core.checkpointing import layer_call
+from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.errors import LookaheadError, require
 from lookahead.graph import attention
-from lookahead.graph.nodes import allowed_mask, n_nodes
+from lookahead.graph.nodes import allowed_mask, n_nodes, widen
+from lookahead.lm.families.base import UNITS
 from lookahead.lm.families.registry import Family, Shape, family_of
 
 
@@ -75,15 +77,45 @@ class RuntimeConfig:
 
     skip: str = "query"
     """full: no query, key or value there; query: no query, attention row or output, keys and values kept."""
+    unit: str = dataclasses.field(default="head", metadata=OMIT_DEFAULT)
+    """What a node of the head graph is: a query head (``head``) or a whole key/value group (``group``:
+    its query heads, keys and values on or off together); the same on a model without grouped keys."""
 
     def __post_init__(self) -> None:
         require(self.skip in SKIP_MODES, "skip", f"must be one of {', '.join(SKIP_MODES)}; got {self.skip!r}")
+        require(self.unit in UNITS, "unit", f"must be one of {', '.join(UNITS)}; got {self.unit!r}")
 
 
 def recorded_skip(meta: dict) -> str:
     """The skip mode a saved predictor was trained under (its metadata's ``runtime``; ``full``
     for predictors saved before the mode existed): every stage runs its topologies the same way."""
     return meta.get("runtime", {}).get("skip", "full")
+
+
+def recorded_unit(meta: dict) -> str:
+    """The routing unit a saved predictor (or a stage's output) was made under (``head`` where none
+    is recorded: the default, omitted from saved configs)."""
+    return meta.get("runtime", {}).get("unit", "head")
+
+
+def meta_runtime(meta: dict) -> dict:
+    """The ``runtime`` section a file made from a saved predictor records: its skip mode, and its
+    routing unit where not the default (omitted, as every saved config omits it)."""
+    return to_dict(RuntimeConfig(recorded_skip(meta), recorded_unit(meta)))
+
+
+def unit_shape(model, unit: str) -> tuple[int, int]:
+    """(layers, nodes per layer) of a model's head graph under a routing unit (:data:`UNITS`)."""
+    shape = family_of(model).shape
+    return shape.n_layers, shape.units(unit)
+
+
+def to_heads(shape: Shape, adjacency: torch.Tensor | None, gates: torch.Tensor | None):
+    """(adjacency, gates) over query heads: a topology over key/value groups (``runtime.unit:
+    group``) widened, every head of a group with its group's gate and edges
+    (:func:`lookahead.graph.nodes.widen`); one over heads as it is. Every executor's entry."""
+    n_layers, n_heads, group = shape.n_layers, shape.n_heads, shape.group
+    return widen(adjacency, n_layers, n_heads, group, dims=2), widen(gates, n_layers, n_heads, group)
 
 
 def check_model(model) -> Family:
@@ -177,12 +209,16 @@ def forward_with_topology(model, input_ids: torch.Tensor, adjacency: torch.Tenso
             source) is ignored. None: 1 for every head with incoming weight, 0 otherwise.
         hard: skip the work of (head, position) pairs whose gate is 0 (same function).
         skip: what a gate of 0 removes, ``full`` or ``query`` (:class:`RuntimeConfig`).
+
+    Nodes are query heads, or key/value groups (N = 1 + L·G, ``runtime.unit: group``: widened to
+    heads, :func:`to_heads`).
     """
     if skip not in SKIP_MODES:
         raise TopologyError(f"skip must be one of {', '.join(SKIP_MODES)}; got {skip!r}")
     query = skip == "query"
     family = check_model(model)
     n_layers, n_heads = family.shape.n_layers, family.shape.n_heads
+    adjacency, gates = to_heads(family.shape, adjacency, gates)
     _validate(adjacency, gates, input_ids, n_layers, n_heads)
     check_groups(adjacency, gates, family.shape, skip)
     if gates is None:

@@ -152,8 +152,10 @@ HEADLINE = {
 }
 
 def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir, heads_file, out_file,
-               encode_batch_size: int = 64, max_text_tokens: int = 64) -> dict:
-    """Compute (a), (b), (c) and write one safetensors file; return metrics."""
+               encode_batch_size: int = 64, max_text_tokens: int = 64, unit: str = "head") -> dict:
+    """Compute (a), (b), (c) and write one safetensors file; return metrics. ``unit``: the routing
+    unit whose nodes the factors describe (``runtime.unit``: under ``group`` the head affinity
+    summed over each pair of key/value groups' heads)."""
     import torch
     from safetensors.numpy import load_file, save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,7 +163,9 @@ def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir,
     from lookahead.artifacts.wordnet_tables import read_tsv
     from lookahead.core.atomic import atomic_file
     from lookahead.core.config import to_dict
+    from lookahead.graph.nodes import pool
     from lookahead.lm.encoders import encode_texts
+    from lookahead.lm.families.registry import family_of
 
     wordnet_dir = Path(wordnet_dir)
     anchors = read_tsv(wordnet_dir / "anchors.tsv")
@@ -204,17 +208,20 @@ def build_init(cfg: InitConfig, predictor: FactorsConfig, base_dir, wordnet_dir,
         metrics["alignment_cosine_heldout"] = alignment_cosine(table[matched_ids[pick]].astype(np.float64), held_resid, fit)
         metrics["heldout_tokens"] = int(len(pick))
 
-    # (c) predictor node factors from the probe's head affinity
+    # (c) predictor node factors from the probe's head affinity, over the routing unit's nodes
     heads = load_file(str(heads_file))
-    u0, v0 = head_factors(heads["affinity"], predictor.rank)
-    aff = heads["affinity"].astype(np.float64)
+    group = family_of(model).shape.group if unit == "group" else 1
+    affinity = pool(heads["affinity"], group, dims=2)
+    u0, v0 = head_factors(affinity, predictor.rank)
+    aff = affinity.astype(np.float64)
     approx = (u0 @ v0.T)[1:, 1:]
     metrics["affinity_rank_r_rel_error"] = float(np.linalg.norm(approx - aff) / max(np.linalg.norm(aff), 1e-12))
     metrics["predictor_rank"] = predictor.rank
     metrics["nodes"] = int(len(u0))
 
     config = {"init": to_dict(cfg), "predictor": to_dict(predictor), "base_hidden_size": int(static.shape[1]),
-              "n_layers": int(recorded(heads, "importance", stage="probe", source=heads_file).shape[0])}
+              "n_layers": int(recorded(heads, "importance", stage="probe", source=heads_file).shape[0]),
+              **({"unit": unit} if unit != "head" else {})}
     tensors = {
         "geo_table": table, "geo_mask": mask, "anchor_token_ids": anchor_ids.astype(np.int64),
         "anchor_geo": anchor_emb.astype(np.float32), "projection": fit["projection"].astype(np.float32),

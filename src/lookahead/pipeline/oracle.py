@@ -26,6 +26,7 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.graph.nodes import keep_count, top_k_gates
 from lookahead.graph.oracle import GREEDY_ROWS, greedy_targets
+from lookahead.graph.runtime import unit_shape
 from lookahead.train import data
 
 
@@ -73,15 +74,16 @@ HEADLINE = ("windows", "positions", "heads_kept", "skip", "loo_greedy_agreement"
 
 
 def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_length: int, base_dir, tokens_dir,
-                 out_dir) -> dict:
-    """Compute the targets and write them atomically to ``out_dir``; return the stage's metrics."""
+                 out_dir, unit: str = "head") -> dict:
+    """Compute the targets and write them atomically to ``out_dir``; return the stage's metrics.
+    ``unit``: the routing unit whose nodes the oracle removes (``runtime.unit``)."""
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(cfg.device, "oracle.device")
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().to(device)
-    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    n_layers, n_heads = unit_shape(lm, unit)
     total = n_layers * n_heads
     k = keep_count(total, n_layers, keep_fraction, per_layer=False)
     windows = data.train_batch(data.load_stream(tokens_dir, "train"), step=0, batch_size=cfg.windows,
@@ -101,6 +103,7 @@ def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_len
         save_file({"windows": windows.contiguous(), "greedy_order": order_t.contiguous(), "loo_kl": loo_t.contiguous()},
                   str(tmp / TARGETS_FILE))
         meta = {"skip": skip, "keep": k, "keep_fraction": keep_fraction, "n_layers": n_layers, "n_heads": n_heads,
+                **({"unit": unit} if unit != "head" else {}),
                 "windows": cfg.windows, "context_length": context_length, "config": to_dict(cfg)}
         (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     positions = cfg.windows * context_length

@@ -54,7 +54,7 @@ from lookahead.graph.nodes import (allowed_mask, head_graph, keep_count, n_edges
 from lookahead.graph.plan import execute
 from lookahead.graph.predictor import load_init, load_predictor
 from lookahead.graph.router_inputs import check_context_dim, router_context
-from lookahead.graph.runtime import recorded_skip
+from lookahead.graph.runtime import recorded_skip, recorded_unit, unit_shape
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
@@ -324,6 +324,12 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     info = {"n_layers": predictor.n_layers, "n_heads": predictor.n_heads, "n_edges": n_e, "context_length": t_len,
             "split": "train", "row": "window index * context_length + position", "encoder": cache.meta["encoder"],
             "gate": predictor.cfg.gate, "skip": skip, "config": to_dict(cfg), "target": cfg.target}
+    unit = recorded_unit(meta)
+    if unit_shape(lm, unit) != (predictor.n_layers, predictor.n_heads):
+        raise PairsError(f"{predictor_file} routes {predictor.n_layers} x {predictor.n_heads} nodes, the base LM has "
+                         f"{unit_shape(lm, unit)} {unit}s (runtime.unit): rerun `dvc repro phase1`")
+    if unit != "head":  # a node is a key/value group (omitted at the default: the same bytes as before)
+        info["unit"] = unit
     if cfg.target == "eps_good":
         arrays, figures = ground_truth(cfg, lm, predictor, cache, mask, device, skip)
         info.update(split="split (0 train, 1 val)", heads_kept=figures["heads_kept"])

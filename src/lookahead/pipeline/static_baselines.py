@@ -36,6 +36,7 @@ from lookahead.core.errors import require
 from lookahead.core.windows import set_label
 from lookahead.graph.nodes import baseline_graph, static_gates
 from lookahead.graph.plan import execute
+from lookahead.graph.runtime import unit_shape
 from lookahead.lm.nll import causal_lm_nll, token_nll
 
 SKIP = "full"
@@ -64,16 +65,17 @@ class StaticBaselinesConfig:
         require(self.batch_size >= 1, "batch_size", f"must be >= 1; got {self.batch_size}")
 
 
-def gradient_importance(lm, windows: list[torch.Tensor]) -> torch.Tensor:
-    """E|dL/dmask_h| (L, H) over batches of windows (B, T+1): the mean over batches of each head
-    mask's gradient magnitude at mask = 1 (as :func:`lookahead.semantics.heads.probe_heads`)."""
-    from lookahead.semantics.heads import HeadMasks, attention_layers
+def gradient_importance(lm, windows: list[torch.Tensor], unit: str = "head") -> torch.Tensor:
+    """E|dL/dmask_u| (L, U) over batches of windows (B, T+1): the mean over batches of each unit
+    mask's gradient magnitude at mask = 1 (as :func:`lookahead.semantics.heads.probe_heads`); a
+    key/value group's mask scales its query heads together (``runtime.unit: group``)."""
+    from lookahead.semantics.heads import HeadMasks
 
-    n_layers, n_heads = len(attention_layers(lm)), lm.config.num_attention_heads
-    grads = torch.zeros(n_layers, n_heads)
+    n_layers, n_units = unit_shape(lm, unit)
+    grads = torch.zeros(n_layers, n_units)
     for batch in windows:
-        mask = torch.ones(n_layers, n_heads, requires_grad=True, device=batch.device)
-        with HeadMasks(lm, n_heads, mask):
+        mask = torch.ones(n_layers, n_units, requires_grad=True, device=batch.device)
+        with HeadMasks(lm, lm.config.num_attention_heads, mask):
             loss = causal_lm_nll(lm, batch)
         (grad,) = torch.autograd.grad(loss, mask)
         grads += grad.abs().cpu()
@@ -82,11 +84,11 @@ def gradient_importance(lm, windows: list[torch.Tensor]) -> torch.Tensor:
 
 @torch.no_grad()
 def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor) -> float:
-    """Mean NLL over every position of batches of windows (B, T+1) with only the heads ``on``
-    (L·H,) bool running, for every token (:data:`SKIP`)."""
-    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    """Mean NLL over every position of batches of windows (B, T+1) with only the units ``on``
+    (L·U,) bool running — query heads, or key/value groups (L·G,) — for every token (:data:`SKIP`)."""
+    n_layers = lm.config.num_hidden_layers
     gates = torch.cat([torch.ones(1), on.float().cpu()])
-    adjacency = baseline_graph(gates, n_layers, n_heads, SKIP)
+    adjacency = baseline_graph(gates, n_layers, len(on) // n_layers, SKIP)
     total, count = 0.0, 0
     for batch in windows:
         ids = batch[:, :-1]
@@ -96,15 +98,16 @@ def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor) -> float:
 
 
 def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidates: int = 0,
-                   progress: bool = True) -> tuple[torch.Tensor, list[float]]:
-    """The greedy static mask search (module docstring) as a ranking (L, H): a head's value is the
-    step at which it was dropped (L·H for the ``min_keep`` never dropped), so that the top k of the
-    ranking is the search's mask at k heads. Also the fit NLL after each drop."""
+                   progress: bool = True, unit: str = "head") -> tuple[torch.Tensor, list[float]]:
+    """The greedy static mask search (module docstring) as a ranking (L, U) of the routing unit's
+    nodes: a unit's value is the step at which it was dropped (L·U for the ``min_keep`` never
+    dropped), so that the top k of the ranking is the search's mask at k units. Also the fit NLL
+    after each drop."""
     from tqdm.auto import tqdm
 
-    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    n_layers, n_heads = unit_shape(lm, unit)
     total = n_layers * n_heads
-    require(min_keep <= total, "min_keep", f"must be <= the model's {total} heads; got {min_keep}")
+    require(min_keep <= total, "min_keep", f"must be <= the model's {total} {unit}s; got {min_keep}")
     on = torch.ones(total, dtype=torch.bool)
     cost = torch.full((total,), float("inf"), dtype=torch.float64)
     rank = torch.full((total,), float(total))
@@ -152,16 +155,18 @@ HEADLINE = ("heads", "stronger_at_half", "selection_nll_importance_at_half", "se
 
 
 def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, context_length: int, base_dir, tokens_dir,
-                           out_dir) -> dict:
+                           out_dir, unit: str = "head") -> dict:
     """Fit both static masks on the fit windows, compare them on the selection windows and write
-    the stage's directory atomically; return its report."""
+    the stage's directory atomically; return its report. ``unit``: the routing unit whose nodes the
+    masks keep (``runtime.unit``; counts are of units)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(cfg.device, "static_baselines.device")
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().to(device)
-    total = lm.config.num_hidden_layers * lm.config.num_attention_heads
-    require(cfg.min_keep <= total, "min_keep", f"must be <= the model's {total} heads; got {cfg.min_keep}")
+    n_layers, n_units = unit_shape(lm, unit)
+    total = n_layers * n_units
+    require(cfg.min_keep <= total, "min_keep", f"must be <= the model's {total} {unit}s; got {cfg.min_keep}")
     scoring = ScoringConfig(roles=roles, batch_size=cfg.batch_size)
     fit = scoring_windows(tokens_dir, scoring, context_length, "fit")
     selection = scoring_windows(tokens_dir, scoring, context_length, "selection")
@@ -169,10 +174,11 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
     search = fit[: cfg.fit_windows] if cfg.fit_windows else fit
     timings = {}
     tic = time.perf_counter()
-    rankings = {"importance": gradient_importance(lm, fit_batches)}
+    rankings = {"importance": gradient_importance(lm, fit_batches, unit)}
     timings["importance_seconds"] = time.perf_counter() - tic
     tic = time.perf_counter()
-    rankings["greedy"], path = greedy_ranking(lm, batches(search, cfg.batch_size, device), cfg.min_keep, cfg.candidates)
+    rankings["greedy"], path = greedy_ranking(lm, batches(search, cfg.batch_size, device), cfg.min_keep, cfg.candidates,
+                                              unit=unit)
     timings["greedy_seconds"] = time.perf_counter() - tic
     tic = time.perf_counter()
     selection_batches = batches(selection, cfg.batch_size, device)
@@ -189,7 +195,7 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
                    **{f"selection_nll_{m}": curves[m].contiguous() for m in METHODS},
                    "stronger": stronger.to(torch.uint8).contiguous()}, str(Path(tmp) / TENSORS_FILE))
         meta = {"config": to_dict(cfg), "windows": to_dict(roles), "skip": SKIP, **labels,
-                "n_layers": lm.config.num_hidden_layers, "n_heads": lm.config.num_attention_heads,
+                "n_layers": n_layers, "n_heads": n_units, **({"unit": unit} if unit != "head" else {}),
                 "spans": {k: [list(s) for s in v] for k, v in spans.items()}}
         (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     half = total // 2

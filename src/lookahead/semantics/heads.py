@@ -28,6 +28,8 @@ def attention_layers(model) -> list:
 
 class HeadMasks(contextlib.AbstractContextManager):
     """Hooks every ``o_proj``: scales head slices by ``mask`` (L, H) and records per-head outputs.
+    A mask over key/value groups (L, G) scales each group's query heads alike (its gradient is the
+    group's: the sum over its heads).
 
     After a forward pass, ``norms`` is a list over layers of (B, T, H) output norms.
     """
@@ -49,7 +51,10 @@ class HeadMasks(contextlib.AbstractContextManager):
             (z,) = args  # (B, T, H*dh)
             b, t, width = z.shape
             heads = z.view(b, t, self.n_heads, width // self.n_heads)  # (B, T, H, dh)
-            heads = heads * self.mask[layer].view(1, 1, -1, 1).to(heads.dtype)
+            mask = self.mask[layer]
+            if mask.shape[-1] != self.n_heads:  # one entry per key/value group
+                mask = mask.repeat_interleave(self.n_heads // mask.shape[-1], -1)
+            heads = heads * mask.view(1, 1, -1, 1).to(heads.dtype)
             w = module.weight.view(module.weight.shape[0], self.n_heads, -1)  # (d, H, dh)
             with torch.no_grad():
                 out = torch.einsum("bthk,dhk->bthd", heads.detach(), w.detach())  # (B, T, H, d)

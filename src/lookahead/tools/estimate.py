@@ -193,7 +193,8 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
     t = base.arch.context_length
     lm_w = 4.0 * arch.params
     fwd = arch.forward_flops(t)
-    nodes = 1 + arch.layers * arch.heads
+    unit = configs["runtime"].unit if "runtime" in configs else "head"
+    nodes = 1 + arch.layers * (arch.heads if unit == "head" else arch.kv_heads or arch.heads)  # runtime.unit's
     pred, p1, p2, dif, mod = (configs[k] for k in ("predictor", "phase1", "phase2", "diffusion", "modulator"))
     out: list[Stage] = []
 

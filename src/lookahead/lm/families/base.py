@@ -13,6 +13,23 @@ class FamilyError(LookaheadError, ValueError):
     """A model whose family, or a feature of it, the head graph cannot run."""
 
 
+UNITS = ("head", "group")
+"""What a node of the head graph is (``runtime.unit``): a query head, or a whole key/value group
+(its query heads, keys and values on or off together)."""
+
+
+def read_unit(params_path) -> str:
+    """``runtime.unit`` of a params file (``head`` where unset), validated as
+    :class:`lookahead.graph.runtime.RuntimeConfig` does, for stages that run no head graph."""
+    from lookahead.core.config import read_params
+    from lookahead.core.errors import ConfigError
+
+    value = (read_params(params_path).get("runtime") or {}).get("unit", "head")
+    if value not in UNITS:
+        raise ConfigError("runtime.unit", f"must be one of {', '.join(UNITS)}; got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """The attention's shape: n_heads query heads in n_kv_heads key/value groups of ``group``."""
@@ -26,6 +43,13 @@ class Shape:
     def group(self) -> int:
         """Query heads per key/value head; query head h reads key/value head h // group."""
         return self.n_heads // self.n_kv_heads
+
+    def units(self, unit: str) -> int:
+        """Nodes of the head graph per layer under a routing unit (``runtime.unit``): its query heads
+        (``head``) or its key/value groups (``group``)."""
+        if unit not in UNITS:
+            raise FamilyError(f"runtime.unit must be one of {', '.join(UNITS)}; got {unit!r}")
+        return self.n_heads if unit == "head" else self.n_kv_heads
 
 
 def head_dim_of(config) -> int:

@@ -230,7 +230,7 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, stati
 
     specs = row_specs(cfg, d, static, device)
     best = {}  # best-of rows' per-position NLLs, seed by seed: the best-of-K claim
-    results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device, per_token=best)
+    results = score_rows(specs, cache, geo, rows, cfg.eval_batch_size, device, per_token=best, unit=d.unit)
     fraction = results["phase2_hard"]["active_head_fraction"]
     if abs(d.static_fraction - fraction) > 1e-4:  # every comparison at equal active fraction
         raise EvaluateError(f"the static control was trained at active-head fraction {d.static_fraction:.4f} but the "
@@ -238,14 +238,15 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, stati
     diffusion_fraction = results["diffusion_sample"]["active_head_fraction"]
     baselines = baseline_specs(cfg, d, static, fraction, cfg.seed, device)
     baselines.append(null_best_of_k(cfg, d, diffusion_fraction, cfg.seed, device))
-    results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device, per_token=best))
+    results.update(score_rows(baselines, cache, geo, rows, cfg.eval_batch_size, device, per_token=best, unit=d.unit))
     per_seed = [seeded_figures(results)]
     best_per_seed = [best]
     for offset in tqdm(range(1, cfg.seeds), desc="evaluate seeds", unit="seed", disable=cfg.seeds <= 1):
         best_per_seed.append({})
         per_seed.append(seeded_figures(score_rows(seeded_rows(cfg, d, fraction, cfg.seed + offset, device,
                                                               diffusion_fraction), cache, geo,
-                                                  rows, cfg.eval_batch_size, device, per_token=best_per_seed[-1])))
+                                                  rows, cfg.eval_batch_size, device, per_token=best_per_seed[-1],
+                                                  unit=d.unit)))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
     static_curve = stronger_static_curve(d.control, windows, static, d.skip)

@@ -12,7 +12,7 @@ import torch
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, load_connectivity
 from lookahead.graph.router_inputs import check_context_dim
-from lookahead.graph.runtime import recorded_skip
+from lookahead.graph.runtime import recorded_skip, recorded_unit
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, load_value_residual
 from lookahead.pipeline.evaluate.config import EvaluateConfig, EvaluateError
 from lookahead.pipeline.evaluate.rows import (Shapes, Topologies, connected_topologies, diffusion_topologies,
@@ -59,6 +59,7 @@ class Decoders:
     phase2_graph: Topologies | None = None  # the phase-2 router's graph (times its connectivity): causality, explainer
     connectivity: object | None = None  # phase 2's free connectivity (lookahead.graph.connectivity), if it trained one
     value_residual: bool = False  # phase 2 trained with value residual: its row runs the stock forward with it
+    unit: str = "head"  # what a node is (runtime.unit), as phase 1 trained
 
 
 def load_decoders(cfg: EvaluateConfig, cache: ContextCache, base_dir, predictor_file, diffusion_dir, phase2_dir,
@@ -73,11 +74,12 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, base_dir, predictor_
     base, lm2, control, static_control = (_load_lm(p, device) for p in (base_dir, Path(phase2_dir) / LM_DIR, control_dir,
                                                                           static_control_dir))
     static_fraction = _static_fraction(static_control_dir)
-    s = Shapes.of(base)
-    if (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
-        raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} heads) and phase 2 ({phase2['n_layers']} x "
-                            f"{phase2['n_heads']}) disagree: rerun `dvc repro`")
     predictor1, meta = load_predictor(predictor_file)
+    unit = recorded_unit(meta)
+    s = Shapes.of(base, unit)
+    if (phase2["n_layers"], phase2["n_heads"]) != (s.n_layers, s.n_heads):
+        raise EvaluateError(f"base model ({s.n_layers} x {s.n_heads} {unit}s) and phase 2 ({phase2['n_layers']} x "
+                            f"{phase2['n_heads']}) disagree: rerun `dvc repro`")
     denoiser, dmeta = load_denoiser(diffusion_dir)
     check_context_dim(predictor1, meta, cache.dim, base, EvaluateError, predictor_file)
     wanted = input_dim(denoiser_input(dmeta), cache.dim, base.config.hidden_size, base.config.num_hidden_layers)
@@ -107,4 +109,4 @@ def load_decoders(cfg: EvaluateConfig, cache: ContextCache, base_dir, predictor_
         phase2_graph = phase2_hard
     return Decoders(base, lm2, control, static_control, static_fraction, s, predictor1, denoiser, steps, temperature, phase2["decoder"], predictor2,
                     phase2_hard, skip, gate_kind, meta.get("phase1", {}).get("tau_end"), tau2, phase2_graph, connectivity,
-                    value_residual)
+                    value_residual, unit)

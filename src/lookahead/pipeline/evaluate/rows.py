@@ -34,7 +34,9 @@ from lookahead.lm.olmo2 import head_dim_of
 
 @dataclasses.dataclass
 class Shapes:
-    """What the figures of a topology need to know about the model."""
+    """What the figures of a topology need to know about the model: its layers, the nodes per layer
+    (``n_heads``: query heads, or key/value groups under ``runtime.unit: group``, each counted as
+    one head of its query heads' width ``d_head``), the model width and a node's width."""
 
     n_layers: int
     n_heads: int
@@ -42,9 +44,11 @@ class Shapes:
     d_head: int
 
     @classmethod
-    def of(cls, lm) -> Shapes:
+    def of(cls, lm, unit: str = "head") -> Shapes:
         c = lm.config
-        return cls(c.num_hidden_layers, c.num_attention_heads, c.hidden_size, head_dim_of(c))
+        heads = c.num_attention_heads
+        units = heads if unit == "head" else getattr(c, "num_key_value_heads", None) or heads
+        return cls(c.num_hidden_layers, units, c.hidden_size, head_dim_of(c) * (heads // units))
 
 
 def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, skip: str = "full") -> dict[str, torch.Tensor]:
@@ -140,14 +144,15 @@ def run_topology(spec: RowSpec, ids: torch.Tensor, adjacency: torch.Tensor, gate
 
 @torch.no_grad()
 def score_rows(specs: list[RowSpec], cache: ContextCache, geo: GeoLookup, rows: np.ndarray, batch_size: int,
-               device, per_token: dict[str, list] | None = None) -> dict[str, dict]:
+               device, per_token: dict[str, list] | None = None, unit: str = "head") -> dict[str, dict]:
     """Every row's figures over the val windows ``rows``; ``per_token`` (when given) gets each
-    best-of row's per-position NLLs, batch by batch (flat tensors in window order)."""
+    best-of row's per-position NLLs, batch by batch (flat tensors in window order). ``unit``: what
+    a node of the rows' topologies is (``runtime.unit``)."""
     totals = {}  # in the specs' order, a best-of row right after its row: the table's order
     for spec in specs:
-        totals[spec.name] = RowTotals(Shapes.of(spec.lm))
+        totals[spec.name] = RowTotals(Shapes.of(spec.lm, unit))
         if spec.best_of:
-            totals[spec.best_of] = RowTotals(Shapes.of(spec.lm))
+            totals[spec.best_of] = RowTotals(Shapes.of(spec.lm, unit))
     for start in range(0, len(rows), batch_size):
         windows, contexts = (x.to(device) for x in cache.batch("val", rows[start : start + batch_size]))
         ids, targets = windows[:, :-1], windows[:, 1:]

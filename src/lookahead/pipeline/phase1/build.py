@@ -43,7 +43,7 @@ from lookahead.core.tracking import is_main_process
 from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
 from lookahead.graph.predictor import seed_router_name, twin_router_name
 from lookahead.graph.router_inputs import input_dim
-from lookahead.graph.runtime import RuntimeConfig
+from lookahead.graph.runtime import RuntimeConfig, unit_shape
 from lookahead.graph.scoring import GeoLookup
 from lookahead.pipeline.phase1.config import Phase1Config
 from lookahead.pipeline.phase1.module import CACHE_KEYS, Phase1Module
@@ -94,15 +94,17 @@ def train_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     cache = ContextCache(contexts_dir)
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)
-    importance = head_importance(heads_file)
+    unit = runtime_cfg.unit
+    units = unit_shape(lm, unit)
+    importance = head_importance(heads_file, lm.config.num_attention_heads // units[1])
+    torch.manual_seed(cfg.train.seed)
+    predictor = StructurePredictor.from_init(predictor_cfg, init_file, 1)  # its nodes, before any work
+    if (predictor.n_layers, predictor.n_heads) != units or tuple(importance.shape) != units:
+        raise ValueError(f"init file {init_file} ({predictor.n_layers} x {predictor.n_heads}), head statistics "
+                         f"{heads_file} {tuple(importance.shape)} and base model ({units[0]} x {units[1]} "
+                         f"{unit}s, runtime.unit) disagree: rerun `dvc repro` from the probe stage")
     torch.manual_seed(cfg.train.seed)
     predictor = _predictor(predictor_cfg, init_file, cache, lm, importance)
-    if (predictor.n_layers, predictor.n_heads) != (lm.config.num_hidden_layers, lm.config.num_attention_heads) \
-            or tuple(importance.shape) != (predictor.n_layers, predictor.n_heads):
-        raise ValueError(f"init file {init_file} ({predictor.n_layers} x {predictor.n_heads}), head statistics "
-                         f"{heads_file} {tuple(importance.shape)} and base model "
-                         f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads}) disagree: "
-                         "rerun `dvc repro` from the probe stage")
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
     oracle_targets = {} if oracle_targets is None else oracle_targets
     module = Phase1Module(predictor, lm, cache, geo, importance, cfg, runtime_cfg.skip, oracle_targets=oracle_targets,

@@ -29,6 +29,7 @@ from lookahead.graph.cost import deployed_macs, router_macs
 from lookahead.graph.oracle import routing_stats
 from lookahead.graph.predictor import StructurePredictor, load_init, load_predictor, seed_router_name, twin_router_name
 from lookahead.graph.scoring import GeoLookup, capture
+from lookahead.graph.runtime import recorded_unit, unit_shape
 from lookahead.pipeline.phase1.config import Phase1Config, ScoringKeys
 from lookahead.pipeline.phase1.final import (CLAIMS, RECALL_CLAIM, ScoringSet, claims, routed, score_final, scoring_set,
                                              seed_figures, static_scores)
@@ -183,11 +184,12 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    importance = head_importance(heads_file)
+    n_layers, n_units = unit_shape(lm, recorded_unit(load_predictor(router_file)[1]))  # the router's nodes
+    importance = head_importance(heads_file, lm.config.num_attention_heads // n_units)
     oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
     static = StaticBaselines(static_dir) if static_dir is not None else None
     if static is not None:
-        static.check(lm.config.num_hidden_layers, lm.config.num_attention_heads, f"the base LM {base_dir}")
+        static.check(n_layers, n_units, f"the base LM {base_dir}")
     refuse_choices_on_test(scoring_cfg, tokens_dir, cache, static.spans if static is not None else None)
     scoring = None
     runs = []

@@ -43,7 +43,7 @@ from lookahead.core.seeds import kept_seeds, over_seeds
 from lookahead.core.windows import set_label
 from lookahead.graph.connectivity import CONNECTIVITY_FILE, save_connectivity
 from lookahead.graph.router_inputs import check_context_dim
-from lookahead.graph.runtime import recorded_skip
+from lookahead.graph.runtime import meta_runtime, recorded_skip, recorded_unit
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.adapters import VALUE_RESIDUAL_FILE, OutputLoRA, save_value_residual
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report, decoder_sampler
@@ -77,7 +77,7 @@ def train_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
     sampler = decoder_sampler(cfg.decoder, diffusion_dir, predictor.cfg.gate)
 
     torch.manual_seed(cfg.train.seed)
-    lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}")
+    lm = base_lm(base_dir, meta["n_layers"], meta["n_heads"], f"predictor {predictor_file}", recorded_unit(meta))
     check_context_dim(predictor, meta, cache.dim, lm, Phase2Error, predictor_file)
     if cfg.windows == "stream" and predictor.cfg.input == "cache":
         raise Phase2Error(f"phase2.windows: stream needs a router that computes its inputs online, but {predictor_file} "
@@ -146,7 +146,7 @@ def train_phase2(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, init_fil
             trained = module.model.predictor.cpu()
             plain_parameters(trained)
             save_predictor(trained, tmp / PREDICTOR_FILE, extra={"phase2": to_dict(cfg), "encoder": cache.meta["encoder"],
-                                                                 "runtime": {"skip": recorded_skip(meta)}})
+                                                                 "runtime": meta_runtime(meta)})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     training = {
         "decoder": cfg.decoder,

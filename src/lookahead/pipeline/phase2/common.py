@@ -150,15 +150,18 @@ def teacher_lm(cfg: Phase2Config, base_dir):
     return base_lm(base_dir).eval().requires_grad_(False)
 
 
-def base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = ""):
-    """The base LM in float32, in training mode; with ``n_layers``/``n_heads``, checked against
-    ``source`` (the predictor or denoiser it must fit)."""
+def base_lm(base_dir, n_layers: int | None = None, n_heads: int | None = None, source: str = "", unit: str = "head"):
+    """The base LM in float32, in training mode; with ``n_layers``/``n_heads`` (nodes per layer under
+    the routing ``unit``), checked against ``source`` (the predictor or denoiser it must fit)."""
     from transformers import AutoModelForCausalLM
 
+    from lookahead.graph.runtime import unit_shape
+
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if n_layers is not None and (lm.config.num_hidden_layers, lm.config.num_attention_heads) != (n_layers, n_heads):
-        raise Phase2Error(f"base model ({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) and "
-                          f"{source} ({n_layers} x {n_heads}) disagree: rerun `dvc repro phase1`")
+    if n_layers is not None and unit_shape(lm, unit) != (n_layers, n_heads):
+        found = unit_shape(lm, unit)
+        raise Phase2Error(f"base model ({found[0]} x {found[1]} {unit}s) and {source} ({n_layers} x {n_heads}) "
+                          "disagree: rerun `dvc repro phase1`")
     return lm.train()
 
 

@@ -29,6 +29,8 @@ from lookahead.core.seeds import kept_seeds, over_seeds
 from lookahead.core.windows import set_label
 from lookahead.graph.nodes import static_gates, static_topology
 from lookahead.graph.plan import execute
+from lookahead.graph.runtime import unit_shape
+from lookahead.lm.families.base import UNITS
 from lookahead.lm.nll import PositionTotals, token_nll
 from lookahead.pipeline.phase2.common import Phase2Error, base_lm, data_report
 from lookahead.pipeline.phase2.common import curve_rows, load_train_stream
@@ -178,9 +180,10 @@ def train_control(cfg: Phase2Config, base_dir, tokens_dir, contexts_dir, out_dir
     stream = load_train_stream(cfg, tokens_dir)
     teacher = teacher_lm(cfg, base_dir) if mask is not None else None
     lm = base_lm(base_dir)
-    if mask is not None and tuple(mask.importance.shape) != (lm.config.num_hidden_layers, lm.config.num_attention_heads):
+    if mask is not None and tuple(mask.importance.shape) not in {unit_shape(lm, unit) for unit in UNITS}:
         raise Phase2Error(f"the static mask's ranking {tuple(mask.importance.shape)} and the base model "
-                          f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads) disagree: rerun `dvc repro`")
+                          f"({lm.config.num_hidden_layers} x {lm.config.num_attention_heads} heads, "
+                          f"{unit_shape(lm, 'group')[1]} key/value groups) disagree: rerun `dvc repro`")
     module = ControlModule(lm, cache, cfg, stream, mask, teacher)
     stage = "control" if mask is None else "static_control"
     config = control_config(cfg, mask)

@@ -173,10 +173,11 @@ def added_parameters(model: Phase2Model) -> dict:
 
 def share_heads(predictor, count: int, heads_file, predictor_file) -> None:
     """Make the ``count`` most important heads (the probe's ``heads_file``) run at every token."""
-    from lookahead.graph.nodes import static_gates
+    from lookahead.graph.nodes import pool, static_gates
 
     if predictor.cfg.gate != "head" or predictor.cfg.budget == "none" or heads_file is None:
         raise Phase2Error(f"phase2.shared_heads needs a head-gate router with a budget ({predictor_file}: gate "
                           f"{predictor.cfg.gate}, budget {predictor.cfg.budget}) and the probe's head statistics")
     importance = head_importance(heads_file)
+    importance = pool(importance, importance.shape[-1] // predictor.n_heads)  # over the router's units
     predictor.set_always_on(static_gates(importance, count)[1:].nonzero().flatten().tolist())
