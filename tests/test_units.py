@@ -261,10 +261,39 @@ def test_phase1_and_pairs_route_groups(grouped_inputs, tmp_path):
                 tmp_path / "pairs")
     info = load_pairs(tmp_path / "pairs", 12, 0.25, 0).info
     assert (info["n_heads"], info["unit"], info["n_edges"]) == (N_KV, "group", N_LAYERS * N_KV + N_KV**2)
+    # the denoiser over the group graph
+    from lookahead.core.config import from_dict
+    from lookahead.graph.denoiser import load_denoiser
+    from lookahead.pipeline.diffusion.build import DiffusionConfig, build_diffusion
+
+    dcfg = from_dict(DiffusionConfig, {
+        "denoiser": {"hidden": 8, "layers": 1, "rank": 2, "cond_hidden": 8}, "sample_steps": 2, "eval_samples": 2,
+        "heldout_fraction": 0.25, "eval_batch_size": 2, "val_pairs": 8,
+        "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "eval_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "device": "cpu"}})
+    build_diffusion(dcfg, i["base"], i["contexts"], i["init"], tmp_path / "router.safetensors", tmp_path / "pairs",
+                    tmp_path / "diffusion")
+    denoiser, _ = load_denoiser(tmp_path / "diffusion")
+    assert (denoiser.n_layers, denoiser.n_heads) == (N_LAYERS, N_KV)
     # a router over groups against a runtime over heads: refused before any work, naming the mismatch
     with pytest.raises(ValueError, match="runtime.unit"):
         train_phase1(cfg, pcfg, i["base"], i["contexts"], i["init"], i["heads"], tmp_path / "other.safetensors",
                      runtime_cfg=RuntimeConfig("full", "head"))
+
+
+def test_keep_sets_are_sets_of_groups(grouped):
+    from torch.nn.functional import log_softmax
+
+    from lookahead.graph.keepsets import search_keep_sets
+    from lookahead.graph.oracle import kl_to_dense
+
+    ids = torch.randint(0, 61, (1, 6), generator=torch.Generator().manual_seed(6))
+    sets, kl, _ = search_keep_sets(grouped, ids, None, N_LAYERS, N_KV, 2, "full")
+    assert sets.shape[-1] == N_LAYERS * N_KV and bool((sets.sum(-1) == 2).all())
+    dense = log_softmax(grouped(ids).logits.float(), -1)
+    for c in (0, sets.shape[0] - 1):  # the greedy set and the last swap, at every position
+        logits = routed_reference(grouped, ids, by_hand(sets[c].float().view(1, 6, N_LAYERS, N_KV)), "full")
+        assert torch.allclose(kl[c], kl_to_dense(dense, logits), atol=1e-5)
 
 
 def test_the_estimate_counts_nodes_in_the_unit(repo_root, grouped_inputs, tmp_path):
