@@ -119,3 +119,19 @@ def test_token_encodings_are_the_lemmas_own_states_after_its_gloss(tiny_tokenize
     with torch.no_grad():
         hidden = lm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
     assert np.allclose(got[2], hidden[-1].numpy(), atol=1e-5)
+
+
+def test_the_score_form_of_a_grouped_model_sums_each_query_heads_own():
+    """Under grouped-query attention W_K has fewer rows than W_Q: the layer's score form is the sum over
+    query heads h of W_Q[h]^T W_K[h // group], written out here head by head."""
+    from lookahead.pipeline.probe.build import keys_per_query_head
+    from tests.test_families import tiny_llama
+
+    model = tiny_llama(n_heads=6, kv_heads=2, hidden=48)  # head_dim 8, 3 query heads per group
+    attn = model.model.layers[0].self_attn
+    wq, wk = attn.q_proj.weight.detach().numpy(), attn.k_proj.weight.detach().numpy()
+    want = sum(wq[8 * h : 8 * h + 8].T.astype(np.float64) @ wk[8 * (h // 3) : 8 * (h // 3) + 8] for h in range(6))
+    np.testing.assert_allclose(wq.T.astype(np.float64) @ keys_per_query_head(wq, wk, model), want, atol=1e-6)
+    assert keys_per_query_head(wq, wq, model) is wq  # one key head per query head: as it is
+    qk = weight_geometry(model)["qk"]
+    assert len(qk["qk_pos_eig_share"]) == 2 and all(0 <= v <= 1 for v in qk["qk_pos_eig_share"])

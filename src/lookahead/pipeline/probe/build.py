@@ -116,6 +116,18 @@ def _find(types, *keys) -> str | None:
     return next((t for t in types if any(k in t for k in keys)), None)
 
 
+def keys_per_query_head(wq: np.ndarray, wk: np.ndarray, model) -> np.ndarray:
+    """W_K with one block of rows per query head: under grouped-query attention (fewer key rows than
+    query rows) each key/value head's rows repeated for every query head of its group, so that
+    W_Q^T W_K is the sum over query heads of each head's score form; as it is otherwise."""
+    if wk.shape[0] == wq.shape[0]:
+        return wk
+    from lookahead.lm.families.base import head_dim_of
+
+    d_head, group = head_dim_of(model.config), wq.shape[0] // wk.shape[0]
+    return np.repeat(wk.reshape(-1, d_head, wk.shape[1]), group, axis=0).reshape(wq.shape[0], wk.shape[1])
+
+
 def weight_geometry(model) -> dict:
     """Per type: per-layer stats (lists) and layer means; W_Q W_K^T per layer; cross-layer cosine."""
     weights = layer_weights(model)
@@ -130,7 +142,8 @@ def weight_geometry(model) -> dict:
         out[wtype] = block
     q, k = _find(weights, "q_proj", "query"), _find(weights, "k_proj", "key")
     if q and k:
-        per_layer = [geometry.bilinear_spectrum(weights[q][i], weights[k][i]) for i in sorted(weights[q])]
+        per_layer = [geometry.bilinear_spectrum(weights[q][i], keys_per_query_head(weights[q][i], weights[k][i], model))
+                     for i in sorted(weights[q])]
         out["qk"] = {key: [p[key] for p in per_layer] for key in per_layer[0]}
     return out
 
