@@ -67,10 +67,11 @@ check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)
 
 # Per stage: parameters, tokens, GPU memory and time of a profile before running it, e.g.
-# make estimate PROFILE=profiles/olmo2-1b.yaml (TFLOPS=…, MFU=… state the GPU; lookahead.tools.estimate)
+# make estimate PROFILE=profiles/olmo2-1b.yaml (TFLOPS=…, MFU=… state the GPU; FORWARD_S=<seconds of one
+# context-length forward, measured> gives hours on the machine that measured it; lookahead.tools.estimate)
 PROFILE ?= $(PARAMS)
 estimate: $(STAMP)
-	@$(BIN)/python -m lookahead.tools.params $(PROFILE) --estimate $(if $(TFLOPS),--tflops $(TFLOPS)) $(if $(MFU),--mfu $(MFU))
+	@$(BIN)/python -m lookahead.tools.params $(PROFILE) --estimate $(if $(TFLOPS),--tflops $(TFLOPS)) $(if $(MFU),--mfu $(MFU)) $(if $(FORWARD_S),--forward-seconds $(FORWARD_S))
 
 # On a lent GPU: exactness, the runtime benchmark and a 1B-shape training step in one run (<= 5 min on
 # an H100), written to benchmarks/results/gpu.json; torch and transformers alone (docs/scaling.md)

@@ -217,6 +217,24 @@ def test_the_estimate_of_the_real_target_prints_every_stage(capsys, repo_root):
     assert "phase2" in table and "GPU-hours" in table
 
 
+def test_the_smollm2_profile_is_costed_from_one_measured_forward(capsys, repo_root):
+    """FORWARD_S: the stages' hours at the rate one measured context-length forward reached; the base
+    stage (a loaded model measured on eval_tokens) then costs eval_tokens / T such forwards exactly."""
+    from lookahead.tools.params import main
+
+    profile = str(repo_root / "profiles/smollm2-135m.yaml")
+    assert main([profile, "--estimate", "--json", "--forward-seconds", "0.59"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    a, stages = est["arch"], {r["stage"]: r for r in est["stages"]}
+    assert (a["layers"], a["heads"], a["kv_heads"], a["hidden"], a["vocab"]) == (30, 9, 3, 576, 49152)  # its header
+    tokens = yaml.safe_load(Path(profile).read_text())["base"]["eval_tokens"]
+    assert stages["base"]["hours"] * 3600 == pytest.approx(tokens / 128 * 0.59)
+    assert main([profile, "--estimate", "--forward-seconds", "0.59"]) == 0
+    assert "hours on the measured machine" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([profile, "--estimate", "--forward-seconds", "0"])
+
+
 @pytest.mark.parametrize("per_round,candidates", [(1, 0), (2, 0), (1, 4), (2, 4), (3, 300)])
 def test_the_estimate_counts_the_oracles_trials_as_the_oracle_runs_them(repo_root, per_round, candidates):
     """The estimate writes greedy_trials out to keep torch out of `make estimate`: its count of trial

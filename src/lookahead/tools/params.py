@@ -69,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tflops", type=float, default=989.0, help="--estimate: the GPU's peak TFLOP/s (H100 bf16)")
     parser.add_argument("--mfu", type=float, default=0.4, help="--estimate: the share of the peak a stage reaches")
     parser.add_argument("--json", action="store_true", help="--estimate: one JSON object instead of the table")
+    parser.add_argument("--forward-seconds", type=float, default=None,
+                        help="--estimate: measured seconds of one base.arch.context_length-token forward (batch 1) "
+                             "on the machine that will run it: hours on that machine, in place of --tflops/--mfu")
     args = parser.parse_args(argv)
     if args.tflops <= 0 or not 0 < args.mfu <= 1:
         parser.error("--tflops must be > 0 and --mfu in (0, 1]")
+    if args.forward_seconds is not None and args.forward_seconds <= 0:
+        parser.error("--forward-seconds must be > 0")
     try:
         configs = validate_all(args.params)
     except ConfigError as err:
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.estimate:
         from lookahead.tools.estimate import main_estimate
 
-        print(main_estimate(configs, args.tflops, args.mfu, args.json))
+        print(main_estimate(configs, args.tflops, args.mfu, args.json, args.forward_seconds))
         return 0
     print(f"{args.params}: ok")
     return 0
