@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         "out": "oracle targets directory (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
+        "checkpoints": "per-window checkpoints directory, to resume a killed run (not a DVC output)",
     }, argv)
     configs = {
         "oracle": load_section(args.params, "oracle", OracleConfig),
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         params["runtime.unit"] = configs["runtime"].unit
     with stage_run("oracle", params) as run:
         metrics = build_oracle(configs["oracle"], keep, configs["runtime"].skip, context_length,
-                               args.base, args.tokens, args.out, configs["runtime"].unit)
+                               args.base, args.tokens, args.out, configs["runtime"].unit, args.checkpoints)
         write_metrics(metrics, HEADLINE, args.metrics, args.report, run)
 
 

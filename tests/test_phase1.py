@@ -430,6 +430,35 @@ def test_the_oracle_stage_holds_the_greedy_and_leave_one_out_targets_of_stream_w
         OracleTargets(tmp_path / "missing")
 
 
+def test_a_killed_oracle_stage_resumes_at_its_first_window_not_done(phase_inputs, oracle_dir, tmp_path, monkeypatch):
+    """Each window's targets are kept as they finish: killed during its third window, the stage reruns
+    only the windows not done and writes the bytes of a straight run; the checkpoints go at the end."""
+    import lookahead.pipeline.oracle as stage
+    from lookahead.artifacts.oracle_targets import TARGETS_FILE
+    from lookahead.pipeline.oracle import OracleConfig, build_oracle
+
+    calls, real = [], stage.greedy_targets
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 and kill:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "greedy_targets", counted)
+    run = lambda: build_oracle(OracleConfig(windows=3, rows=3, device="cpu"), 0.5, "query", 12,  # noqa: E731
+                               phase_inputs["base"], phase_inputs["tokens"], tmp_path / "out", checkpoint_root=tmp_path / "ckpt")
+    kill = True
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert not (tmp_path / "out").exists() and len(list((tmp_path / "ckpt").glob("*/window*.safetensors"))) == 2
+    kill, calls[:] = False, []
+    run()
+    assert len(calls) == 1  # the third window only
+    assert (tmp_path / "out" / TARGETS_FILE).read_bytes() == (oracle_dir / TARGETS_FILE).read_bytes()
+    assert not list((tmp_path / "ckpt").glob("*/window*"))
+
+
 @pytest.mark.parametrize("loss", ["bce", "listwise"])
 def test_phase1_trains_on_the_oracle_stages_windows_and_targets(phase_inputs, oracle_dir, loss):
     from safetensors.torch import load_file

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Literal
@@ -20,7 +22,7 @@ from typing import Literal
 import torch
 
 from lookahead.artifacts.oracle_targets import META_FILE, TARGETS_FILE
-from lookahead.core.atomic import atomic_dir
+from lookahead.core.atomic import atomic_dir, atomic_file
 from lookahead.core.config import to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
@@ -28,6 +30,7 @@ from lookahead.graph.nodes import keep_count, top_k_gates
 from lookahead.graph.oracle import GREEDY_ROWS, greedy_targets
 from lookahead.graph.runtime import unit_shape
 from lookahead.train import data
+from lookahead.train.checkpoints import checkpoint_dir
 
 
 @dataclasses.dataclass
@@ -74,10 +77,13 @@ HEADLINE = ("windows", "positions", "heads_kept", "skip", "loo_greedy_agreement"
 
 
 def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_length: int, base_dir, tokens_dir,
-                 out_dir, unit: str = "head") -> dict:
+                 out_dir, unit: str = "head", checkpoint_root=None) -> dict:
     """Compute the targets and write them atomically to ``out_dir``; return the stage's metrics.
-    ``unit``: the routing unit whose nodes the oracle removes (``runtime.unit``)."""
-    from safetensors.torch import save_file
+    ``unit``: the routing unit whose nodes the oracle removes (``runtime.unit``). ``checkpoint_root``:
+    each window's targets are kept there as they finish (under a digest of the config and inputs),
+    so that a killed run resumes at the first window not done; the targets are the same bytes (each
+    window's are its own). The checkpoints go once the output is written."""
+    from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
 
@@ -88,14 +94,31 @@ def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_len
     k = keep_count(total, n_layers, keep_fraction, per_layer=False)
     windows = data.train_batch(data.load_stream(tokens_dir, "train"), step=0, batch_size=cfg.windows,
                                seq_len=context_length, seed=cfg.seed, salt=43)
-    order, loo = [], []
+    ckpt = checkpoint_dir(checkpoint_root, "oracle", {"config": to_dict(cfg), "keep": k, "skip": skip, "unit": unit,
+                                                      "context_length": context_length},
+                          [Path(base_dir) / "model.safetensors", Path(tokens_dir) / "train.npy"])
+    order, loo, computed = [], [], 0
     tic = time.perf_counter()
-    for window in tqdm(windows, desc="oracle (greedy; its first step: leave-one-out)", unit="window", mininterval=5):
+    for i, window in enumerate(tqdm(windows, desc="oracle (greedy; its first step: leave-one-out)", unit="window",
+                                    mininterval=5)):
+        done = None if ckpt is None else ckpt / f"window{i:05d}.safetensors"
+        if done is not None and done.is_file():  # a window an earlier, killed run finished
+            kept = load_file(str(done))
+            order.append(kept["greedy_order"])
+            loo.append(kept["loo_kl"])
+            continue
         steps, first = greedy_targets(lm, window[None, :-1].to(device), n_layers, n_heads, k, skip, cfg.rows,
                                       per_round=cfg.per_round, candidates=cfg.candidates)
         order.append(steps[0].to(torch.int16).cpu())
         loo.append(first[0].float().cpu())
+        computed += 1
+        if done is not None:
+            done.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(done) as tmp:
+                save_file({"greedy_order": order[-1].contiguous(), "loo_kl": loo[-1].contiguous()}, str(tmp))
     seconds = time.perf_counter() - tic
+    if computed < len(windows):
+        print(f"oracle: {len(windows) - computed} of {len(windows)} windows read back from {ckpt}", file=sys.stderr)
     order_t, loo_t = torch.stack(order), torch.stack(loo)
     # how often the two oracles keep the same heads: |loo top-K ∩ greedy keep set| / K
     agreement = (top_k_gates(loo_t, k)[..., 1:] * (order_t.long() == total)).sum(-1).double().mean().item() / k
@@ -106,7 +129,9 @@ def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_len
                 **({"unit": unit} if unit != "head" else {}),
                 "windows": cfg.windows, "context_length": context_length, "config": to_dict(cfg)}
         (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if ckpt is not None:
+        shutil.rmtree(ckpt, ignore_errors=True)
     positions = cfg.windows * context_length
     return {"windows": cfg.windows, "positions": positions, "heads_kept": k, "skip": skip,
             "loo_greedy_agreement": agreement,
-            "positions_per_s": positions / max(seconds, 1e-9), "oracle_seconds": seconds}
+            "positions_per_s": computed * context_length / max(seconds, 1e-9), "oracle_seconds": seconds}
