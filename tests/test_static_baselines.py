@@ -120,3 +120,26 @@ def test_the_stage_fits_on_fit_compares_on_selection_and_every_baseline_reads_th
         build_static_baselines(StaticBaselinesConfig(min_keep=5, device="cpu"), roles, 12, i["base"], i["tokens"],
                                tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_selection_compares_only_the_declared_shares_and_importance_stands_elsewhere(phase_inputs, tmp_path):
+    """``selection_shares``: the two masks are scored on selection at round(share · L·H) units only (the
+    same NLLs as a full curve there); every other count takes the importance mask, as on a tie."""
+    i, roles = phase_inputs, WindowsConfig(per_role=4)
+    full = StaticBaselinesConfig(fit_windows=2, batch_size=2, device="cpu")
+    build_static_baselines(full, roles, 12, i["base"], i["tokens"], tmp_path / "all")
+    declared = StaticBaselinesConfig(fit_windows=2, batch_size=2, device="cpu", selection_shares=[0.5, 0.75])
+    report = build_static_baselines(declared, roles, 12, i["base"], i["tokens"], tmp_path / "declared")
+    every, some = StaticBaselines(tmp_path / "all"), StaticBaselines(tmp_path / "declared")
+    assert [r["heads_kept"] for r in report["by_heads_kept"]] == [2, 3]
+    for k in range(5):
+        if k in (2, 3):
+            for m in METHODS:
+                assert some.selection_nll[m][k].item() == every.selection_nll[m][k].item()
+            assert some.method(k) == every.method(k)
+        else:
+            assert all(np.isnan(some.selection_nll[m][k].item()) for m in METHODS) and some.method(k) == "importance"
+    assert report["selection_nll_importance_at_half"] == every.selection_nll["importance"][2].item()
+    assert "selection_shares" not in json.loads((tmp_path / "all" / "meta.json").read_text())["config"]  # omitted at the default
+    with pytest.raises(ConfigError, match="selection_shares"):
+        StaticBaselinesConfig(selection_shares=[1.5])

@@ -169,13 +169,20 @@ leaves it out at its default, so the saved configs (and the files and checkpoint
 a run that does not use it stay byte-identical."""
 
 
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one from its factory)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A dataclass config as plain YAML/JSON-able data (tuples become lists; a field marked
     :data:`OMIT_DEFAULT` is left out at its default)."""
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)
-                    if not (f.metadata.get("omit_default") and getattr(v, f.name) == f.default)}
+                    if not (f.metadata.get("omit_default") and getattr(v, f.name) == _default(f))}
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):

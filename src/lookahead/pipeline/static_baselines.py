@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Literal
@@ -30,7 +31,7 @@ import torch
 from lookahead.artifacts.static_baselines import META_FILE, METHODS, TENSORS_FILE
 from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, batches, scoring_spans, scoring_windows
 from lookahead.core.atomic import atomic_dir
-from lookahead.core.config import to_dict
+from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.core.windows import set_label
@@ -58,11 +59,19 @@ class StaticBaselinesConfig:
     """Windows per forward pass."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` = CUDA when available."""
+    selection_shares: list[float] = dataclasses.field(default_factory=list, metadata=OMIT_DEFAULT)
+    """Shares of the units kept at which the selection windows compare the two masks, each at
+    round(share · L·U) units (empty: every count). At a count not compared the importance mask is the
+    stronger one (as on a tie): where a run declares its counts, scoring all L·U + 1 of them twice is
+    most of the stage (542 masks on SmolLM2)."""
 
     def __post_init__(self) -> None:
         for name in ("min_keep", "candidates", "fit_windows"):
             require(getattr(self, name) >= 0, name, f"must be >= 0; got {getattr(self, name)}")
         require(self.batch_size >= 1, "batch_size", f"must be >= 1; got {self.batch_size}")
+        require(all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1
+                    for x in self.selection_shares), "selection_shares",
+                f"must be shares in [0, 1]; got {self.selection_shares!r}")
 
 
 def gradient_importance(lm, windows: list[torch.Tensor], unit: str = "head") -> torch.Tensor:
@@ -132,20 +141,22 @@ def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidate
 
 
 def selection_curve(lm, windows: list[torch.Tensor], ranking: torch.Tensor, progress: bool = True,
-                    seen: dict | None = None) -> torch.Tensor:
+                    seen: dict | None = None, counts: list[int] | None = None) -> torch.Tensor:
     """(L·H + 1,) float64: the mean NLL on ``windows`` keeping each count k = 0 … L·H of ``ranking``'s
-    top heads. ``seen``: {mask: NLL} shared between calls, so that a mask two rankings share (every
-    head, none, and any other they agree on) is scored once."""
+    top heads (only ``counts`` where given; NaN at the others). ``seen``: {mask: NLL} shared between
+    calls, so that a mask two rankings share (every head, none, and any other they agree on) is
+    scored once."""
     from tqdm.auto import tqdm
 
     seen = {} if seen is None else seen
-    out = []
-    for k in tqdm(range(ranking.numel() + 1), desc="static_baselines: selection", unit="mask", disable=not progress):
+    out = [math.nan] * (ranking.numel() + 1)
+    for k in tqdm(range(ranking.numel() + 1) if counts is None else counts, desc="static_baselines: selection",
+                  unit="mask", disable=not progress):
         on = static_gates(ranking, k)[1:].bool()
         key = tuple(on.tolist())
         if key not in seen:
             seen[key] = mask_nll(lm, windows, on)
-        out.append(seen[key])
+        out[k] = seen[key]
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -183,9 +194,12 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
     tic = time.perf_counter()
     selection_batches = batches(selection, cfg.batch_size, device)
     seen: dict = {}
-    curves = {m: selection_curve(lm, selection_batches, rankings[m], seen=seen) for m in METHODS}
+    counts = sorted({round(share * total) for share in cfg.selection_shares}) or None  # None: every count
+    curves = {m: selection_curve(lm, selection_batches, rankings[m], seen=seen, counts=counts) for m in METHODS}
     timings["selection_seconds"] = time.perf_counter() - tic
-    stronger = torch.stack([curves[m] for m in METHODS]).argmin(0)  # the first (importance) on a tie
+    scored = list(range(total + 1)) if counts is None else counts
+    stronger = torch.zeros(total + 1, dtype=torch.long)  # importance where the selection did not compare
+    stronger[scored] = torch.stack([curves[m][scored] for m in METHODS]).argmin(0)  # the first (importance) on a tie
     spans = {"static_baselines (fit windows)": scoring_spans(tokens_dir, scoring, context_length, "fit"),
              "static_baselines (selection windows)": scoring_spans(tokens_dir, scoring, context_length, "selection")}
     labels = {"fit_set": set_label("fit", fit), "search_set": set_label("fit", search),
@@ -199,14 +213,15 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
                 "spans": {k: [list(s) for s in v] for k, v in spans.items()}}
         (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     half = total // 2
-    return {"heads": total, "stronger_at_half": METHODS[int(stronger[half])],
-            "selection_nll_importance_at_half": float(curves["importance"][half]),
-            "selection_nll_greedy_at_half": float(curves["greedy"][half]),
+    at_half = (lambda x: x) if half in scored else (lambda x: None)  # noqa: E731 - a count not compared: no figure
+    return {"heads": total, "stronger_at_half": at_half(METHODS[int(stronger[half])]),
+            "selection_nll_importance_at_half": at_half(float(curves["importance"][half])),
+            "selection_nll_greedy_at_half": at_half(float(curves["greedy"][half])),
             "greedy_stronger_counts": int((stronger == METHODS.index("greedy")).sum()), **labels,
             "greedy_fit_nll_path": path,
             "by_heads_kept": [{"heads_kept": k, "stronger": METHODS[int(stronger[k])],
                                **{f"selection_nll_{m}": float(curves[m][k]) for m in METHODS}}
-                              for k in range(total + 1)],
+                              for k in scored],
             "greedy_search": {"min_keep": cfg.min_keep, "candidates": cfg.candidates,
                               "windows": len(search), "exact": cfg.candidates == 0},
             "selection_masks_scored": len(seen),

@@ -276,12 +276,13 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
     trials = (heads + sum(min(sb.candidates, heads - s) for s in range(1, steps_sb)) if sb.candidates
               else sum(heads - s for s in range(steps_sb)))
     search = min(sb.fit_windows or configs["windows"].per_role, configs["windows"].per_role)
-    sb_tokens = (trials * search + 2 * (heads + 1) * configs["windows"].per_role) * t
+    masks = 2 * (len({round(x * heads) for x in sb.selection_shares}) if sb.selection_shares else heads + 1)
+    sb_tokens = (trials * search + masks * configs["windows"].per_role) * t
     out.append(Stage("static_baselines", frozen=arch.params, forward_tokens=sb_tokens,
                      flops=fwd * sb_tokens + 3 * fwd * configs["windows"].per_role * t, weights=lm_w,
                      activations=4.0 * sb.batch_size * t * arch.vocab,
                      note=f"greedy static mask: {trials} trial forwards over {search} fit windows; "
-                          f"{2 * (heads + 1)} masks on {configs['windows'].per_role} selection windows"))
+                          f"{masks} masks on {configs['windows'].per_role} selection windows"))
 
     # the router: an MLP from the context features to rank-r node factors
     ctx_dim = {"cache": 384 if cx.encoder == "minilm" else 1024, "lm": 2 * arch.hidden, "embedding": arch.hidden,
