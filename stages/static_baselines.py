@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         "out": "static baselines directory (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
+        "checkpoints": "the greedy search's checkpoints directory, to resume a killed run (not a DVC output)",
     }, argv)
     configs = {"static_baselines": load_section(args.params, "static_baselines", StaticBaselinesConfig),
                "windows": load_section(args.params, "windows", WindowsConfig)}
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         params["runtime.unit"] = unit
     with stage_run("static_baselines", params) as run:
         report = build_static_baselines(configs["static_baselines"], configs["windows"], context_length, args.base,
-                                        args.tokens, args.out, unit)
+                                        args.tokens, args.out, unit, args.checkpoints)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
 
 

@@ -143,3 +143,31 @@ def test_the_selection_compares_only_the_declared_shares_and_importance_stands_e
     assert "selection_shares" not in json.loads((tmp_path / "all" / "meta.json").read_text())["config"]  # omitted at the default
     with pytest.raises(ConfigError, match="selection_shares"):
         StaticBaselinesConfig(selection_shares=[1.5])
+
+
+def test_a_killed_greedy_search_resumes_at_its_next_step(phase_inputs, tmp_path, monkeypatch):
+    """The greedy search's state is kept after each step: killed in its third step, the stage resumes
+    there (no step measured twice) and writes the bytes of a straight run; the checkpoint goes at the end."""
+    import lookahead.pipeline.static_baselines as stage
+
+    i, roles = phase_inputs, WindowsConfig(per_role=4)
+    cfg = StaticBaselinesConfig(fit_windows=2, batch_size=2, device="cpu", candidates=2)
+    build_static_baselines(cfg, roles, 12, i["base"], i["tokens"], tmp_path / "straight")
+    calls, real, kill = [], stage.mask_nll, [True]
+
+    def counted(lm, windows, on):
+        calls.append(int(on.sum()))
+        if kill[0] and len(calls) == 4 + 2 + 1:  # every head at step 1, the 2 candidates at step 2, then step 3
+            raise KeyboardInterrupt
+        return real(lm, windows, on)
+
+    monkeypatch.setattr(stage, "mask_nll", counted)
+    with pytest.raises(KeyboardInterrupt):
+        build_static_baselines(cfg, roles, 12, i["base"], i["tokens"], tmp_path / "out", checkpoint_root=tmp_path / "ckpt")
+    assert not (tmp_path / "out").exists() and len(list((tmp_path / "ckpt").glob("*/greedy.safetensors"))) == 1
+    kill[0], calls[:] = False, []
+    build_static_baselines(cfg, roles, 12, i["base"], i["tokens"], tmp_path / "out", checkpoint_root=tmp_path / "ckpt")
+    assert calls[0] == 1  # its first trial drops one of the 2 heads still on: the third step, not the first (3 on)
+    for name in ("baselines.safetensors", "meta.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes()
+    assert not list((tmp_path / "ckpt").glob("*/greedy.safetensors"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -30,7 +31,7 @@ import torch
 
 from lookahead.artifacts.static_baselines import META_FILE, METHODS, TENSORS_FILE
 from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, batches, scoring_spans, scoring_windows
-from lookahead.core.atomic import atomic_dir
+from lookahead.core.atomic import atomic_dir, atomic_file
 from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
@@ -39,6 +40,7 @@ from lookahead.graph.nodes import baseline_graph, static_gates
 from lookahead.graph.plan import execute
 from lookahead.graph.runtime import unit_shape
 from lookahead.lm.nll import causal_lm_nll, token_nll
+from lookahead.train.checkpoints import checkpoint_dir
 
 SKIP = "full"
 """The skip mode static masks run in (and their MACs are counted in)."""
@@ -107,11 +109,14 @@ def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor) -> float:
 
 
 def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidates: int = 0,
-                   progress: bool = True, unit: str = "head") -> tuple[torch.Tensor, list[float]]:
+                   progress: bool = True, unit: str = "head", checkpoint: Path | None = None
+                   ) -> tuple[torch.Tensor, list[float]]:
     """The greedy static mask search (module docstring) as a ranking (L, U) of the routing unit's
     nodes: a unit's value is the step at which it was dropped (L·U for the ``min_keep`` never
     dropped), so that the top k of the ranking is the search's mask at k units. Also the fit NLL
-    after each drop."""
+    after each drop. ``checkpoint``: a file the search's state is written to after each step and
+    resumed from (the same ranking and path as a straight run)."""
+    from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
 
     n_layers, n_heads = unit_shape(lm, unit)
@@ -121,9 +126,14 @@ def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidate
     cost = torch.full((total,), float("inf"), dtype=torch.float64)
     rank = torch.full((total,), float(total))
     path = []
-    steps = total - min_keep
-    with tqdm(total=steps, desc="static_baselines: greedy mask (heads dropped)", unit="head", disable=not progress) as bar:
-        for step in range(steps):
+    steps, start = total - min_keep, 0
+    if checkpoint is not None and checkpoint.is_file():  # the steps an earlier, killed run made
+        state = load_file(str(checkpoint))
+        on, cost, rank, path = state["on"], state["cost"], state["rank"], state["path"].tolist()
+        start = len(path)
+    with tqdm(total=steps, initial=start, desc="static_baselines: greedy mask (heads dropped)", unit="head",
+              disable=not progress) as bar:
+        for step in range(start, steps):
             alive = on.nonzero().flatten()
             if candidates and step > 0:  # the lazy search: the cheapest by their latest cost, in node order on a tie
                 alive = alive[torch.argsort(cost[alive], stable=True)[:candidates]]
@@ -136,6 +146,11 @@ def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidate
             rank[drop] = float(step)
             path.append(float(cost[drop]))
             cost[drop] = float("inf")
+            if checkpoint is not None:
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_file(checkpoint) as tmp:
+                    save_file({"on": on, "cost": cost, "rank": rank, "path": torch.tensor(path, dtype=torch.float64)},
+                              str(tmp))
             bar.update(1)
     return rank.view(n_layers, n_heads), path
 
@@ -166,10 +181,12 @@ HEADLINE = ("heads", "stronger_at_half", "selection_nll_importance_at_half", "se
 
 
 def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, context_length: int, base_dir, tokens_dir,
-                           out_dir, unit: str = "head") -> dict:
+                           out_dir, unit: str = "head", checkpoint_root=None) -> dict:
     """Fit both static masks on the fit windows, compare them on the selection windows and write
     the stage's directory atomically; return its report. ``unit``: the routing unit whose nodes the
-    masks keep (``runtime.unit``; counts are of units)."""
+    masks keep (``runtime.unit``; counts are of units). ``checkpoint_root``: the greedy search's state
+    is kept there after each step (under a digest of the config and inputs), so that a killed run
+    resumes at its next step; removed once the output is written."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -188,8 +205,11 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
     rankings = {"importance": gradient_importance(lm, fit_batches, unit)}
     timings["importance_seconds"] = time.perf_counter() - tic
     tic = time.perf_counter()
+    ckpt = checkpoint_dir(checkpoint_root, "static_baselines", {"config": to_dict(cfg), "windows": to_dict(roles),
+                                                                "unit": unit, "context_length": context_length},
+                          [Path(base_dir) / "model.safetensors", Path(tokens_dir) / "val.npy"])
     rankings["greedy"], path = greedy_ranking(lm, batches(search, cfg.batch_size, device), cfg.min_keep, cfg.candidates,
-                                              unit=unit)
+                                              unit=unit, checkpoint=None if ckpt is None else ckpt / "greedy.safetensors")
     timings["greedy_seconds"] = time.perf_counter() - tic
     tic = time.perf_counter()
     selection_batches = batches(selection, cfg.batch_size, device)
@@ -212,6 +232,8 @@ def build_static_baselines(cfg: StaticBaselinesConfig, roles: WindowsConfig, con
                 "n_layers": n_layers, "n_heads": n_units, **({"unit": unit} if unit != "head" else {}),
                 "spans": {k: [list(s) for s in v] for k, v in spans.items()}}
         (Path(tmp) / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if ckpt is not None:
+        shutil.rmtree(ckpt, ignore_errors=True)
     half = total // 2
     at_half = (lambda x: x) if half in scored else (lambda x: None)  # noqa: E731 - a count not compared: no figure
     return {"heads": total, "stronger_at_half": at_half(METHODS[int(stronger[half])]),
