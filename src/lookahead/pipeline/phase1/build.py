@@ -93,14 +93,14 @@ def train_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
                     f"predictor.gate: {predictor_cfg.gate} (or use predictor.gate: head)")
     cache = ContextCache(contexts_dir)
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    tensors, _ = load_init(init_file)
+    tensors, init_meta = load_init(init_file)
     unit = runtime_cfg.unit
     units = unit_shape(lm, unit)
     importance = head_importance(heads_file, lm.config.num_attention_heads // units[1])
-    torch.manual_seed(cfg.train.seed)
-    predictor = StructurePredictor.from_init(predictor_cfg, init_file, 1)  # its nodes, before any work
-    if (predictor.n_layers, predictor.n_heads) != units or tuple(importance.shape) != units:
-        raise ValueError(f"init file {init_file} ({predictor.n_layers} x {predictor.n_heads}), head statistics "
+    n_layers = int(init_meta["n_layers"])
+    init_nodes = (n_layers, (tensors["U0"].shape[0] - 1) // n_layers)  # the predictor's, checked before any work
+    if init_nodes != units or tuple(importance.shape) != units:
+        raise ValueError(f"init file {init_file} ({init_nodes[0]} x {init_nodes[1]}), head statistics "
                          f"{heads_file} {tuple(importance.shape)} and base model ({units[0]} x {units[1]} "
                          f"{unit}s, runtime.unit) disagree: rerun `dvc repro` from the probe stage")
     torch.manual_seed(cfg.train.seed)
