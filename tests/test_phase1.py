@@ -609,3 +609,21 @@ def test_a_layer_router_trains_on_each_layers_targets_from_its_routed_inputs(pha
     assert np.allclose(nll, want.numpy(), atol=1e-5)
     # its MACs: the forward under the gates it ran (query skip: every key and value), position by position
     assert np.allclose(macs, gate_macs(lm.config, deployed[..., 1:].view(*ids.shape, 2, 2), "query").flatten().numpy())
+
+
+def test_the_stage_trains_a_layer_router(phase_inputs, oracle_dir, tmp_path):
+    """The stage's own path (train_phase1: the init file's nodes checked against the base LM, then the
+    router built) for ``predictor.input: layer``, whose router splits its context over the layers."""
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.pipeline.phase1.build import train_phase1
+
+    i = phase_inputs
+    cfg = Phase1Config(static_twin=False, eval_batch_size=2, eval_sequences=2,
+                       train=TrainConfig(steps=1, batch_size=2, warmup_steps=0, eval_every=1, log_every=1,
+                                         checkpoint_every=0, device="cpu"))
+    pcfg = PredictorConfig(rank=2, hidden=8, keep=0.5, input="layer", budget="topk_layer")
+    training, _, module, _ = train_phase1(cfg, pcfg, i["base"], i["contexts"], i["init"], i["heads"],
+                                          tmp_path / "router.safetensors", runtime_cfg=RuntimeConfig("query"),
+                                          oracle=OracleTargets(oracle_dir))
+    predictor, _ = load_predictor(tmp_path / "router.safetensors")
+    assert predictor.cfg.input == "layer" and predictor.context_dim == 2 * 32 and math.isfinite(training["hard_nll"])
