@@ -140,3 +140,23 @@ def test_the_estimates_weight_count_charges_keys_and_values_their_own_heads():
     arch = Arch(2, 6, 24, 40, 61, kv_heads=2)
     assert arch.body - 2 * 4 * 24 == linear  # less the block's norm weights (4·d: OLMo2's count)
     assert Arch(2, 6, 24, 40, 61).body - Arch(2, 6, 24, 40, 61, kv_heads=2).body == 2 * 2 * 24 * (24 - 8)
+
+
+def test_the_estimate_counts_a_tied_llama_as_torch_does(tmp_path):
+    """A Llama's config read as ``make estimate`` reads it: two norms per block and, tied, one
+    vocab x hidden matrix — every parameter torch counts; the SmolLM2 shape likewise (134.5 M)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from types import SimpleNamespace
+
+    from lookahead.tools.estimate import PUBLISHED, _arch_of, _published
+
+    cfg = LlamaConfig(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, vocab_size=61, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    unused = SimpleNamespace(n_layers=1, n_heads=1, hidden_size=1, intermediate_size=1, tie_word_embeddings=False)
+    arch, where = _arch_of("hub", str(tmp_path), None, unused, 0)  # base.arch: not read for a loaded model
+    assert where.endswith("config") and (arch.tied, arch.norms) == (True, 2)
+    assert arch.params == sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
+    smollm2 = _published(next(k for k in PUBLISHED if "SmolLM2" in k))
+    assert round(smollm2.params / 1e5) == 1345  # 134.5 M, as the loaded model holds

