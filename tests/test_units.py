@@ -2,8 +2,10 @@
 attention"): under ``group`` a node of the head graph is a whole key/value group. Topologies over
 groups run through every executor as the same topology over their query heads (checked against the
 independent reference, tests/reference_routed.py, whose per-head gates are built here by hand), and
-the stages that count or select nodes — the oracle, the static baselines, the init's factors, phase 1,
-pairs — do it over groups on a tiny grouped Llama."""
+the stages that count or select nodes — the oracle, the static baselines, phase 1, pairs and the
+denoiser — do it over groups on a tiny grouped Llama (its init file made as the init stage makes one
+over groups: the factors of the affinity pooled by :func:`lookahead.graph.nodes.pool`, tested here;
+the init stage itself needs WordNet and runs in the tiny pipeline runs, over heads)."""
 
 from __future__ import annotations
 
