@@ -252,12 +252,8 @@ class StructurePredictor(nn.Module):
     def from_init(cls, cfg: PredictorConfig, init_file: str | Path, context_dim: int) -> StructurePredictor:
         """A predictor whose static logits start from the init stage's U0, V0."""
         tensors, meta = load_init(init_file)
-        n_layers = int(meta["n_layers"])
-        n = tensors["U0"].shape[0]
-        if n_layers < 1 or (n - 1) % n_layers:
-            raise PredictorError(f"{init_file}: {n} nodes do not fit {n_layers} layers")
         geo_dim = tensors["geo_table"].shape[1] + 1 if cfg.geo_features else 0
-        return cls(cfg, n_layers, (n - 1) // n_layers, context_dim, geo_dim, tensors["U0"], tensors["V0"])
+        return cls(cfg, *init_nodes(tensors, meta, init_file), context_dim, geo_dim, tensors["U0"], tensors["V0"])
 
     def features(self, context: torch.Tensor, geo: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP's hidden features h (…, hidden) of context (…, C) and geometric features (…, G);
@@ -358,6 +354,15 @@ def load_init(init_file: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 PREDICTOR_FILE = "predictor.safetensors"
+
+
+def init_nodes(tensors: dict, meta: dict, init_file) -> tuple[int, int]:
+    """(layers, nodes per layer) of the head graph an init file's factors describe (:func:`load_init`'s
+    tensors and metadata): its U0 has one row per node, the source first."""
+    n_layers, n = int(meta["n_layers"]), tensors["U0"].shape[0]
+    if n_layers < 1 or (n - 1) % n_layers:
+        raise PredictorError(f"{init_file}: {n} nodes do not fit {n_layers} layers")
+    return n_layers, (n - 1) // n_layers
 
 
 def save_predictor(predictor: StructurePredictor, path: str | Path, extra: dict | None = None) -> None:

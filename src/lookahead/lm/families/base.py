@@ -39,6 +39,14 @@ class Shape:
     n_kv_heads: int
     head_dim: int
 
+    @classmethod
+    def of(cls, cfg) -> Shape:
+        """The shape an HF config gives (no key/value head count: one per query head)."""
+        heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        if heads % kv:
+            raise FamilyError(f"num_key_value_heads: must divide num_attention_heads ({heads}); got {kv}")
+        return cls(cfg.num_hidden_layers, heads, kv, head_dim_of(cfg))
+
     @property
     def group(self) -> int:
         """Query heads per key/value head; query head h reads key/value head h // group."""
@@ -81,11 +89,8 @@ class Family:
 
     def __init__(self, cfg):
         refuse(cfg, "attention_bias", (False, None), "a bias of the projections belongs to no head")
-        heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        if heads % kv:
-            raise FamilyError(f"num_key_value_heads: must divide num_attention_heads ({heads}); got {kv}")
         self.config = cfg
-        self.shape = Shape(cfg.num_hidden_layers, heads, kv, head_dim_of(cfg))
+        self.shape = Shape.of(cfg)
 
     def attention_input(self, layer, x: torch.Tensor) -> torch.Tensor:
         """What the attention's projections read from a stream x (…, d)."""

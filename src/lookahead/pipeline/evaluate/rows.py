@@ -28,8 +28,8 @@ from lookahead.graph.plan import execute
 from lookahead.graph.router_inputs import router_context
 from lookahead.graph.runtime import forward_with_topology
 from lookahead.graph.scoring import GeoLookup
+from lookahead.lm.families.base import Shape
 from lookahead.lm.nll import token_nll
-from lookahead.lm.olmo2 import head_dim_of
 
 
 @dataclasses.dataclass
@@ -46,9 +46,9 @@ class Shapes:
     @classmethod
     def of(cls, lm, unit: str = "head") -> Shapes:
         c = lm.config
-        heads = c.num_attention_heads
-        units = heads if unit == "head" else getattr(c, "num_key_value_heads", None) or heads
-        return cls(c.num_hidden_layers, units, c.hidden_size, head_dim_of(c) * (heads // units))
+        shape = Shape.of(c)
+        units = shape.units(unit)
+        return cls(shape.n_layers, units, c.hidden_size, shape.head_dim * (shape.n_heads // units))
 
 
 def position_figures(adjacency: torch.Tensor, gates: torch.Tensor, s: Shapes, skip: str = "full") -> dict[str, torch.Tensor]:

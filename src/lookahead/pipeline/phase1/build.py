@@ -40,7 +40,7 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import ConfigError, require
 from lookahead.core.seeds import final_evaluation_only, over_seeds
 from lookahead.core.tracking import is_main_process
-from lookahead.graph.predictor import PredictorConfig, StructurePredictor, load_init, save_predictor
+from lookahead.graph.predictor import PredictorConfig, StructurePredictor, init_nodes, load_init, save_predictor
 from lookahead.graph.predictor import seed_router_name, twin_router_name
 from lookahead.graph.router_inputs import input_dim
 from lookahead.graph.runtime import RuntimeConfig, unit_shape
@@ -97,10 +97,9 @@ def train_phase1(cfg: Phase1Config, predictor_cfg: PredictorConfig, base_dir, co
     unit = runtime_cfg.unit
     units = unit_shape(lm, unit)
     importance = head_importance(heads_file, lm.config.num_attention_heads // units[1])
-    n_layers = int(init_meta["n_layers"])
-    init_nodes = (n_layers, (tensors["U0"].shape[0] - 1) // n_layers)  # the predictor's, checked before any work
-    if init_nodes != units or tuple(importance.shape) != units:
-        raise ValueError(f"init file {init_file} ({init_nodes[0]} x {init_nodes[1]}), head statistics "
+    nodes = init_nodes(tensors, init_meta, init_file)  # the predictor's, checked before any work
+    if nodes != units or tuple(importance.shape) != units:
+        raise ValueError(f"init file {init_file} ({nodes[0]} x {nodes[1]}), head statistics "
                          f"{heads_file} {tuple(importance.shape)} and base model ({units[0]} x {units[1]} "
                          f"{unit}s, runtime.unit) disagree: rerun `dvc repro` from the probe stage")
     torch.manual_seed(cfg.train.seed)
