@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd smollm2 smollm2-check repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
+.PHONY: setup lock wordnet browser sshd smollm2 smollm2-check smollm2-run repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -62,6 +62,13 @@ smollm2: $(STAMP)
 smollm2-check: $(STAMP)
 	$(BIN)/dvc repro contexts
 	$(BIN)/python benchmarks/smollm2_check.py
+
+# Every stage on SmolLM2-135M (profiles/smollm2-135m.yaml; docs/research/pretrained-lm.md), in its own lasting
+# workspace runs/smollm2-135m/ with the code of this checkout; each stage's figures and seconds committed to
+# metrics/smollm2/ as it finishes. Rerun to resume: finished stages are up to date, a cut-off one resumes from
+# its checkpoints. RUN_ARGS="--plan" prints what is done; "--until oracle" stops after a stage.
+smollm2-run: smollm2
+	$(BIN)/python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --metrics metrics/smollm2 --commit $(RUN_ARGS)
 
 check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)

@@ -1,0 +1,242 @@
+"""Every stage of a profile in its own lasting workspace, resumable across sessions (``make smollm2-run``).
+
+    python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --commit   # run or resume every stage
+    python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --until oracle
+    python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --plan     # what is done, what is left
+
+A run of a pretrained LM takes longer than one sitting. ``dvc exp run --temp`` (the studies') throws
+its directory away when it stops, and with it the checkpoints a cut-off stage resumes from, so a
+profile runs in ``runs/<profile>/`` instead (git- and DVC-ignored): this checkout's tracked files
+with the profile as ``params.yaml``, and its own DVC cache, lock, ``checkpoints/`` and MLflow store.
+
+Each call first syncs the code: every tracked file but ``params.yaml``, ``dvc.lock`` and the outputs
+(``data/``, ``models/``, ``metrics/``), so the run is of this checkout's code; stages then run one at a
+time in ``dvc.yaml``'s order with ``dvc repro``. DVC decides what runs: a stage already done is up to
+date (or comes back from the run cache), one whose code or params changed runs again, and one cut
+off mid-way resumes from its checkpoints (the oracle's windows, the static search's steps, the
+trainers' steps) and writes the same bytes as an uncut run.
+
+What each stage leaves is kept in git as it finishes (``--commit``), as ``make bases`` does, since no
+DVC cache travels with a clone: ``metrics/<profile>/<stage>*.json`` (its headline, ``_sd``, ``_ci`` and
+report) and ``metrics/<profile>/run.json``: each stage's wall seconds on this machine, summed over the
+calls that ran it (a call cut off counts up to its last heartbeat, a minute at most before the cut),
+and the code revision it finished at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from lookahead.core.atomic import atomic_file
+from lookahead.tools.experiments import StudyError, commit, fail, sh
+
+RUNS = Path("runs")
+OUTPUTS = ("data/", "models/", "metrics/", "checkpoints/", "runs/", "logs/")
+"""Paths of a workspace that are the run's own, never synced from the checkout."""
+OWN = ("params.yaml", "dvc.lock")
+HEARTBEAT_S = 60.0
+HEADLINE_SUFFIXES = ("", "_sd", "_ci", "_report")
+
+
+def stage_names(dvc_yaml: Path) -> list[str]:
+    """The stages of ``dvc.yaml`` in file order (the pipeline's order: each after what it reads)."""
+    return list(yaml.safe_load(dvc_yaml.read_text(encoding="utf-8"))["stages"])
+
+
+def source_files(project: Path) -> list[str]:
+    """The checkout's tracked and unignored files a workspace mirrors."""
+    out = sh("git", "ls-files", "--cached", "--others", "--exclude-standard", cwd=project).split("\n")
+    return [n for n in out if n and not n.startswith(OUTPUTS) and n not in OWN and (project / n).is_file()]
+
+
+def run_env(work: Path) -> dict[str, str]:
+    """The environment stages run in: this interpreter's python and dvc, the workspace's own code
+    first on the import path (the code its lock hashes), nothing of the caller's MLflow or DVC settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(work.resolve() / "src")
+    env["DVC_NO_ANALYTICS"] = "true"
+    return env
+
+
+def sync(project: Path, work: Path, profile: Path) -> list[str]:
+    """Make ``work`` hold ``project``'s code and ``profile`` as params.yaml (created where missing, with
+    its own git and DVC repository); the files it changed."""
+    fresh = not (work / ".dvc").is_dir()
+    work.mkdir(parents=True, exist_ok=True)
+    wanted = source_files(project)
+    changed = []
+    for name in wanted:
+        src, dst = project / name, work / name
+        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            changed.append(name)
+    if not fresh:  # files the checkout no longer has (a stale file would change a directory dep's hash)
+        have = set(wanted)
+        for name in sh("git", "ls-files", cwd=work).split("\n"):
+            if name and name not in have and not name.startswith(OUTPUTS) and name not in OWN:
+                (work / name).unlink(missing_ok=True)
+                changed.append(name)
+    params = profile.read_bytes()
+    if not (work / "params.yaml").is_file() or (work / "params.yaml").read_bytes() != params:
+        (work / "params.yaml").write_bytes(params)
+        changed.append("params.yaml")
+    env = run_env(work)
+    if fresh:
+        for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "run@localhost"],
+                    ["git", "config", "user.name", "profile run"]):
+            subprocess.run(cmd, cwd=work, env=env, check=True)
+    if changed:
+        subprocess.run(["git", "add", "-A", "--", ".", *(f":!{p}" for p in OUTPUTS)], cwd=work, env=env, check=True)
+        subprocess.run(["git", "commit", "-qm", f"sync from {revision(project)}"], cwd=work, env=env, check=True)
+    return changed
+
+
+def revision(project: Path) -> str:
+    """The checkout's commit (12 digits), ``+`` where its tracked files differ from it."""
+    rev = sh("git", "rev-parse", "HEAD", cwd=project).strip()[:12]
+    dirty = sh("git", "status", "--porcelain", "--untracked-files=no", cwd=project).strip()
+    return rev + ("+" if dirty else "")
+
+
+def up_to_date(work: Path, stage: str, env: dict) -> bool:
+    """Whether DVC would skip ``stage`` (its deps, params, command and outputs as its lock says)."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", stage], cwd=work, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StudyError(f"dvc status {stage} failed in {work}:\n{proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout or "{}") == {}
+
+
+class Record:
+    """``metrics/<profile>/run.json``: each stage's seconds, calls and state; a heartbeat file in the
+    workspace carries a running stage's seconds over to the next call when this one is cut off."""
+
+    def __init__(self, path: Path, work: Path, profile: Path):
+        self.path, self.beat = path, work / ".stage_heartbeat.json"
+        self.data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        self.data.setdefault("profile", profile.as_posix())
+        self.data.setdefault("stages", {})
+        if self.beat.is_file():  # a stage the last call was running when it was cut off
+            beat = json.loads(self.beat.read_text(encoding="utf-8"))
+            entry = self.stage(beat["stage"])
+            entry["seconds"] = round(entry["seconds"] + beat["seconds"], 1)
+            entry["calls"] += 1
+            self.beat.unlink()
+            self.save()
+
+    def stage(self, name: str) -> dict:
+        return self.data["stages"].setdefault(name, {"seconds": 0.0, "calls": 0, "done": False})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(self.path) as tmp:
+            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+    def run(self, name: str, argv: list[str], cwd: Path, env: dict, log: Path) -> float:
+        """Run ``argv`` for stage ``name``, its output to ``log``; its seconds (the heartbeat keeps them
+        if this process is killed first)."""
+        start, done = time.monotonic(), threading.Event()
+
+        def beat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                self.beat.write_text(json.dumps({"stage": name, "seconds": round(time.monotonic() - start, 1)}))
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(log, "a", encoding="utf-8") as out:
+                code = subprocess.run(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        finally:
+            done.set()
+            thread.join()
+            self.beat.unlink(missing_ok=True)
+        seconds = time.monotonic() - start
+        entry = self.stage(name)
+        entry["seconds"] = round(entry["seconds"] + seconds, 1)
+        entry["calls"] += 1
+        if code != 0:
+            self.save()
+            raise StudyError(f"stage {name} failed ({code}) after {seconds:.0f} s: see {log}")
+        return seconds
+
+
+def keep_figures(work: Path, stage: str, dest: Path) -> list[Path]:
+    """Copy the stage's headline files (``metrics/<stage>.json``, ``_sd``, ``_ci``, ``_report``) to ``dest``."""
+    kept = []
+    for suffix in HEADLINE_SUFFIXES:
+        src = work / "metrics" / f"{stage}{suffix}.json"
+        if src.is_file():
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / src.name)
+            kept.append(dest / src.name)
+    return kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("profile", type=Path, help="a parameter set, e.g. profiles/smollm2-135m.yaml")
+    parser.add_argument("--until", help="the last stage to run (default: every stage)")
+    parser.add_argument("--plan", action="store_true", help="print each stage's state and seconds, run nothing")
+    parser.add_argument("--commit", action="store_true", help="git-commit each stage's figures as it finishes")
+    parser.add_argument("--workspace", type=Path, help="the run's directory (default runs/<profile name>)")
+    parser.add_argument("--metrics", type=Path, help="where its figures are kept (default metrics/<profile name>)")
+    args = parser.parse_args(argv)
+    project = Path.cwd()
+    if not (project / "dvc.yaml").is_file():
+        parser.error("run from the repository root (dvc.yaml not found)")
+    if not args.profile.is_file():
+        parser.error(f"no profile {args.profile}")
+    stages = stage_names(project / "dvc.yaml")
+    if args.until is not None and args.until not in stages:
+        parser.error(f"--until {args.until!r}: no such stage (stages: {', '.join(stages)})")
+    name = args.profile.stem
+    work = args.workspace or RUNS / name
+    dest = args.metrics or Path("metrics") / name
+    # the profile's parameters are checked before any work, as a stage would
+    sh(sys.executable, "-m", "lookahead.tools.params", str(args.profile))
+    record = Record(dest / "run.json", work, args.profile)
+    if args.plan:
+        for stage in stages:
+            entry = record.data["stages"].get(stage)
+            state = ("done" if entry["done"] else "started") if entry else "to run"
+            print(f"{stage:18s} {state:8s} {entry['seconds'] if entry else 0:9.0f} s")
+        return
+    changed = sync(project, work, args.profile)
+    rev = revision(project)
+    print(f"[run] {work}: the code of {rev}" + (f" ({len(changed)} files synced)" if changed else ""), flush=True)
+    env = run_env(work)
+    for stage in stages[: stages.index(args.until) + 1 if args.until else None]:
+        entry = record.stage(stage)
+        if up_to_date(work, stage, env):
+            status = "up to date"
+        else:
+            print(f"[run] {stage}: running (log: {work / 'logs' / (stage + '.log')})", flush=True)
+            seconds = record.run(stage, [sys.executable, "-m", "dvc", "repro", stage], work, env,
+                                 work / "logs" / f"{stage}.log")
+            status = f"{seconds:.0f} s"
+        entry.update(done=True, code=entry.get("code", rev) if status == "up to date" else rev)
+        record.save()
+        kept = [record.path, *keep_figures(work, stage, dest)]
+        print(f"[run] {stage}: {status}, {entry['seconds']:.0f} s in all", flush=True)
+        if args.commit and sh("git", "status", "--porcelain", "--", *map(str, kept)).strip():
+            commit(kept, f"{name}: stage {stage} ({entry['seconds']:.0f} s on this machine)")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except StudyError as error:
+        fail(error)

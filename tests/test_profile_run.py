@@ -1,0 +1,124 @@
+"""``lookahead.tools.profile_run`` (``make smollm2-run``): a profile's stages in a lasting workspace of
+their own, each stage's figures and seconds committed as it finishes, a rerun that resumes.
+
+A two-stage pipeline of plain commands stands in for the project's (its stages are the tiny run's to
+test): what is under test is the driver — sync, DVC deciding what runs, the record, the commits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # a dozen DVC commands
+
+STAGES = """
+stages:
+  one:
+    cmd: python src/one.py
+    deps: [src/one.py, src/code.txt]
+    params: [windows.per_role]
+    metrics: [{metrics/one.json: {cache: false}}]
+  two:
+    cmd: python src/two.py
+    deps: [src/two.py, metrics/one.json]
+    metrics: [{metrics/two.json: {cache: false}}]
+"""
+ONE = """import json, os, yaml
+os.makedirs("metrics", exist_ok=True)  # outputs are the workspace's own: none is synced
+per_role = yaml.safe_load(open("params.yaml"))["windows"]["per_role"]
+json.dump({"per_role": per_role, "code": open("src/code.txt").read()}, open("metrics/one.json", "w"))
+"""
+TWO = """import json
+json.dump({"twice": 2 * json.load(open("metrics/one.json"))["per_role"]}, open("metrics/two.json", "w"))
+"""
+
+
+def git(*argv: str, cwd: Path) -> str:
+    return subprocess.run(["git", *argv], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def drive(project: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lookahead.tools.profile_run", "profiles/p.yaml", "--commit", *argv],
+                          cwd=project, capture_output=True, text=True)
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    p = tmp_path / "project"
+    (p / "profiles").mkdir(parents=True)
+    (p / "src").mkdir()
+    (p / "metrics").mkdir()
+    (p / "dvc.yaml").write_text(STAGES)
+    (p / "src" / "code.txt").write_text("v1")
+    (p / "src" / "one.py").write_text(ONE)
+    (p / "src" / "two.py").write_text(TWO)
+    (p / "src" / "stale.txt").write_text("removed later")
+    shutil.copy(ROOT / "profiles" / "tiny.yaml", p / "profiles" / "p.yaml")
+    (p / "params.yaml").write_text("unused: the workspace's params are the profile's\n")
+    (p / ".gitignore").write_text("/runs/\n")
+    git("init", "-q", cwd=p)
+    git("config", "user.email", "t@example.com", cwd=p)
+    git("config", "user.name", "test", cwd=p)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=p, check=True)
+    git("add", "-A", cwd=p)
+    git("commit", "-qm", "init", cwd=p)
+    return p
+
+
+def test_runs_commits_and_resumes(project: Path):
+    work, record_file = project / "runs" / "p", project / "metrics" / "p" / "run.json"
+    proc = drive(project)
+    assert proc.returncode == 0, proc.stderr
+    per_role = yaml.safe_load((project / "profiles" / "p.yaml").read_text())["windows"]["per_role"]
+    # each stage ran in the workspace on the profile's params, its figures kept and committed
+    assert json.loads((project / "metrics" / "p" / "one.json").read_text()) == {"per_role": per_role, "code": "v1"}
+    assert json.loads((project / "metrics" / "p" / "two.json").read_text()) == {"twice": 2 * per_role}
+    record = json.loads(record_file.read_text())
+    assert [(s, e["done"], e["calls"]) for s, e in record["stages"].items()] == [("one", True, 1), ("two", True, 1)]
+    assert all(e["seconds"] > 0 for e in record["stages"].values())
+    log = git("log", "--format=%s", cwd=project).splitlines()
+    assert [line.split(" (")[0] for line in log[:2]] == ["p: stage two", "p: stage one"]
+    assert not git("status", "--porcelain", cwd=project).strip()  # runs/ is ignored, the rest committed
+
+    # a rerun: nothing runs, nothing is committed
+    assert drive(project).returncode == 0
+    assert git("log", "--format=%s", cwd=project).splitlines() == log
+    assert json.loads(record_file.read_text()) == record
+
+    # a code change reaches the workspace (and a deleted file leaves it): the stage that reads it runs again
+    (project / "src" / "code.txt").write_text("v2")
+    (project / "src" / "stale.txt").unlink()
+    git("commit", "-qam", "code v2", cwd=project)
+    assert drive(project, "--until", "one").returncode == 0
+    assert not (work / "src" / "stale.txt").exists()
+    record = json.loads(record_file.read_text())
+    assert record["stages"]["one"]["calls"] == 2 and json.loads((project / "metrics" / "p" / "one.json").read_text())["code"] == "v2"
+    assert record["stages"]["two"]["calls"] == 1  # --until one: two not yet
+
+    # a call cut off mid-stage: its heartbeat's seconds count at the next call
+    (work / ".stage_heartbeat.json").write_text(json.dumps({"stage": "two", "seconds": 1000.0}))
+    before = record["stages"]["two"]["seconds"]
+    assert drive(project).returncode == 0
+    two = json.loads(record_file.read_text())["stages"]["two"]
+    assert two["calls"] == 3 and two["seconds"] >= before + 1000.0
+    assert not (work / ".stage_heartbeat.json").exists()
+    plan = drive(project, "--plan")
+    assert plan.returncode == 0 and "two" in plan.stdout and "done" in plan.stdout
+
+
+def test_refuses_before_work(project: Path):
+    bad = drive(project, "--until", "three")
+    assert bad.returncode != 0 and "no such stage" in bad.stderr
+    params = yaml.safe_load((project / "profiles" / "p.yaml").read_text())
+    params["windows"]["per_role"] = -1
+    (project / "profiles" / "p.yaml").write_text(yaml.safe_dump(params))
+    bad = drive(project)
+    assert bad.returncode != 0 and "per_role" in bad.stderr
+    assert not (project / "runs").exists()
