@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         "scores": "per-position val NLLs on the scoring set, every seed, safetensors (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
+        "checkpoints": "the oracles' per-batch results, to resume a killed run (not a DVC output)",
     }, argv)
     keys = load_section(args.params, "phase1", ScoringKeys, partial=True)
     scoring = load_scoring(args.params)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("score_phase1", {"phase1": to_dict(cfg), "scoring": to_dict(scoring)}) as run:
         report = score_phase1_seeds(cfg, args.base, args.contexts, args.init, args.heads, args.router, args.seeds_dir,
                                     args.twins_dir, training, scoring, args.tokens, args.oracle, args.scores,
-                                    args.static_baselines)
+                                    args.static_baselines, args.checkpoints)
         write_metrics(report, HEADLINE, args.metrics, args.report, run)
 
 

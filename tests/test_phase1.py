@@ -627,3 +627,61 @@ def test_the_stage_trains_a_layer_router(phase_inputs, oracle_dir, tmp_path):
                                           oracle=OracleTargets(oracle_dir))
     predictor, _ = load_predictor(tmp_path / "router.safetensors")
     assert predictor.cfg.input == "layer" and predictor.context_dim == 2 * 32 and math.isfinite(training["hard_nll"])
+
+
+def test_the_scoring_oracles_resume_from_kept_batches_and_loo_comes_from_the_greedy_search(phase_inputs, tmp_path,
+                                                                                            monkeypatch):
+    """``score_phase1``'s oracles: each batch's greedy search is kept as it finishes and read back by a
+    rerun (a cut-off run computes only what it had not kept, the same bytes); with
+    ``score_loo_from_greedy`` the leave-one-out KL is the greedy search's first step — the separate
+    leave-one-out forwards' KL to float rounding, without running them."""
+    from types import SimpleNamespace
+
+    from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig
+    from lookahead.graph.oracle import greedy_gates
+    from lookahead.pipeline.phase1 import final
+
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    cache = ContextCache(phase_inputs["contexts"])
+    windows = torch.from_numpy(cache.windows("train")[:4].astype(np.int64))
+
+    def fresh(store=None):
+        scoring = final.scoring_set(ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2, resamples=200),
+                                    windows, cache, "lm", "cpu")
+        scoring.store = store
+        return scoring
+
+    def module(from_greedy: bool, calls: list | None = None):
+        m = SimpleNamespace(lm=lm, n_layers=2, n_heads=2, skip="query", search={"per_round": 1, "candidates": 0},
+                            cfg=Phase1Config(oracle="greedy", score_loo_from_greedy=from_greedy))
+        m.greedy_targets = lambda ids, keep: (calls.append(1) if calls is not None else None) or \
+            Phase1Module.greedy_targets(m, ids, keep)
+        return m
+
+    store = tmp_path / "store"
+    nll, on = final.greedy_scores(module(False), fresh(store), 2)
+    with torch.no_grad():  # the gates are the greedy oracle's own
+        reference = torch.cat([greedy_gates(lm, w[:, :-1], 2, 2, 2, "query") for w in windows.split(2)])
+    assert torch.equal(on, reference[..., 1:].reshape(-1, 4) > 0)
+    assert sorted(p.name for p in store.iterdir()) == ["greedy2-00000.safetensors", "greedy2-00001.safetensors"]
+    (store / "greedy2-00001.safetensors").unlink()  # cut off before its second batch was kept
+    calls = []
+    again_nll, again_on = final.greedy_scores(module(False, calls), fresh(store), 2)
+    assert len(calls) == 1 and np.array_equal(again_nll, nll) and torch.equal(again_on, on)
+
+    own = fresh()
+    own_loo = final.loo_scores(module(False), own, 2)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the leave-one-out forwards ran")
+
+    monkeypatch.setattr(final, "leave_one_out_kl", refused)
+    reused = fresh()
+    reused_loo = final.loo_scores(module(True), reused, 2)
+    for a, b in zip(own.shared["loo_kl"], reused.shared["loo_kl"]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(reused_loo, own_loo, atol=1e-6)
+    with pytest.raises(ConfigError, match="needs oracle: greedy"):
+        from lookahead.pipeline.phase1.config import ScoringKeys
+
+        ScoringKeys(oracle="loo", score_loo_from_greedy=True)

@@ -301,18 +301,34 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
     p1_fwd = fwd + (arch.graph_flops() if graph else 0)
     pt = p1.train
     p1_tokens = p1.seeds * pt.steps * pt.batch_size * t
+    p1_flops, p1_note = 2 * p1_fwd * p1_tokens, ""
+    arms = p1.seeds * (2 if p1.static_twin else 1)  # each seed's router and its static twin
+    n_eval = p1.eval_sequences or cx.val_sequences
+    if not graph and p1.nll_weight == 0 and pred.input != "cache":
+        # pure distillation of head gates: the LM runs without gradient — once per oracle window for the
+        # router's inputs, on the steps the training curve logs, and in the periodic evaluation: its
+        # seed-independent part once (dense, leave-one-out, the greedy oracle, the static curve), then
+        # each router's hard, shuffled and random-heads NLL at every evaluation
+        logged = pt.steps // pt.log_every + 1
+        evals = pt.steps // pt.eval_every + 1 + (1 if pt.steps % pt.eval_every else 0)
+        once = 1 + heads + (removals + 1 if p1.oracle == "greedy" else 0) + heads + 1
+        rows = orc.windows + arms * logged * pt.batch_size + n_eval * (once + arms * evals * (2 + 3))
+        p1_flops = fwd * rows * t
+        p1_note = f"; the LM frozen, no gradient through it: {rows} window forwards ({n_eval * once} of them the oracles " \
+                  f"and static curve of the periodic evaluation's {n_eval} windows)"
     out.append(Stage("phase1", trained=router, frozen=arch.params, train_tokens=p1_tokens, forward_tokens=p1_tokens,
-                     flops=2 * p1_fwd * p1_tokens, weights=lm_w + 4.0 * router, optimiser=12.0 * router,
+                     flops=p1_flops, weights=lm_w + 4.0 * router, optimiser=12.0 * router,
                      # head gates (no head graph) were not measured: a frozen LM's forward with gradients
                      # through it, the modulator's, stands in
                      **trained("phase1" if graph else "modulator", pt, pt.batch_size, t),
-                     note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}"))
+                     note=f"{p1.seeds} seeds; {'soft head graph' if graph else 'head gates'}{p1_note}"))
 
     sc = configs["scoring"]
     # every seed's router: on dense states, as deployed (about one forward), its inputs shuffled, random heads,
     # its static twin; once: dense, static pruning at the router's heads and at its MACs (two counts), and the
     # oracles at K — leave-one-out (L·H + 1 forwards) and greedy (the oracle stage's search)
-    oracle_rows = {"greedy": removals + 1 + heads + 1, "loo": heads + 1, "none": 0}[p1.oracle]
+    loo_rows = 0 if p1.score_loo_from_greedy else heads + 1  # from the greedy search's first step, or its own
+    oracle_rows = {"greedy": removals + 1 + loo_rows, "loo": heads + 1, "none": 0}[p1.oracle]
     s1_rows = p1.seeds * (3 + p1.random_draws + (1 if p1.static_twin else 0)) + 4 + oracle_rows
     s1_tokens = s1_rows * per_role * t
     out.append(Stage("score_phase1", frozen=arch.params + router, forward_tokens=s1_tokens, flops=p1_fwd * s1_tokens,

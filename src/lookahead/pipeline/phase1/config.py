@@ -85,6 +85,10 @@ class Phase1Config:
     score_candidates: int | None = dataclasses.field(default=8, metadata=OMIT_DEFAULT)
     """Its candidates tried per round (0: every head; None: the oracle stage's ``oracle.candidates``):
     8, the lazy search the default profile scores with (docs/research/head-scaling.md validates it)."""
+    score_loo_from_greedy: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
+    """``score_phase1`` takes the leave-one-out oracle's KL from the greedy oracle's first step (every
+    head's removal alone: the same KL from batched forwards, equal to float rounding) in place of its
+    own L·H forwards a window; needs ``oracle: greedy``. False keeps the default's bytes."""
     score_static_curve: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
     """``score_phase1`` also scores static pruning at every whole head count from 1 to L·H on the
     scoring windows (``static_heads_<k>`` in its score file): the static curve of the NLL-vs-MACs
@@ -133,7 +137,7 @@ class Phase1Config:
         return tau_at(self.noise_start, self.noise_end, step, self.train.steps)
 
 
-SCORING_KEYS = ("random_draws", "score_per_round", "score_candidates", "score_static_curve")
+SCORING_KEYS = ("random_draws", "score_per_round", "score_candidates", "score_loo_from_greedy", "score_static_curve")
 """The keys of ``phase1`` only the ``score_phase1`` stage reads (dvc.yaml lists them there alone)."""
 
 
@@ -145,7 +149,10 @@ def without_scoring(cfg: Phase1Config) -> Phase1Config:
 
 
 def check_scoring_search(cfg) -> None:
-    """``score_per_round`` ≥ 1 and ``score_candidates`` ≥ 0 where set."""
+    """``score_per_round`` ≥ 1 and ``score_candidates`` ≥ 0 where set; ``score_loo_from_greedy`` only
+    where the greedy oracle is scored."""
+    require(not cfg.score_loo_from_greedy or cfg.oracle == "greedy", "score_loo_from_greedy",
+            f"takes the leave-one-out KL from the greedy oracle's first step: needs oracle: greedy; got {cfg.oracle!r}")
     require(cfg.score_per_round is None or cfg.score_per_round >= 1, "score_per_round",
             f"must be >= 1 or null (the oracle stage's); got {cfg.score_per_round}")
     require(cfg.score_candidates is None or cfg.score_candidates >= 0, "score_candidates",
@@ -165,6 +172,8 @@ class ScoringKeys:
     """As :attr:`Phase1Config.score_per_round`."""
     score_candidates: int | None = 8
     """As :attr:`Phase1Config.score_candidates`."""
+    score_loo_from_greedy: bool = False
+    """As :attr:`Phase1Config.score_loo_from_greedy`."""
     score_static_curve: bool = False
     """As :attr:`Phase1Config.score_static_curve`."""
 

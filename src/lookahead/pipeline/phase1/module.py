@@ -13,7 +13,8 @@ from lookahead.core.devices import eval_mode
 from lookahead.core.windows import set_label
 from lookahead.graph.gating import balance_loss, budget_terms, l0_penalty, listwise_loss, topk_mask, z_loss
 from lookahead.graph.nodes import keep_count, n_edges, top_k_gates
-from lookahead.graph.oracle import gates_nll, greedy_gates, kl_to_dense, leave_one_out_kl, routing_stats
+from lookahead.graph.oracle import (gates_nll, greedy_gates, greedy_keep, greedy_targets, kl_to_dense, leave_one_out_kl,
+                                   routing_stats)
 from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.predictor import StructurePredictor
 from lookahead.graph.router_inputs import lm_input, router_context, states_before
@@ -259,6 +260,12 @@ class Phase1Module:
         """The greedy label-free oracle's gates (B, T, N) of ``ids`` keeping ``keep`` heads, with the
         oracle stage's search (``oracle.per_round``, ``oracle.candidates``)."""
         return greedy_gates(self.lm, ids, self.n_layers, self.n_heads, keep, self.skip, **self.search)
+
+    def greedy_targets(self, ids: torch.Tensor, keep: int) -> dict[str, torch.Tensor]:
+        """:meth:`greedy_gates` (``gates``) and the search's first step (``first``: every head's
+        leave-one-out KL, (B, T, L·H)), from one search."""
+        order, first = greedy_targets(self.lm, ids, self.n_layers, self.n_heads, keep, self.skip, **self.search)
+        return {"gates": greedy_keep(order, keep), "first": first}
 
     @torch.no_grad()
     def greedy_oracle_nll(self, keep: int) -> float:

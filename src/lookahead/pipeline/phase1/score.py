@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from lookahead.pipeline.phase1.config import Phase1Config, ScoringKeys
 from lookahead.pipeline.phase1.final import (CLAIMS, RECALL_CLAIM, ScoringSet, claims, routed, score_final, scoring_set,
                                              seed_figures, static_scores)
 from lookahead.pipeline.phase1.module import CACHE_KEYS, Phase1Module
+from lookahead.train.checkpoints import checkpoint_dir
 
 
 # metrics/phase1.json (lookahead.core.report); throughput and per-layer figures stay in the report
@@ -162,7 +164,7 @@ def scoring_search(search: dict, cfg: Phase1Config) -> dict:
 
 def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, heads_file, router_file, seeds_dir,
                        twins_dir, training: dict, scoring_cfg: ScoringConfig, tokens_dir, oracle_dir=None,
-                       scores_file=None, static_dir=None) -> dict:
+                       scores_file=None, static_dir=None, checkpoint_root=None) -> dict:
     """The ``score_phase1`` stage: every seed's router (and static twin) as
     :func:`lookahead.pipeline.phase1.build.train_phase1_seeds` wrote them, read back and scored on the
     scoring windows of ``tokens_dir``'s val stream
@@ -173,7 +175,10 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     others (seeds, P), the seed-independent ones at each seed's head count). ``cfg``: the router's
     training config, as its file records it, with the scoring stage's own keys
     (``random_draws``, ``oracle``) set from params. ``static_dir``: the static_baselines stage's masks,
-    which static pruning keeps (None: the probe's importance ``heads_file``)."""
+    which static pruning keeps (None: the probe's importance ``heads_file``). ``checkpoint_root``: the
+    oracles' per-batch results are kept there as they finish (:attr:`ScoringSet.store`, under a digest
+    of the search, the base LM, the token streams and the windows), so that a cut-off run resumes;
+    removed once the scores are written."""
     from transformers import AutoModelForCausalLM
 
     per_seed = training["per_seed"]
@@ -184,7 +189,8 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tensors, _ = load_init(init_file)
     geo = GeoLookup(tensors["geo_table"].float(), tensors["geo_mask"].float())
-    n_layers, n_units = unit_shape(lm, recorded_unit(load_predictor(router_file)[1]))  # the router's nodes
+    unit = recorded_unit(load_predictor(router_file)[1])
+    n_layers, n_units = unit_shape(lm, unit)  # the router's nodes
     importance = head_importance(heads_file, lm.config.num_attention_heads // n_units)
     oracle = OracleTargets(oracle_dir) if oracle_dir is not None else None
     static = StaticBaselines(static_dir) if static_dir is not None else None
@@ -211,6 +217,11 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
         if scoring is None:
             scoring = scoring_set(scoring_cfg, scoring_windows(tokens_dir, scoring_cfg, cache.context_length, cache=cache), cache,
                                   modules[0].model.cfg.input, device, static)
+            scoring.store = checkpoint_dir(checkpoint_root, "score_phase1",
+                                           {"search": modules[0].search, "skip": modules[0].skip, "unit": unit,
+                                            "batch_size": scoring_cfg.batch_size},
+                                           [Path(base_dir) / "model.safetensors", Path(tokens_dir) / "val.npy"],
+                                           [scoring.label])
         runs.append(score_phase1(per_seed[offset], modules[0], modules[0].model, scoring,
                                  modules[1] if len(modules) > 1 else None))
     tokens = [r.pop("token_nll") for r in runs]
@@ -225,5 +236,7 @@ def score_phase1_seeds(cfg: Phase1Config, base_dir, contexts_dir, init_file, hea
             scores[f"{STATIC_CURVE}{keep}"] = static_scores(modules[0], scoring, keep)
     if scores_file is not None:
         save_scores(scores_file, scores, scoring.label)
+    if scoring.store is not None:
+        shutil.rmtree(scoring.store, ignore_errors=True)
     out.update(claims(scores, scoring))
     return out
