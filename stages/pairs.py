@@ -19,13 +19,14 @@ def main(argv: list[str] | None = None) -> None:
         "out": "pairs directory (output)",
         "metrics": "headline metrics json",
         "report": "full report json",
+        "checkpoints": "pairs.target eps_good: each batch's keep-set search, to resume a killed run (not a DVC output)",
     }, argv)
     cfg = load_section(args.params, "pairs", PairsConfig)
     if args.dry_run:
         return print_config({"pairs": cfg})
     check_inputs(args.inputs)
     with stage_run("pairs", {"pairs": to_dict(cfg)}) as run:
-        metrics = build_pairs_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.out)
+        metrics = build_pairs_seeds(cfg, args.base, args.contexts, args.init, args.predictor, args.out, args.checkpoints)
         write_metrics(metrics, headline(cfg), args.metrics, args.report, run,
                       declared=("sd",))  # the spreads of pairs.target beats_dense
 

@@ -275,3 +275,36 @@ def test_the_decoders_claims_pair_their_figures_position_by_position(keepset_run
     # (sd / √2 = 0.05), and the seeds' component enters with its t quantile
     half = claims["best_of_k_minus_null_ci_high"] - claims["best_of_k_minus_null"]
     assert half >= 1.96 * 0.05 and half > 1.96 * claims["best_of_k_minus_null_se"]
+
+
+def test_a_cut_off_ground_truth_resumes_from_its_kept_batches(keepset_run, phase_inputs, tmp_path, monkeypatch):
+    """``pairs.target: eps_good`` keeps each batch's keep-set search as it finishes: a run cut off after
+    its first batch searches only the others and writes the same pairs file as the uncut run; the
+    kept searches go once the file is written."""
+    from lookahead.artifacts.pairs import PAIRS_FILE
+    from lookahead.pipeline import pairs
+
+    d, cfg = keepset_run["dir"], keepset_run["cfg"]  # 3 train + 2 val windows, 3 per batch: 2 batches
+    real, calls = pairs.search_keep_sets, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    def run(out):
+        return pairs.build_pairs(cfg, phase_inputs["base"], phase_inputs["contexts"], phase_inputs["init"],
+                                 d / "predictor.safetensors", out, tmp_path / "ckpt")
+
+    monkeypatch.setattr(pairs, "search_keep_sets", counted)
+    monkeypatch.setattr(pairs.shutil, "rmtree", lambda *a, **k: None)  # keep the first run's searches
+    run(tmp_path / "a")
+    kept = sorted((tmp_path / "ckpt").rglob("*.safetensors"))
+    assert [p.name for p in kept] == ["batch-00000.safetensors", "batch-00001.safetensors"] and len(calls) == 2
+    kept[1].unlink()  # cut off before its second batch was kept
+    monkeypatch.undo()
+    monkeypatch.setattr(pairs, "search_keep_sets", counted)
+    run(tmp_path / "b")
+    assert len(calls) == 3  # the second batch alone was searched again
+    for out in ("a", "b"):
+        assert (tmp_path / out / PAIRS_FILE).read_bytes() == (d / "pairs" / PAIRS_FILE).read_bytes()
+    assert not any((tmp_path / "ckpt").rglob("*.safetensors"))

@@ -32,9 +32,12 @@ fractions and, for ``eps_good``, the KL to dense and the set's rank at its posit
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import shutil
 import time
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -58,6 +61,7 @@ from lookahead.graph.runtime import recorded_skip, recorded_unit, unit_shape
 from lookahead.graph.sampling import executed_topology, sample_topologies, stored_edges
 from lookahead.graph.scoring import GeoLookup
 from lookahead.lm.nll import token_nll
+from lookahead.train.checkpoints import checkpoint_dir, kept
 
 
 class PairsError(LookaheadError, ValueError):
@@ -231,10 +235,11 @@ def budget_of(predictor, error: type[Exception] = ValueError) -> int:
     return keep_count(total, predictor.n_layers, cfg.keep, per_layer=False)
 
 
-def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: torch.Tensor, device, skip: str
-                 ) -> tuple[dict[str, np.ndarray], dict]:
+def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: torch.Tensor, device, skip: str,
+                 store: Path | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """The ε-good keep sets of the first ``cfg.sequences`` train and ``cfg.val_sequences`` val windows
-    (module docstring): (the pairs file's arrays, figures)."""
+    (module docstring): (the pairs file's arrays, figures). ``store``: each batch's search is kept
+    there as it finishes (:func:`lookahead.train.checkpoints.kept`), so that a cut-off run resumes."""
     k = budget_of(predictor, PairsError)
     n_l, n_h = predictor.n_layers, predictor.n_heads
     n_e = n_edges(n_l, n_h)
@@ -245,11 +250,18 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
     jobs = [(split, idx) for split, n in ((0, cfg.sequences), (1, cfg.val_sequences))
             for idx in np.array_split(np.arange(n), max(1, -(-n // cfg.batch_size)))]
     with torch.no_grad():
-        for split, idx in tqdm(jobs, desc="pairs (eps-good sets)", unit="batch", mininterval=2.0):
+        for j, (split, idx) in enumerate(tqdm(jobs, desc="pairs (eps-good sets)", unit="batch", mininterval=2.0)):
             windows, _ = (x.to(device) for x in cache.batch(("train", "val")[split], idx))
             ids, targets = windows[:, :-1], windows[:, 1:]
-            dense = token_nll(lm(input_ids=ids).logits, targets).flatten().cpu().numpy()
-            sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size)
+
+            def search(ids=ids, targets=targets) -> dict[str, torch.Tensor]:
+                dense = token_nll(lm(input_ids=ids).logits, targets)
+                sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size)
+                return {"dense": dense, "sets": sets, "kl": kl, "nll": nll}
+
+            found = kept(store, f"batch-{j:05d}", search, device)
+            dense = found["dense"].flatten().cpu().numpy()
+            sets, kl, nll = found["sets"], found["kl"], found["nll"]
             candidates = sets.shape[0]
             flat_sets = sets.flatten(1, 2)  # (C, P, L·H)
             flat_nll, flat_kl = nll.flatten(1).cpu().numpy(), kl.flatten(1).cpu()
@@ -293,9 +305,11 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
     return arrays, figures
 
 
-def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir,
+                checkpoint_root=None) -> dict:
     """Sample, score and keep pairs (or, for ``eps_good``, search the keep sets); write
-    ``out_dir/pairs.safetensors``; return the metrics."""
+    ``out_dir/pairs.safetensors``; return the metrics. ``checkpoint_root``: ``eps_good``'s per-batch
+    searches are kept there (under a digest of the config and inputs) until the output is written."""
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
 
@@ -331,10 +345,16 @@ def build_pairs(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_f
     if unit != "head":  # a node is a key/value group (omitted at the default: the same bytes as before)
         info["unit"] = unit
     if cfg.target == "eps_good":
-        arrays, figures = ground_truth(cfg, lm, predictor, cache, mask, device, skip)
+        windows = np.concatenate([cache.windows("train")[: cfg.sequences], cache.windows("val")[: cfg.val_sequences]])
+        store = checkpoint_dir(checkpoint_root, "pairs", {"config": to_dict(cfg), "skip": skip, "unit": unit},
+                               [Path(base_dir) / "model.safetensors", predictor_file],
+                               [hashlib.sha256(np.ascontiguousarray(windows).tobytes()).hexdigest()])
+        arrays, figures = ground_truth(cfg, lm, predictor, cache, mask, device, skip, store)
         info.update(split="split (0 train, 1 val)", heads_kept=figures["heads_kept"])
         with atomic_dir(out_dir) as tmp:
             save_file(arrays, str(tmp / PAIRS_FILE), metadata={"lookahead": json.dumps(info, sort_keys=True)})
+        if store is not None:
+            shutil.rmtree(store, ignore_errors=True)
         return {**figures, "bits_per_pair": n_e, "bytes_per_pair": int(arrays["bits"].shape[1]),
                 "window_sets": {"train": set_label("cache-train", cache.windows("train")[: cfg.sequences]),
                                 "val": set_label("cache-val", cache.windows("val")[: cfg.val_sequences])}}
@@ -403,11 +423,12 @@ def approximation(cfg: PairsConfig, lm, predictor, cache: ContextCache, geo: Geo
     return (None if not np.isfinite(rho) else float(rho)), n
 
 
-def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir) -> dict:
+def build_pairs_seeds(cfg: PairsConfig, base_dir, contexts_dir, init_file, predictor_file, out_dir,
+                      checkpoint_root=None) -> dict:
     """:func:`build_pairs`, then ``cfg.seeds - 1`` more samplings on other seeds (their pairs
     discarded): the metrics carry the :data:`SEEDED` figures' mean and sd (lookahead.core.seeds).
     ``eps_good`` has no randomness: one run."""
     if cfg.target == "eps_good":
-        return build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir)
+        return build_pairs(cfg, base_dir, contexts_dir, init_file, predictor_file, out_dir, checkpoint_root)
     return over_seeds(cfg, "pairs", SEEDED, lambda c, scratch: build_pairs(
         c, base_dir, contexts_dir, init_file, predictor_file, scratch / "pairs" if scratch else out_dir))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,24 @@ def checkpoint_dir(root: str | Path | None, stage: str, config: dict[str, Any], 
             while chunk := f.read(CHUNK):
                 digest.update(chunk)
     return Path(root) / digest.hexdigest()[:16]
+
+
+def kept(store: str | Path | None, name: str, compute: Callable[[], dict[str, torch.Tensor]],
+         device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """``compute()``'s tensors, read back from ``store/<name>.safetensors`` where an earlier, cut-off
+    run of the same :func:`checkpoint_dir` kept them (the same bytes), else computed and kept there:
+    the per-window or per-batch pieces of a long scoring loop. ``store`` None: computed, not kept."""
+    from safetensors.torch import load_file, save_file
+
+    path = None if store is None else Path(store) / f"{name}.safetensors"
+    if path is not None and path.is_file():
+        return {k: v.to(device) for k, v in load_file(str(path)).items()}
+    out = compute()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in out.items()}, str(tmp))
+    return out
 
 
 def rng_state() -> dict:

@@ -30,13 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.static_baselines import METHODS, StaticBaselines
 from lookahead.artifacts.val_scores import ScoringConfig, batches, paired
-from lookahead.core.atomic import atomic_file
 from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
 from lookahead.core.windows import set_label
@@ -47,6 +45,7 @@ from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
 from lookahead.graph.plan import execute
 from lookahead.graph.scoring import capture, random_heads_scores, shuffled, static_token_nll
 from lookahead.lm.nll import token_nll
+from lookahead.train.checkpoints import kept
 
 
 STATIC_SKIP = "full"
@@ -75,8 +74,9 @@ class ScoringSet:
     """The static baselines' masks (the stronger on selection at each head count); None: the probe's
     importance (train windows), as in tests that build no static_baselines directory."""
     store: Path | None = None
-    """Where the oracles' per-batch results are kept as each batch finishes (:func:`kept`), so that a
-    cut-off scoring run resumes at the first batch not done; None: nothing kept."""
+    """Where the oracles' per-batch results are kept as each batch finishes
+    (:func:`lookahead.train.checkpoints.kept`), so that a cut-off scoring run resumes at the first
+    batch not done; None: nothing kept."""
 
     def static_ranking(self, module, keep: int, method: str | None = None) -> torch.Tensor:
         """(L, H): the ranking whose top ``keep`` heads static pruning keeps (``method``: that static
@@ -143,26 +143,12 @@ def static_scores(module, scoring: ScoringSet, keep: int, method: str | None = N
     return scoring.shared["static", mask]
 
 
-def kept(scoring: ScoringSet, name: str, i: int, compute) -> dict[str, torch.Tensor]:
-    """``compute()``'s tensors for batch ``i`` of ``name``: read back from :attr:`ScoringSet.store`
-    where an earlier, cut-off run kept them (the same bytes), else computed and kept there."""
-    path = None if scoring.store is None else Path(scoring.store) / f"{name}-{i:05d}.safetensors"
-    if path is not None and path.is_file():
-        device = scoring.batches[i][0].device
-        return {k: v.to(device) for k, v in load_file(str(path)).items()}
-    out = compute()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in out.items()}, str(tmp))
-    return out
-
-
 @torch.no_grad()
 def greedy_scores(module, scoring: ScoringSet, keep: int) -> tuple[np.ndarray, torch.Tensor]:
     """The greedy label-free oracle keeping ``keep`` heads: per-position NLL (P,) and its heads (P, L·H) bool."""
     if ("greedy", keep) not in scoring.shared:  # the scoring stage's longest step: a bar over its batches
-        found = [kept(scoring, f"greedy{keep}", i, lambda w=w: module.greedy_targets(w[:, :-1], keep))
+        found = [kept(scoring.store, f"greedy{keep}-{i:05d}", lambda w=w: module.greedy_targets(w[:, :-1], keep),
+                      w.device)
                  for i, (w, _) in enumerate(tqdm(scoring.batches, desc=f"greedy oracle, {keep} heads", unit="batch",
                                                  leave=False))]
         gates = [f["gates"] for f in found]
@@ -181,8 +167,9 @@ def loo_scores(module, scoring: ScoringSet, keep: int) -> np.ndarray:
         scoring.shared["loo_kl"] = scoring.shared["greedy_first"]
     if "loo_kl" not in scoring.shared:
         scoring.shared["loo_kl"] = [
-            kept(scoring, "loo", i, lambda w=w: {"kl": leave_one_out_kl(module.lm, w[:, :-1], module.n_layers,
-                                                                          module.n_heads, module.skip)})["kl"]
+            kept(scoring.store, f"loo-{i:05d}", lambda w=w: {"kl": leave_one_out_kl(module.lm, w[:, :-1], module.n_layers,
+                                                                                  module.n_heads, module.skip)},
+                 w.device)["kl"]
             for i, (w, _) in enumerate(tqdm(scoring.batches, desc="leave-one-out KL", unit="batch", leave=False))]
     if ("loo", keep) not in scoring.shared:
         kl = scoring.shared["loo_kl"]
