@@ -169,9 +169,9 @@ class BackgroundRepro:
     run has ended, ``dvc.lock.done`` (the lock file it wrote: tests change the repository
     afterwards) and ``rc`` (its exit code)."""
 
-    def __init__(self, home: Path, prepare=None):
+    def __init__(self, home: Path, prepare=None, command: tuple[str, ...] = ("dvc", "repro")):
         """``prepare(path, env)``, if given, adapts the fresh repository before the run (its params,
-        its environment: it returns the env the run gets)."""
+        its environment: it returns the env the run gets); ``command``: what runs in the repository."""
         from lookahead.tools.faults import scratch_repo
 
         self.home, self.path, self.log = home, home / "repo", home / "repro.log"
@@ -196,7 +196,7 @@ class BackgroundRepro:
         if prepare is not None:
             self.env = prepare(self.path, self.env)
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(["dvc", "repro"], cwd=self.path, env=self.env, stdout=log,
+            self.proc = subprocess.Popen(list(command), cwd=self.path, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT)
         threading.Thread(target=self._record_end, daemon=True).start()
         tmp = home / "env.json.tmp"
@@ -258,7 +258,8 @@ def tiny_runs(request, tmp_path_factory):
     stage's work is mostly one-threaded start-up (imports, DVC), so two runs and the unit tests share
     2 cores with little loss, where one after the other they took most of the suite's time."""
     wanted = {name for item in request.session.items for name in item.fixturenames if name in TINY_RUNS}
-    runs = {name: BackgroundRepro(shared_root(tmp_path_factory) / "tiny_runs" / name, PREPARE.get(name))
+    runs = {name: BackgroundRepro(shared_root(tmp_path_factory) / "tiny_runs" / name, PREPARE.get(name),
+                                  COMMANDS.get(name, ("dvc", "repro")))
             for name in TINY_RUNS if name in wanted}
     yield runs
     for run in runs.values():
@@ -281,13 +282,24 @@ def pipeline_repro_output(pipeline_repo, tiny_runs) -> str:
 
 
 def _hub_profile(path: Path, env: dict) -> dict:
-    """The 1B profile's code path at the tiny profile's sizes, the hub a local cache (tests/hub_profile.py)."""
+    """The 1B profile's code path at the tiny profile's sizes, the hub a local cache (tests/hub_profile.py);
+    beside it, SmolLM2's profile on a tiny grouped Llama written as GGUF (``repo-gguf``, run second)."""
     import yaml
 
-    from tests.hub_profile import hub_cache, runnable_profile
+    from lookahead.tools.faults import scratch_repo
+    from tests.hub_profile import gguf_base, hub_cache, runnable_gguf_profile, runnable_profile
 
     (path / "params.yaml").write_text(yaml.safe_dump(runnable_profile(REPO), sort_keys=False))
+    second = path.parent / GGUF_REPO
+    second.mkdir()
+    scratch_repo(REPO, second)
+    params = runnable_gguf_profile(REPO, *gguf_base(path.parent / "gguf"))
+    (second / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return {**_untracked(path, env), "HF_HUB_CACHE": str(hub_cache(path.parent / "hub")), "HF_HUB_OFFLINE": "1"}
+
+
+GGUF_REPO = "repo-gguf"
+"""The hub-profile run's second repository (beside its first): SmolLM2's profile on a tiny GGUF."""
 
 
 def _untracked(path: Path, env: dict) -> dict:
@@ -297,6 +309,8 @@ def _untracked(path: Path, env: dict) -> dict:
 
 
 PREPARE = {"hub_profile_run": _hub_profile, "second_tiny_run": _untracked}
+COMMANDS = {"hub_profile_run": ("sh", "-c", f"dvc repro && cd ../{GGUF_REPO} && dvc repro")}
+"""A run's command where it is not `dvc repro` in its repository."""
 
 
 @pytest.fixture(scope="session")
@@ -305,6 +319,13 @@ def hub_profile_run(tiny_runs):
     run = tiny_runs["hub_profile_run"]
     run.output()
     return run.path, run.env
+
+
+@pytest.fixture(scope="session")
+def gguf_profile_run(hub_profile_run, tiny_runs):
+    """`dvc repro` of profiles/smollm2-135m.yaml's code path on a tiny grouped Llama GGUF, the hub-profile
+    run's second repository (run after its first): (path, env)."""
+    return tiny_runs["hub_profile_run"].home / GGUF_REPO, hub_profile_run[1]
 
 
 @pytest.fixture(scope="session")

@@ -215,6 +215,38 @@ def test_a_topology_whose_group_columns_differ_is_refused_naming_layer_and_group
         forward_with_topology(model, ids, a, None)
 
 
+def test_a_static_mask_of_single_query_heads_runs_in_full_skip_as_the_reference_runs_it(ids):
+    """Static pruning (one mask for every position, in ``full`` skip: a pruned head has no query, key,
+    value or output anywhere) of single query heads of a group: the baseline graph leaves a pruned
+    head's column empty, which it reads nothing through; every executor equals the independent
+    reference, where the group's keys and values come from its heads that run."""
+    from lookahead.graph.nodes import baseline_graph
+    from lookahead.graph.scoring import static_token_nll
+
+    model = tiny_llama(n_heads=6, kv_heads=2)
+    gates = torch.ones(1 + 2 * 6)
+    gates[1 + torch.tensor([0, 4, 6 + 1, 6 + 2])] = 0  # one or two heads of a group; group 0 of layer 1 keeps one
+    a = baseline_graph(gates, 2, 6, "full")
+    reference = routed_reference(model, ids, gates, "query")  # a head off everywhere: its queries never run
+    with torch.no_grad():
+        for name, logits in (("execute", execute(model, ids, a, gates, "full")),
+                             ("runtime-hard", forward_with_topology(model, ids, a, gates, hard=True, skip="full")),
+                             ("runtime-soft", forward_with_topology(model, ids, a, gates, skip="full")),
+                             ("gated", gated_forward(model, ids, gates, "full").logits)):
+            torch.testing.assert_close(logits, reference, atol=TOL, rtol=0, msg=name)
+        importance = torch.arange(12, 0, -1).float().view(2, 6)  # heads in node order: the first 5 kept
+        windows = torch.cat([ids, ids[:, :1]], 1)
+        kept = torch.zeros(13)
+        kept[:6] = 1
+        expected = torch.nn.functional.cross_entropy(routed_reference(model, ids, kept, "query").transpose(1, 2),
+                                                     windows[:, 1:], reduction="none")
+        torch.testing.assert_close(static_token_nll(model, windows, importance, 5, "full"), expected, atol=TOL, rtol=0)
+    a_bad = a.clone()
+    a_bad[0, 1 + 6 + 3] = 0  # layer 1, head 3 (runs) reads another stream than head 5 of its group
+    with pytest.raises(TopologyError, match="layer 1, key/value group 1: its query heads read different input streams"):
+        forward_with_topology(model, ids, a_bad, gates, skip="full")
+
+
 def test_the_executors_name_no_family():
     """Family rules live in lookahead.lm.families: no module, class or weight name of a family in graph/."""
     names = re.compile(r"\.q_norm\b|\.k_norm\b|post_attention_layernorm|post_feedforward_layernorm|input_layernorm"

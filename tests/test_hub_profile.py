@@ -36,3 +36,31 @@ def test_the_real_targets_profile_runs_end_to_end_on_tiny_stand_ins_of_its_hub_m
     assert figures and all(math.isfinite(v) for v in figures)
     phase2 = read_headline(path / "metrics/phase2.json")
     assert math.isfinite(phase2["hard_nll"]) and phase2["seeds"] == 1
+
+
+def test_smollm2s_profile_runs_end_to_end_on_a_tiny_grouped_llama_gguf(gguf_profile_run, repo_root):
+    """The SmolLM2 profile's code path (issue: every stage on SmolLM2-135M): `dvc repro` of
+    profiles/smollm2-135m.yaml at the tiny profile's sizes, its GGUF file a tiny grouped Llama
+    (tests/hub_profile.py): every stage ran on the loaded model, with the profile's choices."""
+    path, _ = gguf_profile_run
+    stages = list(yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"])
+    assert list(yaml.safe_load((path / "dvc.lock").read_text())["stages"]) == stages  # every stage ran
+    params = yaml.safe_load((path / "params.yaml").read_text())
+    real = yaml.safe_load((repo_root / "profiles/smollm2-135m.yaml").read_text())
+    for section, key in (("base", "source"), ("base", "document_separator"), ("predictor", "gate"),
+                         ("predictor", "budget"), ("predictor", "keep"), ("predictor", "input"), ("runtime", "skip"),
+                         ("runtime", "unit"), ("pairs", "target"), ("phase1", "score_loo_from_greedy"),
+                         ("phase1", "distill_target"), ("static_baselines", "selection_shares"), ("oracle", "candidates")):
+        assert params[section][key] == real[section][key], (section, key)  # the SmolLM2 profile's choices
+    assert params["base"]["source"] == "gguf" and params["base"]["model"].endswith(".gguf")
+    base = json.loads((path / "models/base/config.json").read_text())  # the GGUF's model, as the base stage saved it
+    assert (base["model_type"], base["num_attention_heads"], base["num_key_value_heads"]) == ("llama", 4, 2)
+    loaded = read_headline(path / "metrics/base.json")
+    assert loaded["train_steps"] == 0 and math.isfinite(loaded["val_nll"])  # loaded and measured, not trained
+    phase1 = read_headline(path / "metrics/phase1.json")
+    assert phase1["active_head_fraction"] == 0.5  # exactly 4 of the 8 query heads at every token
+    for key in ("hard_nll", "deployed_nll", "greedy_oracle_nll", "loo_oracle_nll", "static_pruning_nll"):
+        assert math.isfinite(phase1[key]), key
+    for stage in ("evaluate", "phase2", "control", "diffusion", "modulator", "probe", "static_baselines"):
+        figures = [v for v in read_headline(path / f"metrics/{stage}.json").values() if isinstance(v, float)]
+        assert figures and all(math.isfinite(v) for v in figures), stage

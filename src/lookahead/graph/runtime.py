@@ -128,14 +128,21 @@ def check_groups(adjacency: torch.Tensor | None, gates: torch.Tensor | None, sha
     """Under grouped-query attention a key/value group has one input stream and, in ``full`` mode,
     one gate per position: its query heads' columns of the adjacency must be equal, and so must
     their per-position gates (a single query head cannot drop keys its group shares). Shared gates
-    may differ inside a group: the group's keys and values exist where any of its heads runs."""
+    may differ inside a group: the group's keys and values exist where any of its heads runs, and a
+    head whose shared gate is 0 — off at every position, as in a static mask — reads no stream, so
+    its column is not compared (in ``full`` skip a pruned head's column is empty)."""
     if shape.group == 1:
         return
     n_layers, n_kv, group = shape.n_layers, shape.n_kv_heads, shape.group
     differ = torch.zeros(n_layers, n_kv, dtype=torch.bool)
     if adjacency is not None:
         cols = adjacency.detach()[..., 1:].unflatten(-1, (n_layers, n_kv, group))  # (…, N, L, G, g)
-        differ = (cols != cols[..., :1]).flatten(0, -4).any(0).any(-1)  # (L, G)
+        on = torch.ones(n_layers, n_kv, group, dtype=torch.bool, device=cols.device)
+        if gates is not None and gates.dim() == 1:  # shared gates: the heads that run somewhere
+            on = gates.detach()[1:].view(n_layers, n_kv, group) != 0
+        first = on.to(torch.uint8).argmax(-1, keepdim=True)  # (L, G, 1): each group's first head that runs
+        reference = torch.gather(cols, -1, first.expand(*cols.shape[:-1], 1))
+        differ = ((cols != reference) & on).flatten(0, -4).any(0).any(-1)  # (L, G)
     if bool(differ.any()):
         layer, grp = differ.nonzero()[0].tolist()
         raise TopologyError(f"layer {layer}, key/value group {grp}: its query heads read different input streams "
