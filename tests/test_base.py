@@ -77,6 +77,27 @@ def test_path_source_snapshots_an_existing_model(tmp_path, tiny_tokenizer, seed)
     assert metrics["n_layers"] == 2
 
 
+def test_a_loaded_bases_replicate_moves_one_ulp_in_a_share_of_its_weights(tmp_path, tiny_tokenizer):
+    """``base.init_perturbation`` on a loaded base (the replicate of a pretrained LM): that share of the
+    loaded weights, each by exactly one float32 ulp; every other entry the file's bytes."""
+    src_model = Olmo2ForCausalLM(olmo2_config(ArchConfig(n_layers=2, n_heads=2, hidden_size=16, intermediate_size=32,
+                                                         context_length=8), tiny_tokenizer))
+    src_model.save_pretrained(tmp_path / "hf-model")
+    tiny_tokenizer.save_pretrained(tmp_path / "hf-model")
+    tokens = write_streams(tmp_path, len(tiny_tokenizer))
+    cfg = BaseConfig(source="path", model=str(tmp_path / "hf-model"), arch=ArchConfig(context_length=8), eval_tokens=200,
+                     init_perturbation=0.25)
+    build_base(cfg, tiny_tokenizer, tokens, tmp_path / "base")
+    moved, total = 0, 0
+    for (name, a), (_, b) in zip(src_model.state_dict().items(),
+                                 AutoModelForCausalLM.from_pretrained(tmp_path / "base").state_dict().items()):
+        differ = a != b
+        assert torch.equal(b[differ], torch.nextafter(a[differ], b[differ])), name  # one ulp, no more
+        assert torch.equal(torch.nextafter(b[differ], a[differ]), a[differ]), name
+        moved, total = moved + int(differ.sum()), total + a.numel()
+    assert 0.2 < moved / total < 0.3
+
+
 def test_path_source_missing_directory_is_a_config_error(tmp_path, tiny_tokenizer):
     tokens = write_streams(tmp_path, len(tiny_tokenizer))
     cfg = BaseConfig(source="path", model=str(tmp_path / "nope"))

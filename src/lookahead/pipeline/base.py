@@ -40,7 +40,10 @@ class BaseConfig(ModelSource):
     init_perturbation: float = 0.0
     """Share of a scratch model's initial weights moved by one float32 ulp (seeded, away from or
     towards zero at random) before training: 0 leaves the initialisation untouched; ``make
-    replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (docs/reproducibility.md)."""
+    replicate`` sets 1e-4 to emulate the bits another machine's base LM differs in (docs/reproducibility.md).
+    A loaded base (`path`/`hub`/`gguf`) is the same bytes on every machine: there the share of its
+    loaded weights is moved, standing in for the last bits another CPU's arithmetic changes downstream
+    (the oracles' searches, the trained routers and LMs), not for another base LM."""
     arch: ArchConfig = dataclasses.field(default_factory=ArchConfig)
     """Scratch architecture; a loaded base (`path`/`hub`/`gguf`) reads only context_length, its evaluation window."""
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=800, lr=3e-3))
@@ -155,6 +158,7 @@ def build_base(cfg: BaseConfig, tokenizer, tokens_dir: str | Path, out_dir: str 
         model, result = pretrain(cfg, tokenizer, tokens_dir, checkpoint_root, tracker)
     else:
         model = cfg.load_model()
+        perturb_ulp(model, cfg.init_perturbation, cfg.train.seed)  # the replicate's (0: the file's bytes as loaded)
         if cfg.train.device != "cpu" and torch.cuda.is_available():
             model.to("cuda")  # evaluation of a hub-sized model wants the GPU
     model.eval()
