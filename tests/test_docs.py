@@ -293,3 +293,13 @@ def test_a_mean_is_judged_by_its_student_t_interval_over_seeds():
     assert verdicts.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.62)) == "within noise"
     assert verdicts.mean_verdict(0.5, 0.01, 3, 0.6, interval=(0.4, 0.58)) == "below"
     assert verdicts.mean_verdict(1.6, 0.3, 3, 1.0, other_sd=0.4) == "within noise"  # above by twice its se only
+
+
+def test_the_smollm2_estimate_on_its_research_page_is_what_make_estimate_prints():
+    page = (REPO / "docs/research/pretrained-lm.md").read_text(encoding="utf-8")
+    marker = "<!-- make estimate PROFILE=profiles/smollm2-135m.yaml FORWARD_S=0.59"
+    block = page.split(marker, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-m", "lookahead.tools.params", "profiles/smollm2-135m.yaml", "--estimate",
+                          "--forward-seconds", "0.59"], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(REPO / ".no-hub-cache")}).stdout
+    assert block == out
