@@ -4,7 +4,7 @@ base LM: what each loses, and what it saves. A variant ``r<R>`` drops R heads a 
 position's C heads of lowest latest cost a step (``candidates``); ``r<R>c<C>`` both.
 
     python benchmarks/greedy_rounds.py [--base models/base] [--tokens data/tokens] [--heads data/probe/heads.safetensors]
-        [--set selection] [--windows 256] [--keep 0.5] [--variants r2,r4,r8,c2,c4,r2c4]
+        [--set selection] [--windows 256] [--length 32] [--keep 0.5] [--variants r2,r4,r8,c2,c4,r2c4]
 
 For each variant: the mean NLL of its keep sets minus the exact oracle's, with the paired 95 % interval
 over windows (docs/reproducibility.md); its recall of the exact oracle's heads (the share of the
@@ -13,7 +13,9 @@ it keeps (``capture``: (static − r) / (static − exact), with its interval); 
 seconds against the exact one's. Nulls beside them: static importance pruning at the same head count
 (probe importance, from the train stream) and one step (r = L·H − K: the K heads of largest
 leave-one-out KL). Windows: the selection set by default, the windows defaults are chosen on
-(``--set test`` for the committed claims' windows). Prints one JSON line.
+(``--set test`` for the committed claims' windows); ``--length T``: their first T positions, where the
+exact oracle is affordable on a large LM (SmolLM2 at T = 32: ~27 000 trial forwards a window, ~70 min
+on 2 cores). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="its scoring section picks the windows")
     parser.add_argument("--set", default="selection", choices=("selection", "test"))
     parser.add_argument("--windows", type=int, default=0, help="the first N windows of the set (0: all)")
+    parser.add_argument("--length", type=int, default=0, help="score each window's first T positions (0: all)")
     parser.add_argument("--keep", type=float, default=0.5, help="share of heads kept per position")
     parser.add_argument("--skip", default="query", choices=("full", "query"))
     parser.add_argument("--variants", default="r2,r4,r8,c2,c4,r2c4",
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     windows = scoring_windows(args.tokens, scoring, read_context_length(args.params), cache=ContextCache(args.contexts))
     if args.windows:
         windows = windows[: args.windows]
+    if args.length:
+        windows = windows[:, : args.length + 1]
     window = windows.shape[1] - 1
     parts = batches(windows, scoring.batch_size, "cpu")
     variants = [parse_variant(v) for v in args.variants.split(",")]
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     exact_nll, exact_on, exact_s = run(1)
     with torch.no_grad():
         static = torch.cat([static_token_nll(lm, w, importance, k, args.skip).flatten() for w in parts]).double().numpy()
-    out = {"windows": len(windows), "positions": len(exact_nll), "set": args.set, "heads": total, "heads_kept": k,
+    out = {"windows": len(windows), "length": window, "positions": len(exact_nll), "set": args.set, "heads": total,
+           "heads_kept": k,
            "skip": args.skip, "exact_nll": round(float(exact_nll.mean()), 5), "static_nll": round(float(static.mean()), 5),
            "exact_s": round(exact_s, 1), "exact_trials_per_window": (total - k) * total}
     for per_round, candidates in sorted(set(variants) | {(total - k, 0)}, key=lambda v: (v[1], v[0])):
