@@ -685,3 +685,47 @@ def test_the_scoring_oracles_resume_from_kept_batches_and_loo_comes_from_the_gre
         from lookahead.pipeline.phase1.config import ScoringKeys
 
         ScoringKeys(oracle="loo", score_loo_from_greedy=True)
+
+
+def test_static_pruning_at_equal_macs_on_a_grouped_model_time_shares_the_two_masks_that_bracket_it():
+    """Query-head routing on a grouped model: static pruning at the router's MACs is the mixture of
+    the two whole static masks whose MACs — counted by hand here, a key/value group's keys and values
+    paid where any of its heads is kept — bracket the target, weighted by MACs alone."""
+    from types import SimpleNamespace
+
+    from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig
+    from lookahead.pipeline.phase1 import final
+    from tests.test_families import tiny_llama
+
+    lm = tiny_llama(n_layers=2, n_heads=6, kv_heads=2)
+    cfg = lm.config
+    windows = torch.randint(0, cfg.vocab_size, (4, 9), generator=torch.Generator().manual_seed(0))
+    scoring = final.ScoringSet(ScoringConfig(roles=WindowsConfig(per_role=4), batch_size=2), [(w, None) for w in windows.split(2)],
+                               8, "test:4x8:x")
+    importance = torch.tensor([[9.0, 1, 8, 2, 7, 3], [6, 0.5, 5, 0.4, 4, 0.3]])  # group 1 of each layer empties last
+    module = SimpleNamespace(lm=lm, n_layers=2, n_heads=6, importance=importance)
+    d, hd, t = cfg.hidden_size, cfg.head_dim, 8
+
+    def by_hand(keep: int) -> float:
+        kept = torch.zeros(12, dtype=torch.bool)
+        kept[importance.flatten().argsort(descending=True, stable=True)[:keep]] = True
+        kept = kept.view(2, 2, 3)  # (layer, group, head of group)
+        total = 0.0
+        for pos in range(t):
+            for layer in range(2):
+                total += sum(2 * d * hd for g in range(2) if kept[layer, g].any())  # k and v of a group that runs
+                total += int(kept[layer].sum()) * (2 * d * hd + 2 * (pos + 1) * hd)  # q, o, QK, AV of each kept head
+            total += 2 * 3 * d * cfg.intermediate_size + d * cfg.vocab_size
+        dense = sum(2 * (2 * 2 * d * hd + 6 * (2 * d * hd + 2 * (pos + 1) * hd)) + 2 * 3 * d * cfg.intermediate_size
+                    + d * cfg.vocab_size for pos in range(t))
+        return total / dense
+
+    for keep in (0, 1, 5, 6, 7, 12):
+        assert final.static_macs_over_dense(module, scoring, keep) == pytest.approx(by_hand(keep), rel=1e-12)
+    target = (by_hand(6) + by_hand(7)) / 2 + 0.1 * (by_hand(7) - by_hand(6))
+    heads, nll = final.static_time_shared(module, scoring, target)
+    w = (target - by_hand(6)) / (by_hand(7) - by_hand(6))
+    assert heads == pytest.approx(6 + w)
+    np.testing.assert_allclose(nll, (1 - w) * final.static_scores(module, scoring, 6) + w * final.static_scores(module, scoring, 7))
+    assert final.static_time_shared(module, scoring, 1.0)[0] == 12
+    assert final.static_time_shared(module, scoring, by_hand(0) / 2)[0] == 0

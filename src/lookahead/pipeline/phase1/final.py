@@ -17,7 +17,10 @@ seed: ``router_minus_static_pruning`` (the router on a dense pass's states: a de
 the routed one, about twice dense MACs), ``deployed_minus_static_pruning`` (the router as deployed,
 at the same head count) and ``deployed_minus_static_at_equal_macs`` (static pruning keeping as
 many heads as the deployed router's MACs per token pay for, its own MACs counted as they run — a
-pruned head costs nothing, a kept one attends every key — interpolated between whole head counts); ``oracle_recall_minus_static_recall`` (claimed above 0);
+pruned head costs nothing, a kept one attends every key — interpolated between whole head counts;
+on a grouped model routed by query heads, where a static mask's MACs jump as a key/value group
+empties, time-shared between the two whole masks whose MACs, counted from their gates, bracket the
+router's: :func:`static_time_shared`); ``oracle_recall_minus_static_recall`` (claimed above 0);
 ``greedy_capture`` — the router as it runs (as deployed where it can be, else its hard gates), with
 ``dense_state_greedy_capture`` the router on a dense pass's states beside it — gets the interval of its ratio.
 """
@@ -38,7 +41,7 @@ from lookahead.artifacts.val_scores import ScoringConfig, batches, paired
 from lookahead.core.devices import eval_mode
 from lookahead.core.intervals import claim_figures, claim_keys, paired_interval, ratio_interval
 from lookahead.core.windows import set_label
-from lookahead.graph.cost import gate_macs, macs_per_token
+from lookahead.graph.cost import attention_width, gate_macs, kv_width, macs_per_token
 from lookahead.graph.deployed import Router, layer_routed, self_consistent
 from lookahead.graph.nodes import static_gates, top_k_gates
 from lookahead.graph.oracle import gates_nll, leave_one_out_kl, routing_stats
@@ -195,6 +198,42 @@ def equal_macs_heads(lm_config, n_heads_total: int, context: float, macs_over_de
     return (lo + hi) / 2 * n_heads_total
 
 
+def static_macs_over_dense(module, scoring: ScoringSet, keep: int) -> float:
+    """MACs per token of the static mask at ``keep`` heads over a dense forward's, counted from its
+    gates as they run (:func:`lookahead.graph.cost.gate_macs`, ``static``: a key/value group's keys
+    and values exist where any of its heads is kept), averaged over a window's positions."""
+    ranking = scoring.static_ranking(module, keep)
+    on = static_gates(ranking, keep)[1:].bool().view(1, 1, module.n_layers, module.n_heads)
+    macs = gate_macs(module.lm.config, on.expand(1, scoring.window, -1, -1), STATIC_MODE)
+    return float(macs.mean()) / dense_macs(module.lm.config, scoring.window)
+
+
+def static_time_shared(module, scoring: ScoringSet, macs_over_dense: float) -> tuple[float, np.ndarray]:
+    """Static pruning at ``macs_over_dense`` on a grouped model whose nodes are query heads, where a
+    mask's MACs jump when a key/value group empties: time-shared between the two whole masks whose
+    MACs (:func:`static_macs_over_dense`) bracket it — mask k on a share 1 − w of the tokens, k + 1 on
+    the rest, w set by the MACs alone, so nothing is chosen on the scoring windows. (The head count
+    it amounts to, (1 − w)·k + w·(k + 1); per-position NLL (P,), the mixture's expectation.)"""
+    n = module.n_layers * module.n_heads
+    if macs_over_dense >= 1.0:
+        return float(n), static_scores(module, scoring, n)
+    cost = {}
+
+    def macs(k: int) -> float:
+        if k not in cost:
+            cost[k] = static_macs_over_dense(module, scoring, k)
+        return cost[k]
+
+    if macs(0) >= macs_over_dense:
+        return 0.0, static_scores(module, scoring, 0)
+    lo, hi = 0, n  # macs(lo) < target <= macs(hi): a kept head only adds MACs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if macs(mid) < macs_over_dense else (lo, mid)
+    w = (macs_over_dense - macs(lo)) / (macs(hi) - macs(lo))
+    return lo + w, (1 - w) * static_scores(module, scoring, lo) + w * static_scores(module, scoring, hi)
+
+
 def static_at(module, scoring: ScoringSet, heads: float) -> np.ndarray:
     """Per-position NLL (P,) of static pruning at a fractional head count: linear between the two
     whole counts around it (as :func:`lookahead.graph.scoring.interpolate_curve`)."""
@@ -268,9 +307,13 @@ def score_final(module, model, scoring: ScoringSet, router_macs: float | None = 
     if deployed is not None and router_macs is not None:
         dense = dense_macs(module.lm.config, scoring.window)
         out["deployed_macs_over_dense"] = (float(np.mean(out["deployed_macs"])) + router_macs) / dense
-        out["equal_macs_heads"] = equal_macs_heads(module.lm.config, n, (scoring.window + 1) / 2,
-                                                   out["deployed_macs_over_dense"])
-        out["static_equal_macs"] = static_at(module, scoring, out["equal_macs_heads"])
+        cfg = module.lm.config
+        if kv_width(cfg) < attention_width(cfg) and module.n_heads == cfg.num_attention_heads:  # grouped, query heads
+            out["equal_macs_heads"], out["static_equal_macs"] = static_time_shared(
+                module, scoring, out["deployed_macs_over_dense"])
+        else:
+            out["equal_macs_heads"] = equal_macs_heads(cfg, n, (scoring.window + 1) / 2, out["deployed_macs_over_dense"])
+            out["static_equal_macs"] = static_at(module, scoring, out["equal_macs_heads"])
     if scoring.static is not None:  # both static baselines, the stronger on selection being "static"
         out.update({f"static_{m}": static_scores(module, scoring, keep, m) for m in METHODS})
     if module.cfg.oracle != "none" and 0 < keep < n:
