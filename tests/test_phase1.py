@@ -423,11 +423,35 @@ def test_the_oracle_stage_holds_the_greedy_and_leave_one_out_targets_of_stream_w
     build_oracle(OracleConfig(windows=3, rows=3, device="cpu"), 0.5, "query", 12, phase_inputs["base"],
                  phase_inputs["tokens"], tmp_path / "again")
     assert (tmp_path / "again" / TARGETS_FILE).read_bytes() == (oracle_dir / TARGETS_FILE).read_bytes()
-    for skip, keep, length in (("full", 2, 12), ("query", 3, 12), ("query", 2, 16)):
+    for skip, keep, length in (("full", 2, 12), ("query", 1, 12), ("query", 2, 16)):
         with pytest.raises(OracleTargetsError, match="rerun `dvc repro oracle`"):
             targets.check(skip, keep, 4, length)
+    targets.check("query", 3, 4, 12)  # a search that went below 3 heads holds the keep sets at 3
     with pytest.raises(OracleTargetsError, match="dvc repro oracle"):
         OracleTargets(tmp_path / "missing")
+
+
+def test_a_deeper_oracle_holds_the_keep_sets_of_the_searches_that_stop_above_it(phase_inputs, oracle_dir, tmp_path):
+    """``oracle.keep`` below ``predictor.keep``: the search goes on to fewer heads, and its order holds
+    the keep set the router's budget would have had from a search stopped there (the same bytes);
+    the router's own budget is the floor it may not stop above."""
+    from lookahead.artifacts.oracle_targets import OracleTargets
+    from lookahead.core.errors import ConfigError
+    from lookahead.graph.oracle import greedy_keep
+    from lookahead.pipeline.oracle import OracleConfig, build_oracle
+
+    metrics = build_oracle(OracleConfig(windows=3, rows=3, device="cpu", keep=0.25), 0.5, "query", 12, phase_inputs["base"],
+                           phase_inputs["tokens"], tmp_path / "deep")
+    deep, shallow = OracleTargets(tmp_path / "deep"), OracleTargets(oracle_dir)
+    assert metrics["heads_kept"] == deep.keep == 1 and torch.equal(deep.windows, shallow.windows)
+    for k in (2, 3):
+        assert torch.equal(greedy_keep(deep.greedy_order, k), greedy_keep(shallow.greedy_order, k))
+    assert torch.equal(deep.scores("greedy", [0, 1, 2]).topk(2, -1).indices.sort(-1).values,
+                       shallow.scores("greedy", [0, 1, 2]).topk(2, -1).indices.sort(-1).values)
+    deep.check("query", 2, 4, 12)
+    with pytest.raises(ConfigError, match="keep"):
+        build_oracle(OracleConfig(windows=1, device="cpu", keep=0.75), 0.5, "query", 12, phase_inputs["base"],
+                     phase_inputs["tokens"], tmp_path / "shallow")
 
 
 def test_a_killed_oracle_stage_resumes_at_its_first_window_not_done(phase_inputs, oracle_dir, tmp_path, monkeypatch):

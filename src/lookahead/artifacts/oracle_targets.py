@@ -55,14 +55,15 @@ class OracleTargets:
         return len(self.windows)
 
     def check(self, skip: str, keep: int, n_heads_total: int, context_length: int) -> None:
-        """Refuse targets made for another skip mode, budget, head count or window length."""
+        """Refuse targets made for another skip mode, head count or window length, or a search that
+        stopped above the budget ``keep`` (one that went deeper holds its keep sets: ``oracle.keep``)."""
         found = (self.skip, self.keep, self.greedy_order.shape[-1], self.windows.shape[1] - 1)
         want = (skip, keep, n_heads_total, context_length)
-        if found != want:
+        if (found[0], *found[2:]) != (want[0], *want[2:]) or self.keep > keep:
             raise OracleTargetsError(
                 f"oracle targets {self.dir} were made for (skip, heads kept, heads, context length) = {found}, "
-                f"this run needs {want}: rerun `dvc repro oracle` (runtime.skip, predictor.keep and the base LM "
-                "are its parameters)")
+                f"this run needs {want} (or fewer heads kept): rerun `dvc repro oracle` (runtime.skip, "
+                "predictor.keep, oracle.keep and the base LM are its parameters)")
 
     def scores(self, target: str, rows) -> torch.Tensor:
         """(B, T, L·H) scores whose top-K per position is the target's keep set: the greedy

@@ -23,7 +23,7 @@ import torch
 
 from lookahead.artifacts.oracle_targets import META_FILE, TARGETS_FILE
 from lookahead.core.atomic import atomic_dir, atomic_file
-from lookahead.core.config import to_dict
+from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.graph.nodes import keep_count, top_k_gates
@@ -50,9 +50,14 @@ class OracleConfig:
     greedy; 0: every head still on, the exact oracle). Phase 1's report uses the same search."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` = CUDA when available."""
+    keep: float | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+    """Share of the heads the search goes down to (null: ``predictor.keep``, the router's budget).
+    The removal order down to a deeper budget holds the keep set of every budget at or above it (the
+    same sets a search stopped there finds), so one deeper oracle serves routers at several shares."""
 
     def __post_init__(self) -> None:
         require(self.windows >= 1, "windows", f"must be >= 1; got {self.windows}")
+        require(self.keep is None or 0 < self.keep <= 1, "keep", f"must be in (0, 1] or null; got {self.keep}")
         require(self.rows >= 1, "rows", f"must be >= 1; got {self.rows}")
         require(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
         require(self.per_round >= 1, "per_round", f"must be >= 1; got {self.per_round}")
@@ -87,11 +92,13 @@ def build_oracle(cfg: OracleConfig, keep_fraction: float, skip: str, context_len
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
 
+    require(cfg.keep is None or cfg.keep <= keep_fraction, "keep",
+            f"the search must reach the router's budget (predictor.keep {keep_fraction}); got {cfg.keep}")
     device = resolve_device(cfg.device, "oracle.device")
     lm = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval().to(device)
     n_layers, n_heads = unit_shape(lm, unit)
     total = n_layers * n_heads
-    k = keep_count(total, n_layers, keep_fraction, per_layer=False)
+    k = keep_count(total, n_layers, keep_fraction if cfg.keep is None else cfg.keep, per_layer=False)
     windows = data.train_batch(data.load_stream(tokens_dir, "train"), step=0, batch_size=cfg.windows,
                                seq_len=context_length, seed=cfg.seed, salt=43)
     ckpt = checkpoint_dir(checkpoint_root, "oracle", {"config": to_dict(cfg), "keep": k, "skip": skip, "unit": unit,

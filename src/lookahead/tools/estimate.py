@@ -270,16 +270,23 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
                      note=f"{mod.seeds} seeds; the LM frozen, gradients through it"))
 
     orc = configs["oracle"]
-    keep = max(1, round(pred.keep * (nodes - 1)))
-    # trial forwards per window (lookahead.graph.oracle.greedy_trials, written out here to keep torch out)
-    heads, steps = nodes - 1, -(-(nodes - 1 - keep) // orc.per_round)
-    removals = (heads + sum(min(orc.candidates, heads - s * orc.per_round) for s in range(1, steps)) if orc.candidates
-                else max(steps, 1) * heads)
-    o_tokens = orc.windows * (removals + 1) * t
+    heads = nodes - 1
+
+    def trials(share: float) -> tuple[int, int]:
+        """(heads kept, trial forwards per window) of the oracle's greedy search down to ``share``
+        (lookahead.graph.oracle.greedy_trials, written out here to keep torch out)."""
+        kept = max(1, round(share * heads))
+        steps = -(-(heads - kept) // orc.per_round)
+        return kept, (heads + sum(min(orc.candidates, heads - s * orc.per_round) for s in range(1, steps))
+                      if orc.candidates else max(steps, 1) * heads)
+
+    keep, removals = trials(pred.keep)  # the router's budget: phase 1's and the scoring oracle's searches
+    depth, o_removals = trials(pred.keep if getattr(orc, "keep", None) is None else orc.keep)
+    o_tokens = orc.windows * (o_removals + 1) * t
     out.append(Stage("oracle", frozen=arch.params, forward_tokens=o_tokens, flops=fwd * o_tokens, weights=lm_w,
                      activations=4.0 * orc.rows * t * arch.vocab,
-                     note=f"greedy to {keep} of {heads} heads (per_round {orc.per_round}, candidates "
-                          f"{orc.candidates or 'all'}): {removals} forwards per window"))
+                     note=f"greedy to {depth} of {heads} heads (per_round {orc.per_round}, candidates "
+                          f"{orc.candidates or 'all'}): {o_removals} forwards per window"))
 
     sb = configs["static_baselines"]
     # importance: a forward and backward over the fit windows; the greedy static mask: a forward over its search
