@@ -64,3 +64,27 @@ def test_smollm2s_profile_runs_end_to_end_on_a_tiny_grouped_llama_gguf(gguf_prof
     for stage in ("evaluate", "phase2", "control", "diffusion", "modulator", "probe", "static_baselines"):
         figures = [v for v in read_headline(path / f"metrics/{stage}.json").values() if isinstance(v, float)]
         assert figures and all(math.isfinite(v) for v in figures), stage
+
+
+def test_the_smollm2_runs_claims_are_collected_from_its_per_window_test_nlls(gguf_profile_run, tmp_path):
+    """`make smollm2-run`'s collection (lookahead.tools.profile_run.collect) on the tiny GGUF run: each
+    claim of the headline is the run's own (phase 1's, evaluate's), from the per-window means of its
+    score files, and the report carries its interval and verdict."""
+    from lookahead.tools.profile_run import collect
+
+    path, _ = gguf_profile_run
+    written = collect(path, tmp_path / "smollm2", {"oracle": 1.0})
+    assert {p.name for p in written} >= {"headline.json", "report.json", "windows.json"}
+    headline = read_headline(tmp_path / "smollm2" / "headline.json")
+    report = json.loads((tmp_path / "smollm2" / "report.json").read_text())
+    phase1, evaluate = read_headline(path / "metrics/phase1.json"), read_headline(path / "metrics/evaluate.json")
+    for name, own in (("deployed_minus_static_pruning", phase1), ("deployed_minus_static_at_equal_macs", phase1),
+                      ("router_minus_static_pruning", phase1), ("phase2_minus_static_control", evaluate)):
+        assert headline[name] == pytest.approx(own[name], abs=1e-6), name
+        row = report["claims"][name]["per_base"]["0"]
+        assert (headline[f"{name}_ci_low"], headline[f"{name}_ci_high"]) == (row["ci_low"], row["ci_high"])
+        assert row["verdict"] in ("holds", "fails", "unresolved")
+    assert headline["window_set"] == phase1["window_set"]
+    main = json.loads((tmp_path / "smollm2" / "headline.json").read_text())  # `dvc metrics show`: a column a key
+    assert sum(max(len(k), 9) + 2 for k in main) + len("metrics/smollm2/headline.json") <= 400
+    assert not (tmp_path / "smollm2" / "headline_timing.json").exists()

@@ -20,7 +20,10 @@ What each stage leaves is kept in git as it finishes (``--commit``), as ``make b
 DVC cache travels with a clone: ``metrics/<profile>/<stage>*.json`` (its headline, ``_sd``, ``_ci`` and
 report) and ``metrics/<profile>/run.json``: each stage's wall seconds on this machine, summed over the
 calls that ran it (a call cut off counts up to its last heartbeat, a minute at most before the cut),
-and the code revision it finished at.
+and the code revision it finished at. Once the scoring stages have run, the claims are collected as
+``make bases`` collects one base (:func:`collect`): ``windows.json`` (every score file's per-window
+means and the stages' headlines), ``report.json`` (each claim's figure, interval and verdict, over the
+seeds and the test windows of this one pretrained LM) and ``headline.json`` (the claims in short).
 """
 
 from __future__ import annotations
@@ -185,6 +188,43 @@ def keep_figures(work: Path, stage: str, dest: Path) -> list[Path]:
     return kept
 
 
+SCORED = ("phase1", "phase2", "control", "static_control")
+"""The scoring stages' score files (``data/val_nll/<name>.safetensors``) the claims read."""
+HEADLINE_KEYS = ("mean", "ci_low", "ci_high")
+"""A claim's figures in the headline (its sd, verdict and the rest in the report)."""
+
+
+def collect(work: Path, dest: Path, seconds: dict[str, float]) -> list[Path]:
+    """The claims of the run in ``work`` (:mod:`lookahead.tools.bases`' tables of one base: each claim's
+    per-window differences over the seeds and test windows, its interval and verdict) written to
+    ``dest``: ``windows.json``, ``report.json`` and ``headline.json``; the files written (none before
+    every score file exists)."""
+    from lookahead.artifacts.val_scores import scoring_from_params
+    from lookahead.core.report import write_metrics
+    from lookahead.tools.bases import base_record, tables, write_record
+
+    if not all((work / "data" / "val_nll" / f"{name}.safetensors").is_file() for name in SCORED):
+        return []
+    cwd = Path.cwd()
+    try:
+        os.chdir(work)  # the record reads the workspace's outputs, as bases reads its workspace's
+        record = base_record(0, None, seconds)
+        params = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
+    finally:
+        os.chdir(cwd)
+    record["model"] = params["base"]["model"]
+    report = tables([record], scoring_from_params(params))
+    dest.mkdir(parents=True, exist_ok=True)
+    write_record(dest / "windows.json", record)
+    keys = {"window_set": ("window_set",)}  # each claim: its figure and interval over this LM's seeds and windows
+    for name in report["claims"]:
+        keys.update({f"{name}{'' if k == 'mean' else '_' + k}": ("claims", name, "per_base", "0", k)
+                     for k in HEADLINE_KEYS})
+    write_metrics(report, keys, dest / "headline.json", dest / "report.json")
+    (dest / "headline_timing.json").unlink(missing_ok=True)  # no timings: the stage seconds are in run.json
+    return sorted(p for p in dest.glob("headline*.json")) + [dest / "windows.json", dest / "report.json"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", type=Path, help="a parameter set, e.g. profiles/smollm2-135m.yaml")
@@ -233,6 +273,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[run] {stage}: {status}, {entry['seconds']:.0f} s in all", flush=True)
         if args.commit and sh("git", "status", "--porcelain", "--", *map(str, kept)).strip():
             commit(kept, f"{name}: stage {stage} ({entry['seconds']:.0f} s on this machine)")
+    collected = collect(work, dest, {s: e["seconds"] for s, e in record.data["stages"].items()})
+    if collected:
+        print(f"[run] claims: {dest / 'headline.json'}, {dest / 'report.json'}", flush=True)
+        if args.commit and sh("git", "status", "--porcelain", "--", *map(str, collected)).strip():
+            commit(collected, f"{name}: the claims, from its per-window test NLLs")
 
 
 if __name__ == "__main__":
