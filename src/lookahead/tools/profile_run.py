@@ -29,6 +29,8 @@ seeds and the test windows of this one pretrained LM) and ``headline.json`` (the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -126,8 +128,8 @@ class Record:
     """``metrics/<profile>/run.json``: each stage's seconds, calls and state; a heartbeat file in the
     workspace carries a running stage's seconds over to the next call when this one is cut off."""
 
-    def __init__(self, path: Path, work: Path, profile: Path):
-        self.path, self.beat = path, work / ".stage_heartbeat.json"
+    def __init__(self, path: Path, work: Path, profile: Path, order: list[str]):
+        self.path, self.beat, self.order = path, work / ".stage_heartbeat.json", order
         self.data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         self.data.setdefault("profile", profile.as_posix())
         self.data.setdefault("stages", {})
@@ -143,9 +145,13 @@ class Record:
         return self.data["stages"].setdefault(name, {"seconds": 0.0, "calls": 0, "done": False})
 
     def save(self) -> None:
+        """The record, its stages in the pipeline's order."""
+        stages = self.data["stages"]
+        self.data["stages"] = {s: stages[s] for s in sorted(stages, key=lambda s: (s not in self.order,
+                                                                                  self.order.index(s) if s in self.order else 0, s))}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(self.path) as tmp:
-            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(self.data, indent=1) + "\n", encoding="utf-8")
 
     def run(self, name: str, argv: list[str], cwd: Path, env: dict, log: Path) -> float:
         """Run ``argv`` for stage ``name``, its output to ``log``; its seconds (the heartbeat keeps them
@@ -174,6 +180,23 @@ class Record:
             self.save()
             raise StudyError(f"stage {name} failed ({code}) after {seconds:.0f} s: see {log}")
         return seconds
+
+
+def logged_seconds(work: Path, stage: str) -> float | None:
+    """The wall seconds of the newest finished run of ``stage`` in the workspace's MLflow store (a
+    stage run before this driver timed it), or None."""
+    if not (work / "mlflow.db").is_file():
+        return None
+    from mlflow.tracking import MlflowClient
+
+    from lookahead.core.tracking import TAG_ROLE, TAG_STAGE
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(work / 'mlflow.db').resolve()}")
+    ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(ids, max_results=1, order_by=["attributes.start_time DESC"],
+                              filter_string=f"tags.`{TAG_STAGE}` = '{stage}' and tags.`{TAG_ROLE}` = 'stage' "
+                                            "and attributes.status = 'FINISHED'") if ids else []
+    return round((runs[0].info.end_time - runs[0].info.start_time) / 1000, 1) if runs else None
 
 
 def keep_figures(work: Path, stage: str, dest: Path) -> list[Path]:
@@ -225,6 +248,19 @@ def collect(work: Path, dest: Path, seconds: dict[str, float]) -> list[Path]:
     return sorted(p for p in dest.glob("headline*.json")) + [dest / "windows.json", dest / "report.json"]
 
 
+def render_results(project: Path) -> list[Path]:
+    """The results page and README's summary rendered afresh (``make results``: its section on the
+    pretrained LM reads what this run committed); the two files, or none in a project without the page."""
+    from lookahead.tools.results import PAGE, main as results
+
+    if not (project / PAGE).is_file():
+        return []
+    with contextlib.redirect_stdout(io.StringIO()):
+        if results(["--repo", str(project)]) != 0:
+            raise StudyError("the results page could not be rendered: run `make results` to see why")
+    return [PAGE, Path("README.md")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", type=Path, help="a parameter set, e.g. profiles/smollm2-135m.yaml")
@@ -247,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     dest = args.metrics or Path("metrics") / name
     # the profile's parameters are checked before any work, as a stage would
     sh(sys.executable, "-m", "lookahead.tools.params", str(args.profile))
-    record = Record(dest / "run.json", work, args.profile)
+    record = Record(dest / "run.json", work, args.profile, stages)
     if args.plan:
         for stage in stages:
             entry = record.data["stages"].get(stage)
@@ -267,14 +303,18 @@ def main(argv: list[str] | None = None) -> None:
             seconds = record.run(stage, [sys.executable, "-m", "dvc", "repro", stage], work, env,
                                  work / "logs" / f"{stage}.log")
             status = f"{seconds:.0f} s"
+        if status == "up to date" and entry["calls"] == 0 and not entry.get("logged"):  # done before this driver ran
+            entry.update(seconds=logged_seconds(work, stage) or 0.0, logged=True)
         entry.update(done=True, code=entry.get("code", rev) if status == "up to date" else rev)
         record.save()
         kept = [record.path, *keep_figures(work, stage, dest)]
+        kept += render_results(project)
         print(f"[run] {stage}: {status}, {entry['seconds']:.0f} s in all", flush=True)
         if args.commit and sh("git", "status", "--porcelain", "--", *map(str, kept)).strip():
             commit(kept, f"{name}: stage {stage} ({entry['seconds']:.0f} s on this machine)")
     collected = collect(work, dest, {s: e["seconds"] for s, e in record.data["stages"].items()})
     if collected:
+        collected += render_results(project)
         print(f"[run] claims: {dest / 'headline.json'}, {dest / 'report.json'}", flush=True)
         if args.commit and sh("git", "status", "--porcelain", "--", *map(str, collected)).strip():
             commit(collected, f"{name}: the claims, from its per-window test NLLs")

@@ -48,6 +48,7 @@ from lookahead.core.report import read_headline
 from lookahead.tools.results_findings import (BASES, HEAD_SCALING, bases_section, decoders_section, head_scaling_section,
                                               modulator_section, phase1_section, phase2_section, summary)
 from lookahead.tools.results_frontier import FRONTIER, frontier_line, frontier_section
+from lookahead.tools.results_pretrained import pretrained_section
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
 from lookahead.tools.verdicts import Figures, scored_on, table
 
@@ -146,6 +147,7 @@ def render(root: Path) -> str:
     lines += bases_section(root / BASES)
     lines += head_scaling_section(root / HEAD_SCALING, m["phase1"].values.get("window_set"))
     lines += frontier_section(root / FRONTIER)
+    lines += pretrained_section(root)
     lines += gpu_section(root / GPU)
     lines += rows_section(root / PARETO, m["evaluate"].values.get("cache_window_set"))
     return "\n".join(lines)
