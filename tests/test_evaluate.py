@@ -212,3 +212,20 @@ def test_config_is_validated_with_the_key_named():
         from_dict(EvaluateConfig, {"diffusion_samples": 0})
     with pytest.raises(ConfigError, match="causality_tolerance"):
         from_dict(EvaluateConfig, {"causality_tolerance": float("nan")})
+
+
+def test_a_strided_static_curve_scores_every_nth_count_and_those_around_the_router():
+    """``evaluate.static_curve_step``: the counts scored, and the curve read at the router's share —
+    linear between the whole counts around it, the same arithmetic as the full curve's at step 1."""
+    from lookahead.graph.scoring import interpolate_curve
+    from lookahead.pipeline.evaluate.build import curve_at, curve_counts
+
+    assert curve_counts(8, 1, 0.5) == list(range(9))
+    assert curve_counts(270, 10, 0.5) == sorted(set(range(0, 271, 10)) | {135})
+    assert curve_counts(270, 100, 0.33) == [0, 89, 90, 100, 200, 270]
+    full = [{"heads_kept": k, "nll": 5.0 - 0.01 * k ** 1.5} for k in range(271)]
+    assert curve_at(full, 0.4321) == interpolate_curve(full, 0.4321)  # bitwise: the default's figures stay
+    strided = [full[k] for k in curve_counts(270, 10, 0.4321)]
+    x = 0.4321 * 270  # 116.667: between the counts 116 and 117 scored around it
+    expected = full[116]["nll"] + (x - 116) * (full[117]["nll"] - full[116]["nll"])
+    assert abs(curve_at(strided, 0.4321) - expected) < 1e-12

@@ -36,6 +36,7 @@ and which stage dominates are what it is for.
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from typing import Any
 
@@ -393,11 +394,13 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
 
     ev = configs["evaluate"]
     rows_ev = 12 + 2 * ev.diffusion_samples + ev.random_draws  # dense, routed, controls, static, samples, random draws
-    e_tokens = ev.seeds * rows_ev * (per_role + cx.val_sequences) * t
+    step = getattr(ev, "static_curve_step", 1)  # the static curve: every step-th count and those around the router's
+    curve = len(set(range(0, heads + 1, step)) | {heads, math.floor(pred.keep * heads), math.ceil(pred.keep * heads)})
+    e_tokens = ev.seeds * rows_ev * (per_role + cx.val_sequences) * t + curve * (ev.eval_sequences or cx.val_sequences) * t
     out.append(Stage("evaluate", frozen=3 * arch.params, forward_tokens=e_tokens, flops=fwd * e_tokens,
                      weights=3 * lm_w, activations=4.0 * ev.eval_batch_size * t * arch.vocab,
                      note=f"{ev.seeds} seeds x ~{rows_ev} rows over {per_role + cx.val_sequences} windows; "
-                          "three LMs loaded (base, phase 2, control)"))
+                          f"the static curve at {curve} counts; three LMs loaded (base, phase 2, control)"))
 
     for st in out:  # a checkpointed step runs each trained token's forward once more
         if st.checkpointed:

@@ -30,6 +30,7 @@ The rows and their figures: :mod:`lookahead.pipeline.evaluate.rows`.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -187,13 +188,31 @@ def add_timings(cfg: EvaluateConfig, timed: list[RowSpec], results: dict, cache:
 
 
 @torch.no_grad()
-def stronger_static_curve(lm, windows: list[torch.Tensor], static: StaticBaselines, skip: str) -> list[dict]:
-    """NLL of ``lm`` under static pruning at every head count k = 0 … L·H, each count's stronger static
-    baseline (:meth:`StaticBaselines.ranking`; as :func:`lookahead.graph.scoring.static_pruning_curve`
-    does for one ranking). Rows of k, fraction, nll and the mask's name."""
+def curve_counts(total: int, step: int, fraction: float) -> list[int]:
+    """The head counts the static curve scores: every ``step``-th of 0 … ``total``, ``total`` itself and
+    the two whole counts around ``fraction`` of it (every count at step 1)."""
+    around = {math.floor(fraction * total), math.ceil(fraction * total)}
+    return sorted(set(range(0, total + 1, step)) | {total} | around)
+
+
+def curve_at(curve: list[dict], fraction: float) -> float:
+    """The curve's NLL at ``fraction`` of the heads: linear between the whole counts around it (every
+    count: :func:`lookahead.graph.scoring.interpolate_curve`, the same arithmetic as before)."""
+    counts = [r["heads_kept"] for r in curve]
+    if counts == list(range(len(curve))):
+        return interpolate_curve(curve, fraction)
+    return float(np.interp(fraction * counts[-1], counts, [r["nll"] for r in curve]))
+
+
+def stronger_static_curve(lm, windows: list[torch.Tensor], static: StaticBaselines, skip: str,
+                          counts: list[int] | None = None) -> list[dict]:
+    """NLL of ``lm`` under static pruning at head counts ``counts`` (None: every k = 0 … L·H), each
+    count's stronger static baseline (:meth:`StaticBaselines.ranking`; as
+    :func:`lookahead.graph.scoring.static_pruning_curve` does for one ranking). Rows of k, fraction,
+    nll and the mask's name."""
     total = int(np.prod(static.shape))
     rows = []
-    for k in range(total + 1):
+    for k in tqdm(range(total + 1) if counts is None else counts, desc="static curve", unit="count", mininterval=5):
         nll = torch.cat([static_token_nll(lm, w, static.ranking(k), k, skip).flatten() for w in windows])
         rows.append({"heads_kept": k, "active_head_fraction": k / total, "nll": nll.double().mean().item(),
                      "mask": static.method(k)})
@@ -249,7 +268,8 @@ def build_evaluate(cfg: EvaluateConfig, base_dir, contexts_dir, init_file, stati
                                                   unit=d.unit)))
     windows = [torch.from_numpy(cache.windows("val")[rows[i : i + cfg.eval_batch_size]].astype(np.int64)).to(device)
                for i in range(0, len(rows), cfg.eval_batch_size)]
-    static_curve = stronger_static_curve(d.control, windows, static, d.skip)
+    static_curve = stronger_static_curve(d.control, windows, static, d.skip,
+                                         curve_counts(int(np.prod(static.shape)), cfg.static_curve_step, fraction))
     add_timings(cfg, [spec for spec in specs + baselines if spec.topologies is not None], results, cache, geo, rows,
                 device)
 
@@ -305,7 +325,7 @@ def evaluate_report(table: dict, per_seed: list[dict], causality: dict, static_c
         # a timing (metrics/evaluate_timing.json); None where the phase-2 row is the stock forward (value residual)
         "hard_tokens_per_s_over_dense": p2.get("tokens_per_s_over_dense"),
         "causality_max_change": causality["max_change"],
-        "static_pruning_interpolated_nll": interpolate_curve(static_curve, fraction),
+        "static_pruning_interpolated_nll": curve_at(static_curve, fraction),
         "decoder": decoder,
         "val_positions": int(len(rows) * cache.context_length),
         "diffusion_samples": cfg.diffusion_samples,
