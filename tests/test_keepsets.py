@@ -308,3 +308,26 @@ def test_a_cut_off_ground_truth_resumes_from_its_kept_batches(keepset_run, phase
     for out in ("a", "b"):
         assert (tmp_path / out / PAIRS_FILE).read_bytes() == (d / "pairs" / PAIRS_FILE).read_bytes()
     assert not any((tmp_path / "ckpt").rglob("*.safetensors"))
+
+
+def test_sampled_swaps_are_a_seeded_subset_of_the_single_swaps(phase_inputs):
+    """``pairs.swaps``: a round tries a seeded draw of the single swaps (the same swaps as the full
+    enumeration at those indices) and ``pairs.per_round`` / ``candidates`` set the greedy set's search."""
+    from transformers import AutoModelForCausalLM
+
+    from lookahead.artifacts.contexts import ContextCache
+    from lookahead.graph.keepsets import sampled_swaps, search_keep_sets, single_swaps
+    from lookahead.graph.oracle import greedy_gates
+
+    keep = torch.tensor([[True, False, True, False, False, True]])  # K = 3 of 6: 9 swaps
+    which = sampled_swaps(3, 6, 4, torch.Generator().manual_seed(0))
+    assert which.tolist() == sorted(set(which.tolist())) and len(which) == 4 and int(which.max()) < 9
+    assert torch.equal(single_swaps(keep, which), single_swaps(keep)[which])
+    assert sampled_swaps(3, 6, 0, torch.Generator()) is None and sampled_swaps(3, 6, 9, torch.Generator()) is None
+    lm = AutoModelForCausalLM.from_pretrained(phase_inputs["base"]).eval()
+    windows = torch.from_numpy(ContextCache(phase_inputs["contexts"]).windows("train")[:2].astype(np.int64))
+    ids = windows[:, :-1]
+    sets, kl, nll = search_keep_sets(lm, ids, windows[:, 1:], 2, 2, 2, "query", rounds=2, per_round=2, candidates=2,
+                                     swaps=3, generator=torch.Generator().manual_seed(1))
+    assert sets.shape[0] == 1 + 2 * 3 and kl.shape == nll.shape == sets.shape[:3]
+    assert torch.equal(sets[0], greedy_gates(lm, ids, 2, 2, 2, "query", per_round=2, candidates=2)[..., 1:] > 0.5)

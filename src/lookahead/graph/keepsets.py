@@ -51,9 +51,10 @@ def marginal_sets(probs: torch.Tensor, k: int, generator: torch.Generator | None
     return gumbel_topk(torch.log(p) - torch.log1p(-p), k, generator)
 
 
-def single_swaps(keep: torch.Tensor) -> torch.Tensor:
+def single_swaps(keep: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor:
     """Every single swap of keep sets (…, L·H) with exactly K ones each: (K·(L·H − K), …, L·H), swap
-    (i, j) drops the i-th kept head and adds the j-th dropped one (in head order)."""
+    s = i·(L·H − K) + j drops the i-th kept head and adds the j-th dropped one (in head order);
+    ``which``: only those swaps s, in that order (:func:`sampled_swaps`)."""
     total = keep.shape[-1]
     flat = keep.reshape(-1, total)
     k = int(flat[0].sum())
@@ -61,14 +62,24 @@ def single_swaps(keep: torch.Tensor) -> torch.Tensor:
         raise ValueError("single_swaps needs keep sets of one size")
     order = torch.sort((~flat).long(), dim=-1, stable=True).indices  # kept heads first, each group in head order
     kept, dropped = order[:, :k], order[:, k:]
-    out = flat.expand(k * (total - k), -1, -1).clone()  # (S, P, L·H)
+    swaps = range(k * (total - k)) if which is None else which.tolist()
+    out = flat.expand(len(swaps), -1, -1).clone()  # (S, P, L·H)
     rows = torch.arange(flat.shape[0], device=keep.device)
-    for i in range(k):
-        for j in range(total - k):
-            s = i * (total - k) + j
-            out[s, rows, kept[:, i]] = False
-            out[s, rows, dropped[:, j]] = True
+    for n, s in enumerate(swaps):
+        i, j = divmod(int(s), total - k)
+        out[n, rows, kept[:, i]] = False
+        out[n, rows, dropped[:, j]] = True
     return out.view(-1, *keep.shape)
+
+
+def sampled_swaps(k: int, total: int, n: int, generator: torch.Generator) -> torch.Tensor | None:
+    """``n`` of the K·(L·H − K) single swaps (:func:`single_swaps`' indices), drawn without replacement
+    from ``generator`` — each position's own i-th kept and j-th dropped head; None where ``n`` is 0 or
+    reaches them all (every swap)."""
+    count = k * (total - k)
+    if n == 0 or n >= count:
+        return None
+    return torch.randperm(count, generator=generator)[:n].sort().values
 
 
 @torch.no_grad()
@@ -94,23 +105,28 @@ def score_keep_sets(lm, ids: torch.Tensor, targets: torch.Tensor | None, candida
 
 @torch.no_grad()
 def search_keep_sets(lm, ids: torch.Tensor, targets: torch.Tensor | None, n_layers: int, n_heads: int, k: int,
-                     skip: str, rounds: int = 1, max_rows: int = 8
+                     skip: str, rounds: int = 1, max_rows: int = 8, per_round: int = 1, candidates: int = 0,
+                     swaps: int = 0, generator: torch.Generator | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Candidate keep sets of k heads at every position of windows ``ids`` (B, T) and their costs:
     (sets (C, B, T, L·H) bool, KL to dense (C, B, T), NLL (C, B, T) or None). Candidate 0 is the
-    greedy oracle's set; then its single swaps; then, for each further round, the single swaps of
-    each position's best set so far. Candidates may repeat (a swap of a swap); :func:`eps_good`
+    greedy oracle's set (its search: ``per_round``, ``candidates``, :func:`lookahead.graph.oracle.greedy_targets`);
+    then its single swaps; then, for each further round, the single swaps of each position's best set
+    so far — every one, or ``swaps`` of them drawn from ``generator`` each round (:func:`sampled_swaps`:
+    K·(L·H − K) is 18 225 on SmolLM2). Candidates may repeat (a swap of a swap); :func:`eps_good`
     keeps distinct ones."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1; got {rounds}")
     kl = DenseKL(F.log_softmax(lm(input_ids=ids).logits.float(), -1))
-    greedy = greedy_keep(greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows), k)[..., 1:] > 0.5
+    order = greedy_order(lm, ids, n_layers, n_heads, k, skip, max_rows, per_round=per_round, candidates=candidates)
+    greedy = greedy_keep(order, k)[..., 1:] > 0.5
     sets, kls, nlls = [], [], []
     best = greedy
     for _ in range(rounds + 1):  # the greedy set, then each round's swaps of the best so far
-        candidates = greedy[None] if not sets else single_swaps(best)
-        kl_c, nll_c = score_keep_sets(lm, ids, targets, candidates, kl, n_layers, n_heads, skip, max_rows)
-        sets.append(candidates)
+        which = None if not sets else sampled_swaps(k, n_layers * n_heads, swaps, generator)
+        trial = greedy[None] if not sets else single_swaps(best, which)
+        kl_c, nll_c = score_keep_sets(lm, ids, targets, trial, kl, n_layers, n_heads, skip, max_rows)
+        sets.append(trial)
         kls.append(kl_c)
         nlls.append(nll_c)
         all_sets, all_kl = torch.cat(sets), torch.cat(kls)

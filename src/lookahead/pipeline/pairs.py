@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from lookahead.artifacts.contexts import ContextCache
 from lookahead.artifacts.pairs import PAIRS_FILE
-from lookahead.core.config import to_dict
+from lookahead.core.config import OMIT_DEFAULT, to_dict
 from lookahead.core.devices import resolve_device
 from lookahead.core.errors import LookaheadError, require
 from lookahead.core.seeds import over_seeds, seeded_headline
@@ -80,7 +80,15 @@ class PairsConfig:
     the best one found there."""
     rounds: int = 2
     """eps_good: rounds of single swaps around the best set so far (the first around the greedy
-    oracle's), K·(L·H − K) candidates each."""
+    oracle's), K·(L·H − K) candidates each (or ``swaps``)."""
+    swaps: int = dataclasses.field(default=0, metadata=OMIT_DEFAULT)
+    """eps_good: single swaps tried per round, a seeded draw (``seed``) of that many of the K·(L·H − K)
+    (0: every one; on SmolLM2 18 225, each a forward of the window)."""
+    per_round: int = dataclasses.field(default=1, metadata=OMIT_DEFAULT)
+    """eps_good: the greedy set's search, heads dropped per step (1: the exact greedy oracle)."""
+    candidates: int = dataclasses.field(default=0, metadata=OMIT_DEFAULT)
+    """eps_good: ... and heads tried per step after the first (0: every head still on; a lazy greedy
+    otherwise, as ``oracle.candidates``)."""
     val_sequences: int = 8
     """eps_good: val windows of the context cache with a ground truth too (the first ones): the
     decoders are judged there."""
@@ -112,6 +120,10 @@ class PairsConfig:
                 f"must be eps_good or beats_dense; got {self.target!r}")
         require(math.isfinite(self.eps) and self.eps >= 0, "eps", f"must be a finite number >= 0; got {self.eps}")
         require(self.rounds >= 1, "rounds", f"must be >= 1; got {self.rounds}")
+        require(self.swaps >= 0, "swaps", f"must be >= 0 (0: every single swap); got {self.swaps}")
+        require(self.per_round >= 1, "per_round", f"must be >= 1; got {self.per_round}")
+        require(self.candidates == 0 or self.candidates >= self.per_round, "candidates",
+                f"must be 0 (every head still on) or >= per_round ({self.per_round}); got {self.candidates}")
         require(self.val_sequences >= 1, "val_sequences", f"must be >= 1; got {self.val_sequences}")
         for name in ("sequences", "samples", "keep", "batch_size"):
             require(getattr(self, name) >= 1, name, f"must be >= 1; got {getattr(self, name)}")
@@ -256,7 +268,9 @@ def ground_truth(cfg: PairsConfig, lm, predictor, cache: ContextCache, mask: tor
 
             def search(ids=ids, targets=targets) -> dict[str, torch.Tensor]:
                 dense = token_nll(lm(input_ids=ids).logits, targets)
-                sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size)
+                sets, kl, nll = search_keep_sets(lm, ids, targets, n_l, n_h, k, skip, cfg.rounds, max_rows=cfg.batch_size,
+                                                 per_round=cfg.per_round, candidates=cfg.candidates, swaps=cfg.swaps,
+                                                 generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + j))
                 return {"dense": dense, "sets": sets, "kl": kl, "nll": nll}
 
             found = kept(store, f"batch-{j:05d}", search, device)

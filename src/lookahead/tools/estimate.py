@@ -347,10 +347,14 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
                      note=f"{p1.seeds} seeds' routers and twins, ~{s1_rows} forwards per window over {per_role} windows"))
 
     pa = configs["pairs"]
-    if pa.target == "eps_good":
-        per_window = 1 + pa.rounds * 64
+    if pa.target == "eps_good":  # the greedy set's search, then each round's single swaps (all, or sampled)
+        swaps = getattr(pa, "swaps", 0) or keep * (heads - keep)
+        pr, cand = getattr(pa, "per_round", 1), getattr(pa, "candidates", 0)
+        steps = -(-(heads - keep) // pr)
+        search = heads + sum(min(cand, heads - s * pr) for s in range(1, steps)) if cand else max(steps, 1) * heads
+        per_window = 2 + search + pa.rounds * min(swaps, keep * (heads - keep))
         pa_tokens = (pa.sequences + pa.val_sequences) * per_window * t
-        pa_note = f"{per_window} candidate keep sets per position"
+        pa_note = f"{per_window} forwards per window: the greedy set's {search}, {pa.rounds} x {swaps} swaps"
     else:
         pa_tokens = pa.seeds * pa.sequences * pa.samples * t
         pa_note = f"{pa.seeds} seeds x {pa.samples} sampled topologies per window"
