@@ -246,12 +246,14 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
 
     pr = configs["probe"]
     probe_tokens = pr.head_batches * pr.head_batch_size * pr.head_window + configs["wordnet"].n_anchors * pr.max_text_tokens
-    # the head statistics: importance (a forward and backward) and every head's ablation (a forward each)
-    ablation_tokens = arch.layers * arch.heads * pr.head_batches * pr.head_batch_size * pr.head_window
+    # the head statistics, on each seed's windows: importance (a forward and backward) and every head's
+    # ablation (a forward each)
+    ablation_tokens = len(pr.seeds) * arch.layers * arch.heads * pr.head_batches * pr.head_batch_size * pr.head_window
     out.append(Stage("probe", frozen=arch.params, forward_tokens=probe_tokens * len(pr.seeds) + ablation_tokens,
                      flops=fwd * (probe_tokens * len(pr.seeds) + ablation_tokens), weights=lm_w,
                      activations=4.0 * pr.head_batch_size * pr.head_window * arch.vocab,
-                     note=f"{arch.layers * arch.heads} head ablations x {pr.head_batches * pr.head_batch_size} windows"))
+                     note=f"{len(pr.seeds)} seeds x {arch.layers * arch.heads} head ablations x "
+                          f"{pr.head_batches * pr.head_batch_size} windows"))
     out.append(Stage("init", note="CPU (eigendecomposition of the WordNet matrix)"))
 
     cx = configs["contexts"]
