@@ -14,7 +14,7 @@ MLFLOW_PORT ?= 5000
 # Stage commands in dvc.yaml call `python`: make it the virtualenv's.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup lock wordnet browser sshd smollm2 smollm2-check smollm2-run repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
+.PHONY: setup lock wordnet browser sshd smollm2 smollm2-check smollm2-run smollm2-cells repro test test-fast results verify replicate bench check-params estimate gpu-check mlflow-ui push sweep-depth-width head-scaling bases frontier clean
 
 setup: $(STAMP) wordnet browser sshd $(PLOTS_TEMPLATE)
 
@@ -67,8 +67,20 @@ smollm2-check: $(STAMP)
 # workspace runs/smollm2-135m/ with the code of this checkout; each stage's figures and seconds committed to
 # metrics/smollm2/ as it finishes. Rerun to resume: finished stages are up to date, a cut-off one resumes from
 # its checkpoints. RUN_ARGS="--plan" prints what is done; "--until oracle" stops after a stage.
+SMOLLM2_RUN = $(BIN)/python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --metrics metrics/smollm2 --commit
 smollm2-run: smollm2
-	$(BIN)/python -m lookahead.tools.profile_run profiles/smollm2-135m.yaml --metrics metrics/smollm2 --commit $(RUN_ARGS)
+	$(SMOLLM2_RUN) $(RUN_ARGS)
+
+# The other cells (query heads at 25 and 75 % off, key/value groups at 50 and 75 %): phase 1 and its scoring
+# rerun alone on the main run's outputs (make smollm2-run first), each in runs/smollm2-135m-<cell>/, figures in
+# metrics/smollm2/cells/<cell>/. The group cells search their own oracle and static masks over the 90 groups.
+smollm2-cells: smollm2
+	$(SMOLLM2_RUN) --cell q25 --set predictor.keep=0.75 --stages phase1,score_phase1
+	$(SMOLLM2_RUN) --cell q75 --set predictor.keep=0.25 --stages phase1,score_phase1
+	$(SMOLLM2_RUN) --cell g50 --set runtime.unit=group --set static_baselines.min_keep=22 \
+		--stages init,oracle,static_baselines,phase1,score_phase1
+	$(SMOLLM2_RUN) --cell g75 --after g50 --set runtime.unit=group --set static_baselines.min_keep=22 \
+		--set predictor.keep=0.25 --stages phase1,score_phase1
 
 check-params: $(STAMP)
 	@$(BIN)/python -m lookahead.tools.params $(PARAMS)

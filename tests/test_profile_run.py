@@ -24,19 +24,25 @@ stages:
     cmd: python src/one.py
     deps: [src/one.py, src/code.txt]
     params: [windows.per_role]
+    outs: [data/one.txt]
     metrics: [{metrics/one.json: {cache: false}}]
   two:
     cmd: python src/two.py
-    deps: [src/two.py, metrics/one.json]
+    deps: [src/two.py, data/one.txt]
+    params: [windows.seed]
     metrics: [{metrics/two.json: {cache: false}}]
 """
 ONE = """import json, os, yaml
 os.makedirs("metrics", exist_ok=True)  # outputs are the workspace's own: none is synced
+os.makedirs("data", exist_ok=True)
 per_role = yaml.safe_load(open("params.yaml"))["windows"]["per_role"]
+open("data/one.txt", "w").write(str(per_role))
 json.dump({"per_role": per_role, "code": open("src/code.txt").read()}, open("metrics/one.json", "w"))
 """
-TWO = """import json
-json.dump({"twice": 2 * json.load(open("metrics/one.json"))["per_role"]}, open("metrics/two.json", "w"))
+TWO = """import json, os, yaml
+os.makedirs("metrics", exist_ok=True)
+seed = yaml.safe_load(open("params.yaml"))["windows"]["seed"]
+json.dump({"twice": 2 * int(open("data/one.txt").read()), "seed": seed}, open("metrics/two.json", "w"))
 """
 
 
@@ -79,7 +85,8 @@ def test_runs_commits_and_resumes(project: Path):
     per_role = yaml.safe_load((project / "profiles" / "p.yaml").read_text())["windows"]["per_role"]
     # each stage ran in the workspace on the profile's params, its figures kept and committed
     assert json.loads((project / "metrics" / "p" / "one.json").read_text()) == {"per_role": per_role, "code": "v1"}
-    assert json.loads((project / "metrics" / "p" / "two.json").read_text()) == {"twice": 2 * per_role}
+    seed = yaml.safe_load((project / "profiles" / "p.yaml").read_text())["windows"]["seed"]
+    assert json.loads((project / "metrics" / "p" / "two.json").read_text()) == {"twice": 2 * per_role, "seed": seed}
     record = json.loads(record_file.read_text())
     assert [(s, e["done"], e["calls"]) for s, e in record["stages"].items()] == [("one", True, 1), ("two", True, 1)]
     assert all(e["seconds"] > 0 for e in record["stages"].values())
@@ -107,10 +114,31 @@ def test_runs_commits_and_resumes(project: Path):
     before = record["stages"]["two"]["seconds"]
     assert drive(project).returncode == 0
     two = json.loads(record_file.read_text())["stages"]["two"]
-    assert two["calls"] == 3 and two["seconds"] >= before + 1000.0
+    assert two["calls"] == 2 and two["seconds"] >= before + 1000.0  # one's output did not change: two is up to date
     assert not (work / ".stage_heartbeat.json").exists()
     plan = drive(project, "--plan")
     assert plan.returncode == 0 and "two" in plan.stdout and "done" in plan.stdout
+
+
+def test_a_cell_reruns_its_stages_alone_from_the_main_runs_outputs(project: Path):
+    """``--cell``: the profile with overrides in a workspace of its own; its stages rerun alone
+    (``dvc repro -s``) on the main run's upstream outputs, checked out of its DVC cache."""
+    assert drive(project).returncode == 0
+    per_role = yaml.safe_load((project / "profiles" / "p.yaml").read_text())["windows"]["per_role"]
+    cell = drive(project, "--cell", "c", "--set", "windows.seed=7", "--set", "windows.per_role=3", "--stages", "two")
+    assert cell.returncode == 0, cell.stderr
+    # two ran with the cell's params on one's output as the main run made it (per_role not rerun: 3 unused)
+    assert json.loads((project / "metrics" / "p" / "cells" / "c" / "two.json").read_text()) == {"twice": 2 * per_role,
+                                                                                                   "seed": 7}
+    record = json.loads((project / "metrics" / "p" / "cells" / "c" / "run.json").read_text())
+    assert list(record["stages"]) == ["two"] and record["stages"]["two"]["calls"] == 1
+    assert json.loads((project / "metrics" / "p" / "two.json").read_text())["seed"] != 7  # the main run's is its own
+    log = git("log", "--format=%s", cwd=project).splitlines()
+    assert drive(project, "--cell", "c", "--set", "windows.seed=7", "--set", "windows.per_role=3",
+                 "--stages", "two").returncode == 0
+    assert git("log", "--format=%s", cwd=project).splitlines() == log  # up to date: nothing reruns
+    bad = drive(project, "--cell", "d", "--set", "windows.nokey=1", "--stages", "two")
+    assert bad.returncode != 0 and "no key" in bad.stderr
 
 
 def test_refuses_before_work(project: Path):

@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -74,8 +75,8 @@ def run_env(work: Path) -> dict[str, str]:
     return env
 
 
-def sync(project: Path, work: Path, profile: Path) -> list[str]:
-    """Make ``work`` hold ``project``'s code and ``profile`` as params.yaml (created where missing, with
+def sync(project: Path, work: Path, params: bytes) -> list[str]:
+    """Make ``work`` hold ``project``'s code and ``params`` as params.yaml (created where missing, with
     its own git and DVC repository); the files it changed."""
     fresh = not (work / ".dvc").is_dir()
     work.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,6 @@ def sync(project: Path, work: Path, profile: Path) -> list[str]:
             if name and name not in have and not name.startswith(OUTPUTS) and name not in OWN:
                 (work / name).unlink(missing_ok=True)
                 changed.append(name)
-    params = profile.read_bytes()
     if not (work / "params.yaml").is_file() or (work / "params.yaml").read_bytes() != params:
         (work / "params.yaml").write_bytes(params)
         changed.append("params.yaml")
@@ -261,6 +261,42 @@ def render_results(project: Path) -> list[Path]:
     return [PAGE, Path("README.md")]
 
 
+def cell_params(profile: Path, sets: list[str]) -> bytes:
+    """The profile with ``key.path=value`` overrides (values read as YAML), as params.yaml bytes."""
+    params = yaml.safe_load(profile.read_text(encoding="utf-8"))
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StudyError(f"--set {item!r}: not key=value")
+        node, *path = key.split(".")
+        section = params
+        for part in [node, *path][:-1]:
+            if not isinstance(section.get(part), dict):
+                raise StudyError(f"--set {item!r}: the profile has no section {part!r}")
+            section = section[part]
+        if key.split(".")[-1] not in section:
+            raise StudyError(f"--set {item!r}: the profile has no key {key!r}")
+        section[key.split(".")[-1]] = yaml.safe_load(value)
+    return yaml.safe_dump(params, sort_keys=False).encode()
+
+
+def start_cell(work: Path, source: Path, cache: Path, before: list[str], env: dict) -> None:
+    """A cell's workspace starts from ``source``'s run: its lock, and the outputs of the stages
+    ``before`` its own checked out of the main run's DVC ``cache`` (shared, not copied)."""
+    if (work / "dvc.lock").is_file():
+        return
+    if not (source / "dvc.lock").is_file():
+        raise StudyError(f"a cell starts from a run's outputs: {source} has none yet (run it first)")
+    subprocess.run([sys.executable, "-m", "dvc", "config", "--local", "cache.dir", str(cache.resolve())], cwd=work,
+                   env=env, check=True, capture_output=True)
+    shutil.copyfile(source / "dvc.lock", work / "dvc.lock")
+    proc = subprocess.run([sys.executable, "-m", "dvc", "checkout", *before], cwd=work, env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise StudyError(f"dvc checkout in {work} failed (has {source} run the stages before the cell's?):\n"
+                         f"{proc.stderr.strip()[-2000:]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", type=Path, help="a parameter set, e.g. profiles/smollm2-135m.yaml")
@@ -269,6 +305,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit", action="store_true", help="git-commit each stage's figures as it finishes")
     parser.add_argument("--workspace", type=Path, help="the run's directory (default runs/<profile name>)")
     parser.add_argument("--metrics", type=Path, help="where its figures are kept (default metrics/<profile name>)")
+    parser.add_argument("--cell", help="a cell of the study: the profile with --set overrides, only --stages rerun "
+                                       "(dvc repro -s) from the main run's outputs, in runs/<profile>-<cell>/")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a cell's override (repeatable)")
+    parser.add_argument("--stages", help="a cell's stages, comma-separated, in order")
+    parser.add_argument("--after", help="the cell whose outputs this cell starts from (default: the main run)")
     args = parser.parse_args(argv)
     project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
@@ -283,6 +324,28 @@ def main(argv: list[str] | None = None) -> None:
     dest = args.metrics or Path("metrics") / name
     # the profile's parameters are checked before any work, as a stage would
     sh(sys.executable, "-m", "lookahead.tools.params", str(args.profile))
+    params = args.profile.read_bytes()
+    cell_stages = None
+    if args.cell is not None:
+        if not args.stages:
+            parser.error("--cell needs --stages")
+        cell_stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+        unknown = [s for s in cell_stages if s not in stages]
+        if unknown:
+            parser.error(f"--stages: no such stage {', '.join(unknown)}")
+        try:
+            params = cell_params(args.profile, args.set)
+        except StudyError as error:
+            parser.error(str(error))
+        with tempfile.TemporaryDirectory() as tmp:  # the cell's params checked before any work
+            (Path(tmp) / "params.yaml").write_bytes(params)
+            sh(sys.executable, "-m", "lookahead.tools.params", str(Path(tmp) / "params.yaml"))
+        main_work, work = work, RUNS / f"{name}-{args.cell}"
+        source = main_work if args.after is None else RUNS / f"{name}-{args.after}"
+        dest = dest / "cells" / args.cell
+        name = f"{name} cell {args.cell}"
+    elif args.set or args.stages or args.after:
+        parser.error("--set, --stages and --after go with --cell")
     record = Record(dest / "run.json", work, args.profile, stages)
     if args.plan:
         for stage in stages:
@@ -290,17 +353,22 @@ def main(argv: list[str] | None = None) -> None:
             state = ("done" if entry["done"] else "started") if entry else "to run"
             print(f"{stage:18s} {state:8s} {entry['seconds'] if entry else 0:9.0f} s")
         return
-    changed = sync(project, work, args.profile)
+    changed = sync(project, work, params)
     rev = revision(project)
     print(f"[run] {work}: the code of {rev}" + (f" ({len(changed)} files synced)" if changed else ""), flush=True)
     env = run_env(work)
-    for stage in stages[: stages.index(args.until) + 1 if args.until else None]:
+    todo = stages[: stages.index(args.until) + 1 if args.until else None]
+    if cell_stages is not None:
+        start_cell(work, source, main_work / ".dvc" / "cache", stages[: stages.index(cell_stages[0])], env)
+        todo = cell_stages
+    for stage in todo:
         entry = record.stage(stage)
         if up_to_date(work, stage, env):
             status = "up to date"
         else:
             print(f"[run] {stage}: running (log: {work / 'logs' / (stage + '.log')})", flush=True)
-            seconds = record.run(stage, [sys.executable, "-m", "dvc", "repro", stage], work, env,
+            single = ["-s"] if cell_stages is not None else []  # a cell reruns its stages alone
+            seconds = record.run(stage, [sys.executable, "-m", "dvc", "repro", *single, stage], work, env,
                                  work / "logs" / f"{stage}.log")
             status = f"{seconds:.0f} s"
         if status == "up to date" and entry["calls"] == 0 and not entry.get("logged"):  # done before this driver ran
@@ -312,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[run] {stage}: {status}, {entry['seconds']:.0f} s in all", flush=True)
         if args.commit and sh("git", "status", "--porcelain", "--", *map(str, kept)).strip():
             commit(kept, f"{name}: stage {stage} ({entry['seconds']:.0f} s on this machine)")
+    if cell_stages is not None:
+        return
     collected = collect(work, dest, {s: e["seconds"] for s, e in record.data["stages"].items()})
     if collected:
         collected += render_results(project)
