@@ -275,16 +275,17 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
     orc = configs["oracle"]
     heads = nodes - 1
 
-    def trials(share: float) -> tuple[int, int]:
-        """(heads kept, trial forwards per window) of the oracle's greedy search down to ``share``
-        (lookahead.graph.oracle.greedy_trials, written out here to keep torch out)."""
+    def search_trials(share: float, per_round: int = orc.per_round, candidates: int = orc.candidates) -> tuple[int, int]:
+        """(heads kept, trial forwards per window) of a greedy search down to ``share`` (the oracle's
+        unless ``per_round``, ``candidates`` say otherwise; lookahead.graph.oracle.greedy_trials,
+        written out here to keep torch out)."""
         kept = max(1, round(share * heads))
-        steps = -(-(heads - kept) // orc.per_round)
-        return kept, (heads + sum(min(orc.candidates, heads - s * orc.per_round) for s in range(1, steps))
-                      if orc.candidates else max(steps, 1) * heads)
+        steps = -(-(heads - kept) // per_round)
+        return kept, (heads + sum(min(candidates, heads - s * per_round) for s in range(1, steps))
+                      if candidates else max(steps, 1) * heads)
 
-    keep, removals = trials(pred.keep)  # the router's budget: phase 1's and the scoring oracle's searches
-    depth, o_removals = trials(pred.keep if getattr(orc, "keep", None) is None else orc.keep)
+    keep, removals = search_trials(pred.keep)  # the router's budget: phase 1's and the scoring oracle's searches
+    depth, o_removals = search_trials(pred.keep if getattr(orc, "keep", None) is None else orc.keep)
     o_tokens = orc.windows * (o_removals + 1) * t
     out.append(Stage("oracle", frozen=arch.params, forward_tokens=o_tokens, flops=fwd * o_tokens, weights=lm_w,
                      activations=4.0 * orc.rows * t * arch.vocab,
@@ -351,9 +352,7 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
     pa = configs["pairs"]
     if pa.target == "eps_good":  # the greedy set's search, then each round's single swaps (all, or sampled)
         swaps = getattr(pa, "swaps", 0) or keep * (heads - keep)
-        pr, cand = getattr(pa, "per_round", 1), getattr(pa, "candidates", 0)
-        steps = -(-(heads - keep) // pr)
-        search = heads + sum(min(cand, heads - s * pr) for s in range(1, steps)) if cand else max(steps, 1) * heads
+        search = search_trials(pred.keep, getattr(pa, "per_round", 1), getattr(pa, "candidates", 0))[1]
         per_window = 2 + search + pa.rounds * min(swaps, keep * (heads - keep))
         pa_tokens = (pa.sequences + pa.val_sequences) * per_window * t
         pa_note = f"{per_window} forwards per window: the greedy set's {search}, {pa.rounds} x {swaps} swaps"
