@@ -35,6 +35,8 @@ stages:
 ONE = """import json, os, yaml
 os.makedirs("metrics", exist_ok=True)  # outputs are the workspace's own: none is synced
 os.makedirs("data", exist_ok=True)
+os.makedirs("logs", exist_ok=True)  # an ignored directory a stage writes (the probe's log)
+open("logs/one.log", "w").write("ran")
 per_role = yaml.safe_load(open("params.yaml"))["windows"]["per_role"]
 open("data/one.txt", "w").write(str(per_role))
 json.dump({"per_role": per_role, "code": open("src/code.txt").read()}, open("metrics/one.json", "w"))
@@ -68,7 +70,7 @@ def project(tmp_path: Path) -> Path:
     (p / "src" / "stale.txt").write_text("removed later")
     shutil.copy(ROOT / "profiles" / "tiny.yaml", p / "profiles" / "p.yaml")
     (p / "params.yaml").write_text("unused: the workspace's params are the profile's\n")
-    (p / ".gitignore").write_text("/runs/\n")
+    (p / ".gitignore").write_text("/runs/\n/logs/\n")
     git("init", "-q", cwd=p)
     git("config", "user.email", "t@example.com", cwd=p)
     git("config", "user.name", "test", cwd=p)

@@ -103,7 +103,10 @@ def sync(project: Path, work: Path, params: bytes) -> list[str]:
                     ["git", "config", "user.name", "profile run"]):
             subprocess.run(cmd, cwd=work, env=env, check=True)
     if changed:
-        subprocess.run(["git", "add", "-A", "--", ".", *(f":!{p}" for p in OUTPUTS)], cwd=work, env=env, check=True)
+        # the changed files by name: an exclude pathspec naming an ignored directory that exists (logs/)
+        # makes git add fail
+        subprocess.run(["git", "add", "-A", "--pathspec-from-file=-"], input="\n".join(changed), text=True,
+                       cwd=work, env=env, check=True)
         subprocess.run(["git", "commit", "-qm", f"sync from {revision(project)}"], cwd=work, env=env, check=True)
     return changed
 
