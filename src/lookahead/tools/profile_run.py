@@ -203,10 +203,11 @@ def logged_seconds(work: Path, stage: str) -> float | None:
 
 
 def keep_figures(work: Path, stage: str, dest: Path) -> list[Path]:
-    """Copy the stage's headline files (``metrics/<stage>.json``, ``_sd``, ``_ci``, ``_report``) to ``dest``."""
+    """Copy the stage's headline files (``metrics/<stage>.json``, ``_sd``, ``_ci``, ``_report``) and its
+    Pareto rows (``<stage>_pareto.csv``: phase 1's static curve is the redundancy curve) to ``dest``."""
     kept = []
-    for suffix in HEADLINE_SUFFIXES:
-        src = work / "metrics" / f"{stage}{suffix}.json"
+    for name in [f"{stage}{suffix}.json" for suffix in HEADLINE_SUFFIXES] + [f"{stage}_pareto.csv"]:
+        src = work / "metrics" / name
         if src.is_file():
             dest.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest / src.name)
@@ -252,16 +253,18 @@ def collect(work: Path, dest: Path, seconds: dict[str, float]) -> list[Path]:
 
 
 def render_results(project: Path) -> list[Path]:
-    """The results page and README's summary rendered afresh (``make results``: its section on the
-    pretrained LM reads what this run committed); the two files, or none in a project without the page."""
+    """The results page, README's summary and the pretrained LM's research page rendered afresh (``make
+    results``: their sections on the pretrained LM read what this run committed); the files, or none in a
+    project without the results page."""
     from lookahead.tools.results import PAGE, main as results
+    from lookahead.tools.results_pretrained import PAGE as RESEARCH
 
     if not (project / PAGE).is_file():
         return []
     with contextlib.redirect_stdout(io.StringIO()):
         if results(["--repo", str(project)]) != 0:
             raise StudyError("the results page could not be rendered: run `make results` to see why")
-    return [PAGE, Path("README.md")]
+    return [PAGE, Path("README.md")] + ([RESEARCH] if (project / RESEARCH).is_file() else [])
 
 
 def cell_params(profile: Path, sets: list[str]) -> bytes:

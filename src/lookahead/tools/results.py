@@ -8,8 +8,10 @@ stages' headlines (``metrics/<stage>.json`` with their spreads and intervals,
 :func:`lookahead.core.report.read_headline`), evaluate's rows (``metrics/evaluate_pareto.csv``) and
 the runtime benchmark's JSON line kept in ``benchmarks/results/runtime.json``. Nothing else in the
 docs quotes a current figure: they link here, but for README.md's five-line summary, rendered from
-the same files between two markers (:data:`BEGIN`, :data:`END`). A test renders both afresh and
-compares them with the committed ones, so a change of metrics without the page fails CI.
+the same files between two markers (:data:`BEGIN`, :data:`END`), and the pretrained LM's research page
+(docs/research/pretrained-lm.md), whose block between its own markers
+(:mod:`lookahead.tools.results_pretrained`) sets the toy's claims beside SmolLM2's. A test renders
+them afresh and compares them with the committed ones, so a change of metrics without the pages fails CI.
 
 Each finding is a table of comparisons: the figure (mean ± sd over its stage's seeds), the figure it
 is judged against, and a verdict by a rule stated beside the table:
@@ -48,7 +50,8 @@ from lookahead.core.report import read_headline
 from lookahead.tools.results_findings import (BASES, HEAD_SCALING, bases_section, decoders_section, head_scaling_section,
                                               modulator_section, phase1_section, phase2_section, summary)
 from lookahead.tools.results_frontier import FRONTIER, frontier_line, frontier_section
-from lookahead.tools.results_pretrained import pretrained_section
+from lookahead.tools.results_pretrained import PAGE as PRETRAINED_PAGE
+from lookahead.tools.results_pretrained import pretrained_section, render_page
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
 from lookahead.tools.verdicts import Figures, scored_on, table
 
@@ -153,7 +156,7 @@ def render(root: Path) -> str:
     return "\n".join(lines)
 
 
-COMMITTED = ("README.md", str(PAGE), "metrics", str(RUNTIME.parent))
+COMMITTED = ("README.md", str(PAGE), str(PRETRAINED_PAGE), "metrics", str(RUNTIME.parent), "params.yaml", "profiles")
 """What the page is rendered from and compared with, as :func:`at_revision` exports them."""
 
 
@@ -171,10 +174,19 @@ def at_revision(repo: Path, rev: str, paths: tuple[str, ...] = COMMITTED):
         yield Path(tmp)
 
 
+def fresh_pages(root: Path) -> dict[Path, str]:
+    """Each generated file of the repository at ``root`` as a fresh render would write it: the results
+    page, README's summary and the pretrained LM's research page (where it exists) with their blocks."""
+    readme, research = root / "README.md", root / PRETRAINED_PAGE
+    fresh = {root / PAGE: render(root), readme: render_readme(root, readme.read_text(encoding="utf-8"))}
+    if research.is_file():
+        fresh[research] = render_page(root, research.read_text(encoding="utf-8"))
+    return fresh
+
+
 def check(root: Path) -> list[str]:
     """The files of :data:`COMMITTED` at ``root`` that differ from a fresh render of ``root``'s metrics."""
-    readme = root / "README.md"
-    fresh = {root / PAGE: render(root), readme: render_readme(root, readme.read_text(encoding="utf-8"))}
+    fresh = fresh_pages(root)
     return [str(path.relative_to(root)) for path, text in fresh.items()
             if not path.is_file() or path.read_text(encoding="utf-8") != text]
 
@@ -196,9 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{PAGE} and README.md's summary at {args.rev} are a fresh render of its metrics")
         return 0
-    readme = args.repo / "README.md"
     try:
-        fresh = {args.repo / PAGE: render(args.repo), readme: render_readme(args.repo, readme.read_text(encoding="utf-8"))}
+        fresh = fresh_pages(args.repo)
     except FileNotFoundError as err:
         print(f"error (results): {err.filename} is missing: run `dvc repro` (or `dvc pull`) first", file=sys.stderr)
         return 2
