@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lookahead.tools.results_pretrained import bits_per_byte, pretrained_section
+from lookahead.tools.results_pretrained import bits_per_byte, pretrained_line, pretrained_section
 
 
 def write(path: Path, data: dict) -> None:
@@ -18,7 +18,7 @@ def write(path: Path, data: dict) -> None:
 
 
 def test_the_section_shows_the_runs_progress_then_its_claims(tmp_path):
-    assert pretrained_section(tmp_path) == []
+    assert pretrained_section(tmp_path) == [] and pretrained_line(tmp_path) is None
     d = tmp_path / "metrics" / "smollm2"
     write(d / "run.json", {"profile": "p", "stages": {"base": {"seconds": 314.0, "calls": 1, "done": True},
                                                        "oracle": {"seconds": 3600.0, "calls": 1, "done": False}}})
@@ -35,6 +35,8 @@ def test_the_section_shows_the_runs_progress_then_its_claims(tmp_path):
     page = "\n".join(pretrained_section(tmp_path))
     assert "| `deployed_minus_static_pruning` | below 0 | -0.100 [-0.150, -0.050] | holds |" in page
     assert "test:32x128:abcdef012345" in page
+    # README's summary leads with them
+    assert pretrained_line(tmp_path).endswith("router as deployed − the strongest static mask -0.100 [-0.150, -0.050]: holds.")
 
 
 def pareto(path: Path, dense: float, curve: list[tuple[float, float]]) -> None:

@@ -51,7 +51,7 @@ from lookahead.tools.results_findings import (BASES, HEAD_SCALING, bases_section
                                               modulator_section, phase1_section, phase2_section, summary)
 from lookahead.tools.results_frontier import FRONTIER, frontier_line, frontier_section
 from lookahead.tools.results_pretrained import PAGE as PRETRAINED_PAGE
-from lookahead.tools.results_pretrained import pretrained_section, render_page
+from lookahead.tools.results_pretrained import pretrained_line, pretrained_section, render_page
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
 from lookahead.tools.verdicts import Figures, scored_on, table
 
@@ -69,7 +69,8 @@ def render_readme(root: Path, readme: str) -> str:
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     line = frontier_line(root / FRONTIER)
-    block = "\n".join(summary(_stages(root), _runtime(root), _bases(root)) + ([line] if line else []))
+    lead = pretrained_line(root)  # the pretrained LM's verdicts first, once collected
+    block = "\n".join(([lead] if lead else []) + summary(_stages(root), _runtime(root), _bases(root)) + ([line] if line else []))
     return f"{head}{BEGIN}\n{block}\n{END}{tail}"
 
 

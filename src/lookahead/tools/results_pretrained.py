@@ -88,6 +88,23 @@ def pretrained_section(root: Path) -> list[str]:
     return out + [""]
 
 
+def pretrained_line(root: Path) -> str | None:
+    """README's lead line once the pretrained LM's claims are collected (``metrics/smollm2/report.json``)."""
+    report = _json(root / PRETRAINED / "report.json")
+    if not report:
+        return None
+    parts = []
+    for name, what in (("deployed_minus_static_pruning", "router as deployed − the strongest static mask"),
+                       ("deployed_minus_static_at_equal_macs", "at the same MACs"), ("greedy_capture", "greedy capture"),
+                       ("phase2_minus_static_control", "phase 2 − static control"),
+                       ("phase2_minus_control", "phase 2 − dense control")):
+        entry = report["claims"].get(name, {}).get("per_base", {}).get("0")
+        if entry:
+            parts.append(f"{what} {interval_cell(entry['mean'], entry['ci_low'], entry['ci_high'])}: {entry['verdict']}")
+    return (f"- **On a pretrained LM, {NAME}** (one LM, 270 query heads; test windows; 95 % intervals over its seeds "
+            f"and windows; [pretrained LM](docs/research/pretrained-lm.md)): " + "; ".join(parts) + ".")
+
+
 def _claim_cell(entry: dict | None) -> tuple[str, str]:
     """A tabulated claim (mean, interval, verdict) as a cell and its verdict; dashes where not measured."""
     if not entry:
