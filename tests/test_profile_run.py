@@ -116,7 +116,7 @@ def test_runs_commits_and_resumes(project: Path):
     before = record["stages"]["two"]["seconds"]
     assert drive(project).returncode == 0
     two = json.loads(record_file.read_text())["stages"]["two"]
-    assert two["calls"] == 2 and two["seconds"] >= before + 1000.0  # one's output did not change: two is up to date
+    assert two["calls"] == 2 and two["seconds"] >= before + 1000.0 and two["cut_seconds"] == 1000.0  # one's output did not change: two is up to date
     assert not (work / ".stage_heartbeat.json").exists()
     plan = drive(project, "--plan")
     assert plan.returncode == 0 and "two" in plan.stdout and "done" in plan.stdout

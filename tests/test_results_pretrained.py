@@ -21,12 +21,14 @@ def test_the_section_shows_the_runs_progress_then_its_claims(tmp_path):
     assert pretrained_section(tmp_path) == [] and pretrained_line(tmp_path) is None
     d = tmp_path / "metrics" / "smollm2"
     write(d / "run.json", {"profile": "p", "stages": {"base": {"seconds": 314.0, "calls": 1, "done": True},
-                                                       "oracle": {"seconds": 3600.0, "calls": 1, "done": False}}})
+                                                       "oracle": {"seconds": 3600.0, "calls": 2, "done": False,
+                                                                  "cut_seconds": 1800.0}}})
     write(d / "base.json", {"val_nll": 4.6643})
     write(d / "tokenizer.json", {"val_bytes_per_token": 4.1493})
     page = "\n".join(pretrained_section(tmp_path))
     assert f"{4.6643 / math.log(2) / 4.1493:.3f} bits a byte" in page and bits_per_byte(math.log(2), 1.0) == 1.0
-    assert "| `oracle` | 1.00 | started |" in page and "| `base` | 0.09 | done |" in page
+    assert "| `oracle` | 1.00 | 0.50 | started |" in page and "| `base` | 0.09 | 0.00 | done |" in page
+    assert "0.50 h of them in calls cut off" in page
     assert "claim" not in page  # no claims before they are collected
     write(d / "headline.json", {"deployed_minus_static_pruning": -0.1})
     write(d / "report.json", {"window_set": "test:32x128:abcdef012345", "claims": {

@@ -129,7 +129,8 @@ def up_to_date(work: Path, stage: str, env: dict) -> bool:
 
 class Record:
     """``metrics/<profile>/run.json``: each stage's seconds, calls and state; a heartbeat file in the
-    workspace carries a running stage's seconds over to the next call when this one is cut off."""
+    workspace carries a running stage's seconds over to the next call when this one is cut off (counted
+    in ``seconds`` and apart in ``cut_seconds``: a stage without checkpoints redoes that work)."""
 
     def __init__(self, path: Path, work: Path, profile: Path, order: list[str]):
         self.path, self.beat, self.order = path, work / ".stage_heartbeat.json", order
@@ -140,6 +141,7 @@ class Record:
             beat = json.loads(self.beat.read_text(encoding="utf-8"))
             entry = self.stage(beat["stage"])
             entry["seconds"] = round(entry["seconds"] + beat["seconds"], 1)
+            entry["cut_seconds"] = round(entry.get("cut_seconds", 0.0) + beat["seconds"], 1)  # redone where no checkpoint held it
             entry["calls"] += 1
             self.beat.unlink()
             self.save()

@@ -81,10 +81,13 @@ def pretrained_section(root: Path) -> list[str]:
         out += table(("claim", "claimed", f"{NAME} (95 % interval)", "verdict"), rows) + [""]
     stages = run["stages"]
     done = [s for s, e in stages.items() if e.get("done")]
+    cut = sum(e.get("cut_seconds", 0.0) for e in stages.values())
     out += [f"The run: {len(done)} stages done, {_hours(sum(e['seconds'] or 0 for e in stages.values()))} h on "
-            "2 cores so far (each stage's seconds, summed over the sessions that ran it):", ""]
-    out += table(("stage", "hours", "state"),
-                 [(f"`{s}`", _hours(e.get("seconds")), "done" if e.get("done") else "started") for s, e in stages.items()])
+            "2 cores so far (each stage's seconds, summed over the sessions that ran it; "
+            f"{_hours(cut)} h of them in calls cut off mid-stage, which a stage without checkpoints redid):", ""]
+    out += table(("stage", "hours", "cut off", "state"),
+                 [(f"`{s}`", _hours(e.get("seconds")), _hours(e.get("cut_seconds", 0.0)),
+                   "done" if e.get("done") else "started") for s, e in stages.items()])
     return out + [""]
 
 
