@@ -59,6 +59,30 @@ def test_ablation_equals_a_forward_pass_with_the_head_zeroed(tiny_lm):
     assert stats["ablation_dnll"][0, 1] == pytest.approx(nll(tiny_lm) - dense, abs=1e-5)
 
 
+@pytest.mark.parametrize("family", ["olmo2", "grouped llama"])
+def test_ablations_replaying_the_layers_below_are_the_full_forwards_floats(family, tiny_lm):
+    """probe_heads replays the dense pass's outputs of the layers under an ablated head: the same
+    floats, bit for bit, as the plain reference that runs every layer with the head zeroed."""
+    from tests.test_families import tiny_llama
+
+    from lookahead.lm.nll import causal_lm_nll
+
+    model = tiny_lm if family == "olmo2" else tiny_llama(n_layers=3, n_heads=6, kv_heads=2, hidden=48).eval()
+    n_layers, n_heads = len(model.model.layers), model.config.num_attention_heads
+    batches = [torch.randint(0, 60, (3, 11)) for _ in range(2)]
+    stats = probe_heads(model, batches)
+    with torch.no_grad():
+        dense = [causal_lm_nll(model, w).item() for w in batches]
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                mask = torch.ones(n_layers, n_heads)
+                mask[layer, head] = 0.0
+                with HeadMasks(model, n_heads, mask):
+                    ablated = [causal_lm_nll(model, w).item() for w in batches]
+                assert stats["ablation_dnll"][layer, head] == np.float32(np.mean(ablated) - np.mean(dense)), (layer, head)
+    assert isinstance(model.model.layers[0], type(model.model.layers[-1]))  # every layer put back
+
+
 def test_relational_alignment_of_vectors_built_from_the_similarity():
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(40, 8))

@@ -7,6 +7,10 @@ forward pre-hook there reads each head's slice and multiplies it by a per-head m
 - importance (Michel et al. 2019): E|∂L/∂mask_h| at mask = 1;
 - ablation: NLL(mask_h = 0) − NLL(dense), one head at a time;
 - affinity: Pearson correlation across tokens of the heads' output norms, (L·H, L·H).
+
+An ablation of a head of layer l changes nothing below l: the layers under it are not run again but
+replay the outputs a dense pass of the same windows recorded (:func:`replayed`), the same floats the
+full forward computes there, so about half the layers' work of the L·H ablations is saved.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ class HeadMasks(contextlib.AbstractContextManager):
     After a forward pass, ``norms`` is a list over layers of (B, T, H) output norms.
     """
 
-    def __init__(self, model, n_heads: int, mask: torch.Tensor):
+    def __init__(self, model, n_heads: int, mask: torch.Tensor, record: bool = True):
         self.attn = attention_layers(model)
         self.n_heads = n_heads
         self.mask = mask
+        self.record = record  # False: scale only (the norms cost about what o_proj does)
         self.norms: list[torch.Tensor] = []
         self.handles = []
 
@@ -55,6 +60,8 @@ class HeadMasks(contextlib.AbstractContextManager):
             if mask.shape[-1] != self.n_heads:  # one entry per key/value group
                 mask = mask.repeat_interleave(self.n_heads // mask.shape[-1], -1)
             heads = heads * mask.view(1, 1, -1, 1).to(heads.dtype)
+            if not self.record:
+                return (heads.reshape(b, t, width),)
             w = module.weight.view(module.weight.shape[0], self.n_heads, -1)  # (d, H, dh)
             with torch.no_grad():
                 out = torch.einsum("bthk,dhk->bthd", heads.detach(), w.detach())  # (B, T, H, d)
@@ -67,6 +74,46 @@ class HeadMasks(contextlib.AbstractContextManager):
         for handle in self.handles:
             handle.remove()
         return False
+
+
+class _Replay(torch.nn.Module):
+    """A decoder layer's recorded output, returned in place of running the layer."""
+
+    def __init__(self, output: torch.Tensor):
+        super().__init__()
+        self.output = output
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.output
+
+
+def layer_outputs(model, windows: torch.Tensor, n_heads: int) -> list[torch.Tensor]:
+    """Each decoder layer's output on ``windows`` (B, T+1) in a dense pass under :class:`HeadMasks` of
+    ones: what every layer below an ablated head computes in the ablation's forward."""
+    layers = getattr(model, "model", model).layers
+    outputs: list[torch.Tensor] = []
+    handles = [layer.register_forward_hook(lambda _m, _a, out: outputs.append(out)) for layer in layers]
+    try:
+        with torch.no_grad(), HeadMasks(model, n_heads, torch.ones(len(layers), n_heads), record=False):
+            model(input_ids=windows[:, :-1])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+@contextlib.contextmanager
+def replayed(model, outputs: list[torch.Tensor], below: int):
+    """The model's layers under ``below`` replaced, for the context, by their recorded ``outputs``."""
+    layers = getattr(model, "model", model).layers
+    kept = [layers[i] for i in range(below)]
+    try:
+        for i in range(below):
+            layers[i] = _Replay(outputs[i])
+        yield model
+    finally:
+        for i, layer in enumerate(kept):
+            layers[i] = layer
 
 
 def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
@@ -91,13 +138,17 @@ def probe_heads(model, batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
         norms.append(torch.stack(hooks.norms, dim=2).flatten(0, 1).float().cpu())  # (B*T, L, H)
     norms_all = torch.cat(norms).flatten(1)  # (tokens, L*H)
     ablation = torch.zeros(n_layers, n_heads)
+    recorded = [layer_outputs(model, w, n_heads) for w in batches]
     with torch.no_grad():
         for layer in range(n_layers):
             for head in range(n_heads):
                 mask = torch.ones(n_layers, n_heads, device=device)
                 mask[layer, head] = 0.0
-                with HeadMasks(model, n_heads, mask):
-                    ablated = [causal_lm_nll(model, w).item() for w in batches]
+                ablated = []
+                with HeadMasks(model, n_heads, mask, record=False):
+                    for w, outputs in zip(batches, recorded):
+                        with replayed(model, outputs, layer):
+                            ablated.append(causal_lm_nll(model, w).item())
                 ablation[layer, head] = float(np.mean(ablated) - np.mean(dense))
     with np.errstate(invalid="ignore", divide="ignore"):
         affinity = np.corrcoef(norms_all.T.double().numpy())
