@@ -17,7 +17,7 @@ from lookahead.artifacts.val_scores import ScoringConfig, WindowsConfig, scoring
 from lookahead.core.errors import ConfigError
 from lookahead.graph.nodes import baseline_graph, static_gates
 from lookahead.pipeline.static_baselines import (StaticBaselinesConfig, build_static_baselines, gradient_importance,
-                                                 greedy_ranking, mask_nll)
+                                                 greedy_ranking, layer_streams, mask_nll)
 from lookahead.semantics.heads import probe_heads
 from tests.conftest import save_tiny_lm
 from tests.reference_head_graph import reference_forward
@@ -73,6 +73,36 @@ def test_the_greedy_static_mask_is_the_plain_greedy_search_and_nests(lm_and_wind
     assert torch.equal(greedy_ranking(lm, batches, candidates=6, progress=False)[0], ranking)
     lazy, _ = greedy_ranking(lm, batches, candidates=1, progress=False)
     assert sorted(lazy.flatten().tolist()) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("model", ["olmo2", "grouped llama, heads", "grouped llama, groups"])
+def test_a_trial_resumed_at_its_units_layer_is_the_whole_forwards_floats(model, lm_and_windows):
+    """The greedy search's trials start at the layer of the unit they drop, from the current mask's
+    stream there (layer_streams): the same floats, bit for bit, as the whole forward (execute)."""
+    from lookahead.graph.runtime import unit_shape
+    from tests.test_families import VOCAB, tiny_llama
+
+    if model == "olmo2":
+        lm, windows = lm_and_windows[0], list(lm_and_windows[1].split(3))
+    else:
+        lm = tiny_llama(n_layers=3, n_heads=6, kv_heads=2, hidden=48)
+        windows = [torch.randint(0, VOCAB, (3, 11), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    n_layers, n_units = unit_shape(lm, "group" if model.endswith("groups") else "head")
+    on = torch.rand(n_layers * n_units, generator=torch.Generator().manual_seed(0)) > 0.3
+    streams = layer_streams(lm, windows, on)
+    for node in on.nonzero().flatten().tolist():
+        trial = on.clone()
+        trial[node] = False
+        layer = node // n_units
+        assert mask_nll(lm, windows, trial, resume=(layer, streams[layer])) == mask_nll(lm, windows, trial), node
+    from lookahead.graph.plan import gated_forward
+    from lookahead.graph.runtime import TopologyError
+
+    gates = torch.cat([torch.ones(1), on.float()])
+    with pytest.raises(TopologyError, match="resume"):  # past the last layer
+        gated_forward(lm, windows[0][:, :-1], gates, "full", resume=(n_layers, streams[0][0]))
+    with pytest.raises(TopologyError, match="resume"):  # another batch's stream
+        gated_forward(lm, windows[0][:1, :-1], gates, "full", resume=(0, streams[0][0]))
 
 
 def test_importance_on_the_fit_windows_is_the_probes_measure(lm_and_windows):
@@ -155,11 +185,11 @@ def test_a_killed_greedy_search_resumes_at_its_next_step(phase_inputs, tmp_path,
     build_static_baselines(cfg, roles, 12, i["base"], i["tokens"], tmp_path / "straight")
     calls, real, kill = [], stage.mask_nll, [True]
 
-    def counted(lm, windows, on):
+    def counted(lm, windows, on, **kw):
         calls.append(int(on.sum()))
         if kill[0] and len(calls) == 4 + 2 + 1:  # every head at step 1, the 2 candidates at step 2, then step 3
             raise KeyboardInterrupt
-        return real(lm, windows, on)
+        return real(lm, windows, on, **kw)
 
     monkeypatch.setattr(stage, "mask_nll", counted)
     with pytest.raises(KeyboardInterrupt):

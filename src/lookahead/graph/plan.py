@@ -180,7 +180,8 @@ def _gated_mean_square(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
 
 
 def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str = "full",
-                  cache: KVCache | None = None, layer_inputs: bool = False) -> Output:
+                  cache: KVCache | None = None, layer_inputs: bool = False,
+                  resume: tuple[int, torch.Tensor] | None = None) -> Output:
     """Hard execution of the standard-stream head-gate topology ``gates`` (see the module docstring).
 
     Args:
@@ -191,6 +192,10 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
         skip: ``full`` or ``query`` (:class:`lookahead.graph.runtime.RuntimeConfig`).
         cache: continue (and fill) a :class:`KVCache`.
         layer_inputs: also return the residual stream entering each layer (``Output.layer_inputs``).
+        resume: ``(l, stream)``: start at layer ``l`` from ``stream`` (B, T, d), the residual stream
+            entering it in a forward of these windows whose gates agree with ``gates`` below ``l``
+            (its ``Output.layer_inputs``): the same floats as the whole forward, without the layers
+            under ``l`` (no cache).
 
     Gates over key/value groups (``runtime.unit: group``) are widened to their query heads.
     """
@@ -198,12 +203,14 @@ def gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str
     if not _binary(gates):
         raise TopologyError("gated_forward runs 0/1 head gates with the source's gate 1; soft gates run through "
                             "lookahead.graph.runtime.forward_with_topology")
+    if resume is not None and (cache is not None or layer_inputs):
+        raise TopologyError("resume starts a whole-window forward part-way: no cache, no layer inputs")
     with torch.no_grad():
-        return _gated_forward(model, input_ids, gates, skip, cache, layer_inputs)
+        return _gated_forward(model, input_ids, gates, skip, cache, layer_inputs, resume)
 
 
 def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: str, cache: KVCache | None,
-                   layer_inputs: bool = False) -> Output:
+                   layer_inputs: bool = False, resume: tuple[int, torch.Tensor] | None = None) -> Output:
     """:func:`gated_forward` for gates already checked; differentiable in the LM's weights (when
     grad is enabled: no cache, not per-position ``full`` mode, whose packed path caches fused weights)."""
     family = check_model(model)
@@ -253,7 +260,16 @@ def _gated_forward(model, input_ids: torch.Tensor, gates: torch.Tensor, skip: st
             stream = stream + family.attention_output(layer, s)
         return stream + family.mlp(layer, stream)
 
+    first = 0
+    if resume is not None:
+        first, stream = resume
+        d = core.embed_tokens.weight.shape[1]
+        if tuple(stream.shape) != (bsz, t, d) or not 0 <= first < n_layers:
+            raise TopologyError(f"resume: a layer of {n_layers} and a stream ({bsz}, {t}, {d}); got layer {first}, "
+                                f"{tuple(stream.shape)}")
     for idx, layer in enumerate(core.layers[:n_layers]):
+        if idx < first:  # resumed: the caller's stream already holds these layers' work
+            continue
         if layer_inputs:
             inputs.append(stream)
         # checkpointed only where autograd records, so never with a cache (no_grad)

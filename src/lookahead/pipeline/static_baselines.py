@@ -37,7 +37,7 @@ from lookahead.core.devices import resolve_device
 from lookahead.core.errors import require
 from lookahead.core.windows import set_label
 from lookahead.graph.nodes import baseline_graph, static_gates
-from lookahead.graph.plan import execute
+from lookahead.graph.plan import execute, gated_forward
 from lookahead.graph.runtime import unit_shape
 from lookahead.lm.nll import causal_lm_nll, token_nll
 from lookahead.train.checkpoints import checkpoint_dir
@@ -94,18 +94,38 @@ def gradient_importance(lm, windows: list[torch.Tensor], unit: str = "head") -> 
 
 
 @torch.no_grad()
-def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor) -> float:
+def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor,
+             resume: tuple[int, list[torch.Tensor]] | None = None) -> float:
     """Mean NLL over every position of batches of windows (B, T+1) with only the units ``on``
-    (L·U,) bool running — query heads, or key/value groups (L·G,) — for every token (:data:`SKIP`)."""
+    (L·U,) bool running — query heads, or key/value groups (L·G,) — for every token (:data:`SKIP`).
+    ``resume``: ``(l, streams)``, each batch's residual stream entering layer ``l`` under a mask that
+    agrees with ``on`` below ``l`` (:func:`layer_streams`): the same floats, the layers under ``l``
+    not run again."""
     n_layers = lm.config.num_hidden_layers
     gates = torch.cat([torch.ones(1), on.float().cpu()])
     adjacency = baseline_graph(gates, n_layers, len(on) // n_layers, SKIP)
     total, count = 0.0, 0
-    for batch in windows:
+    for i, batch in enumerate(windows):
         ids = batch[:, :-1]
-        nll = token_nll(execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), SKIP), batch[:, 1:])
+        if resume is None:
+            logits = execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), SKIP)
+        else:
+            logits = gated_forward(lm, ids, gates.to(ids.device), SKIP, resume=(resume[0], resume[1][i])).logits
+        nll = token_nll(logits, batch[:, 1:])
         total, count = total + nll.double().sum().item(), count + nll.numel()
     return total / count
+
+
+@torch.no_grad()
+def layer_streams(lm, windows: list[torch.Tensor], on: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Under the mask ``on`` (as :func:`mask_nll`), the residual stream entering each layer: per layer,
+    one (B, T, d) per batch of ``windows`` — where a trial mask that differs from ``on`` only in layer
+    l resumes (:func:`mask_nll`)."""
+    n_layers = lm.config.num_hidden_layers
+    gates = torch.cat([torch.ones(1), on.float().cpu()])
+    per_batch = [gated_forward(lm, b[:, :-1], gates.to(b.device), SKIP, layer_inputs=True).layer_inputs.chunk(n_layers, -1)
+                 for b in windows]
+    return [[streams[layer].contiguous() for streams in per_batch] for layer in range(n_layers)]  # as the forward holds it
 
 
 def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidates: int = 0,
@@ -137,10 +157,12 @@ def greedy_ranking(lm, windows: list[torch.Tensor], min_keep: int = 0, candidate
             alive = on.nonzero().flatten()
             if candidates and step > 0:  # the lazy search: the cheapest by their latest cost, in node order on a tie
                 alive = alive[torch.argsort(cost[alive], stable=True)[:candidates]]
+            streams = layer_streams(lm, windows, on)  # each trial's layers under its head: the current mask's
             for head in alive.tolist():
                 trial = on.clone()
                 trial[head] = False
-                cost[head] = mask_nll(lm, windows, trial)
+                layer = head // n_heads
+                cost[head] = mask_nll(lm, windows, trial, resume=(layer, streams[layer]))
             drop = int(alive[torch.argmin(cost[alive])])  # argmin returns the first of equal minima
             on[drop] = False
             rank[drop] = float(step)
