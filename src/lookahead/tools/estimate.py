@@ -246,13 +246,16 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
 
     pr = configs["probe"]
     probe_tokens = pr.head_batches * pr.head_batch_size * pr.head_window + configs["wordnet"].n_anchors * pr.max_text_tokens
-    # the head statistics, on each seed's windows: importance (a forward and backward) and every head's
-    # ablation (a forward each)
-    ablation_tokens = len(pr.seeds) * arch.layers * arch.heads * pr.head_batches * pr.head_batch_size * pr.head_window
+    # the head statistics, on each seed's windows: importance (a forward and backward), a dense pass whose
+    # layer outputs each ablation replays below its head, and every head's ablation: the layers from its own
+    # on, (L + 1) / 2L of a forward over all L·H (lookahead.semantics.heads)
+    head_tokens = pr.head_batches * pr.head_batch_size * pr.head_window
+    replay = (arch.layers + 1) / (2 * arch.layers)
+    ablation_tokens = len(pr.seeds) * head_tokens * (1 + arch.layers * arch.heads * replay)
     out.append(Stage("probe", frozen=arch.params, forward_tokens=probe_tokens * len(pr.seeds) + ablation_tokens,
                      flops=fwd * (probe_tokens * len(pr.seeds) + ablation_tokens), weights=lm_w,
                      activations=4.0 * pr.head_batch_size * pr.head_window * arch.vocab,
-                     note=f"{len(pr.seeds)} seeds x {arch.layers * arch.heads} head ablations x "
+                     note=f"{len(pr.seeds)} seeds x {arch.layers * arch.heads} head ablations (each from its layer on) x "
                           f"{pr.head_batches * pr.head_batch_size} windows"))
     out.append(Stage("init", note="CPU (eigendecomposition of the WordNet matrix)"))
 
@@ -300,11 +303,13 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
               else sum(heads - s for s in range(steps_sb)))
     search = min(sb.fit_windows or configs["windows"].per_role, configs["windows"].per_role)
     masks = 2 * (len({round(x * heads) for x in sb.selection_shares}) if sb.selection_shares else heads + 1)
-    sb_tokens = (trials * search + masks * configs["windows"].per_role) * t
+    # a trial runs the layers from its head's on, from the current mask's streams (a forward a step):
+    # counted at the mean over layers, (L + 1) / 2L of a forward
+    sb_tokens = round((trials * replay + steps_sb) * search + masks * configs["windows"].per_role) * t
     out.append(Stage("static_baselines", frozen=arch.params, forward_tokens=sb_tokens,
                      flops=fwd * sb_tokens + 3 * fwd * configs["windows"].per_role * t, weights=lm_w,
                      activations=4.0 * sb.batch_size * t * arch.vocab,
-                     note=f"greedy static mask: {trials} trial forwards over {search} fit windows; "
+                     note=f"greedy static mask: {trials} trial forwards (each from its head's layer on) over {search} fit windows; "
                           f"{masks} masks on {configs['windows'].per_role} selection windows"))
 
     # the router: an MLP from the context features to rank-r node factors
