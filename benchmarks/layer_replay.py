@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     n_layers, n_heads = len(attention_layers(model)), model.config.num_attention_heads
-    windows = torch.randint(0, model.config.vocab_size, (args.batch, args.length + 1), generator=torch.Generator().manual_seed(0))
+    windows = torch.randint(0, model.config.vocab_size, (args.batch, args.length + 1),
+                            generator=torch.Generator().manual_seed(0))
     picks = [(i * n_layers // args.heads, i % n_heads) for i in range(args.heads)]
     with torch.no_grad():
         causal_lm_nll(model, windows)  # warm-up

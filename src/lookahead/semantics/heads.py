@@ -94,7 +94,8 @@ def layer_outputs(model, windows: torch.Tensor, n_heads: int) -> list[torch.Tens
     outputs: list[torch.Tensor] = []
     handles = [layer.register_forward_hook(lambda _m, _a, out: outputs.append(out)) for layer in layers]
     try:
-        with torch.no_grad(), HeadMasks(model, n_heads, torch.ones(len(layers), n_heads), record=False):
+        ones = torch.ones(len(layers), n_heads, device=windows.device)
+        with torch.no_grad(), HeadMasks(model, n_heads, ones, record=False):
             model(input_ids=windows[:, :-1])
     finally:
         for handle in handles:

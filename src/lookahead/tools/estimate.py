@@ -309,7 +309,8 @@ def estimate(configs: dict[str, Any], tflops: float = 989.0, mfu: float = 0.4,
     out.append(Stage("static_baselines", frozen=arch.params, forward_tokens=sb_tokens,
                      flops=fwd * sb_tokens + 3 * fwd * configs["windows"].per_role * t, weights=lm_w,
                      activations=4.0 * sb.batch_size * t * arch.vocab,
-                     note=f"greedy static mask: {trials} trial forwards (each from its head's layer on) over {search} fit windows; "
+                     note=f"greedy static mask: {trials} trial forwards (each from its head's layer on) over "
+                          f"{search} fit windows; "
                           f"{masks} masks on {configs['windows'].per_role} selection windows"))
 
     # the router: an MLP from the context features to rank-r node factors

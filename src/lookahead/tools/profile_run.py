@@ -141,7 +141,8 @@ class Record:
             beat = json.loads(self.beat.read_text(encoding="utf-8"))
             entry = self.stage(beat["stage"])
             entry["seconds"] = round(entry["seconds"] + beat["seconds"], 1)
-            entry["cut_seconds"] = round(entry.get("cut_seconds", 0.0) + beat["seconds"], 1)  # redone where no checkpoint held it
+            # work redone where no checkpoint held it
+            entry["cut_seconds"] = round(entry.get("cut_seconds", 0.0) + beat["seconds"], 1)
             entry["calls"] += 1
             self.beat.unlink()
             self.save()
