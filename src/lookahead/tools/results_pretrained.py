@@ -246,13 +246,15 @@ def research_block(root: Path) -> str:
              "### Every claim, toy beside SmolLM2", "",
              f"The toy: the 2.1 M-parameter OLMo2 trained here; its tabulated claims {toy_where}, each stage's "
              f"own claims on its committed base LM. {NAME}: one pretrained LM (`{PRETRAINED}/`), its seeds and test "
-             "windows. NLL differences in nats a token; the dense levels in bits a byte of gloss text, since the "
-             "tokenizers differ. A dash: not measured (yet).", ""]
+             "windows. The tabulated claims are scored on the sets named below; each stage's own on the windows "
+             "that stage scores, as on the [results page](../results.md). A cell shows a 95 % interval where the "
+             "figure has one, else mean ± sd (seeds). NLL differences in nats a token; the dense levels in bits a "
+             "byte of gloss text, since the tokenizers differ. A dash: not measured (yet).", ""]
     if toy_report:
         lines.append(f"Toy: {scored_on(toy_report.get('window_set'))}")
     if lm_report:
         lines.append(f"{NAME}: {scored_on(lm_report.get('window_set'))}")
-    lines += [""] + table(("claim", "claimed", "toy (95 % interval)", "verdict", f"{NAME} (95 % interval)", "verdict"),
+    lines += [""] + table(("claim", "claimed", "toy", "verdict", NAME, "verdict"),
                           comparison_rows(root))
     lines += ["", "### Redundancy: what static pruning costs", "",
               "Static pruning of the heads least important by the probe (phase 1's curve, on its evaluation windows: "
