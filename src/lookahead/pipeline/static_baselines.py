@@ -103,11 +103,11 @@ def mask_nll(lm, windows: list[torch.Tensor], on: torch.Tensor,
     not run again."""
     n_layers = lm.config.num_hidden_layers
     gates = torch.cat([torch.ones(1), on.float().cpu()])
-    adjacency = baseline_graph(gates, n_layers, len(on) // n_layers, SKIP)
+    adjacency = baseline_graph(gates, n_layers, len(on) // n_layers, SKIP) if resume is None else None
     total, count = 0.0, 0
     for i, batch in enumerate(windows):
         ids = batch[:, :-1]
-        if resume is None:
+        if adjacency is not None:
             logits = execute(lm, ids, adjacency.to(ids.device), gates.to(ids.device), SKIP)
         else:
             logits = gated_forward(lm, ids, gates.to(ids.device), SKIP, resume=(resume[0], resume[1][i])).logits

@@ -53,7 +53,7 @@ from lookahead.tools.results_frontier import FRONTIER, frontier_line, frontier_s
 from lookahead.tools.results_pretrained import PAGE as PRETRAINED_PAGE
 from lookahead.tools.results_pretrained import pretrained_line, pretrained_section, render_page
 from lookahead.tools.results_runtime import GPU, RUNTIME, decode_section, gpu_section, speed_section
-from lookahead.tools.verdicts import Figures, scored_on, table
+from lookahead.tools.verdicts import Figures, replace_block, scored_on, table
 
 PAGE = Path("docs/results.md")
 PARETO = Path("metrics/evaluate_pareto.csv")
@@ -64,14 +64,10 @@ BEGIN, END = "<!-- results: begin (make results) -->", "<!-- results: end -->"
 
 def render_readme(root: Path, readme: str) -> str:
     """``readme`` with its summary block rewritten from the metrics at ``root``."""
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"README.md has no results block ({BEGIN} … {END})")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
     line = frontier_line(root / FRONTIER)
     lead = pretrained_line(root)  # the pretrained LM's verdicts first, once collected
     block = "\n".join(([lead] if lead else []) + summary(_stages(root), _runtime(root), _bases(root)) + ([line] if line else []))
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+    return replace_block(readme, BEGIN, END, block, "README.md")
 
 
 def _stages(root: Path) -> dict[str, Figures]:

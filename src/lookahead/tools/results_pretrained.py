@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from lookahead.core.report import read_headline
-from lookahead.tools.verdicts import Figures, claim_verdict, interval_cell, mean_verdict, num, scored_on, table
+from lookahead.tools.verdicts import Figures, interval_cell, mean_verdict, replace_block, scored_on, table
 
 PRETRAINED = Path("metrics/smollm2")
 PROFILE = Path("profiles/smollm2-135m.yaml")
@@ -268,8 +268,4 @@ def research_block(root: Path) -> str:
 
 def render_page(root: Path, page: str) -> str:
     """``page`` (the research page's text) with its generated block rendered afresh."""
-    if BEGIN not in page or END not in page:
-        raise ValueError(f"{PAGE} has no generated block ({BEGIN} … {END})")
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{research_block(root)}\n{END}{tail}"
+    return replace_block(page, BEGIN, END, research_block(root), str(PAGE))

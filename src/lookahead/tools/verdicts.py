@@ -89,6 +89,16 @@ def mean_verdict(mean: float, sd: float, n: int, reference: float, other_sd: flo
     return "above" if diff > 0 else "below"
 
 
+def replace_block(text: str, begin: str, end: str, block: str, what: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``block`` (a
+    generated block of a page); ``what`` names the page in the error where a marker is missing."""
+    if begin not in text or end not in text:
+        raise ValueError(f"{what} has no generated block ({begin} … {end})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
